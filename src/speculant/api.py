@@ -1,0 +1,162 @@
+"""The public Python API: SpeculativeDecoder.generate / .stream over the decoding loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from .backends.hf import HFBackend
+from .config import SamplingConfig
+from .decoding import Stats, decode
+from .drafters.base import Drafter, NoDrafter
+from .drafters.draft_model import DraftModelDrafter
+from .drafters.lookup import LookupDrafter
+from .errors import ConfigError
+from .models import LoadedModel, chat_prompt, check_vocab_compatible, load
+from .sampling import make_generator
+from .tree import build_tree, chain
+
+METHODS = ("ar", "sd", "mcsd", "lookup")
+NEEDS_DRAFT = {"sd", "mcsd"}
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One streamed token. source: "draft" (an accepted draft token) or "target"."""
+    token_id: int
+    text: str  # the new text this token completes (may be "" mid-character)
+    source: str
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str  # "eos" | "length"
+    stats: Stats
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
+                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+
+
+def _as_model(spec: str | LoadedModel | None, dtype: str) -> LoadedModel | None:
+    if spec is None or isinstance(spec, LoadedModel):
+        return spec
+    return load(spec, dtype)
+
+
+class SpeculativeDecoder:
+    """Lossless speculative decoding of ``target``, optionally with a ``draft`` model.
+
+    method: "ar" (plain decoding, the baseline), "sd" (draft chain of ``gamma`` tokens),
+    "mcsd" (draft token tree, k-config ``tree`` like "4x2x2x1"; candidates sampled with or
+    without ``replacement``), "lookup" (n-gram prompt lookup, chain of up to ``gamma`` tokens).
+    target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
+    """
+
+    def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
+                 method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] = "4x2x2x1",
+                 replacement: bool = True, dtype: str = "bfloat16", chat: bool = False):
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        if method in NEEDS_DRAFT and draft is None:
+            raise ConfigError(f"method {method!r} needs a draft model: pass draft=... (--draft SPEC), "
+                              "or use --method lookup / ar, which need none")
+        if gamma < 1:
+            raise ConfigError(f"gamma (draft length) must be >= 1, got {gamma}")
+        self.method, self.gamma, self.replacement, self.chat = method, gamma, replacement, chat
+        self.tree = build_tree(tree) if method == "mcsd" else chain(gamma)
+        self.target = _as_model(target, dtype)
+        self.draft = _as_model(draft, dtype) if method in NEEDS_DRAFT else None
+        if self.draft is not None:
+            check_vocab_compatible(self.target, self.draft)
+        self.tokenizer = self.target.tokenizer
+        self.target_backend = HFBackend(self.target.model, "target")
+        self.draft_backend = HFBackend(self.draft.model, "draft") if self.draft else None
+        self.vocab_size = min(b.vocab_size for b in (self.target_backend, self.draft_backend) if b)
+        cfg = self.target.model.config.get_text_config()
+        self.max_length = getattr(cfg, "max_position_embeddings", None)
+        eos = self.target.model.generation_config.eos_token_id if self.target.model.generation_config else None
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    def encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ConfigError("the prompt is empty: give some text to continue")
+            text = chat_prompt(self.tokenizer, prompt) if self.chat else prompt
+            ids = self.tokenizer(text, add_special_tokens=not self.chat, return_tensors="pt").input_ids[0]
+        else:
+            ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        if ids.numel() == 0:
+            raise ConfigError("the prompt is empty: give at least one token")
+        return ids
+
+    def _drafter(self, sampling: SamplingConfig, generator) -> Drafter:
+        if self.method == "ar":
+            return NoDrafter()
+        if self.method == "lookup":
+            return LookupDrafter(self.gamma)
+        return DraftModelDrafter(self.draft_backend, self.tree, sampling, self.vocab_size,
+                                 replacement=self.replacement, generator=generator)
+
+    def _run(self, prompt, max_new_tokens, sampling: SamplingConfig):
+        ids = self.encode(prompt)
+        generator = make_generator(sampling.seed)
+        drafter = self._drafter(sampling, generator)
+        with torch.inference_mode():
+            yield ids, None, None
+            for state, step in decode(self.target_backend, drafter, ids, max_new_tokens=max_new_tokens,
+                                      sampling=sampling, eos_token_ids=self.eos_token_ids,
+                                      max_length=self.max_length, replacement=self.replacement,
+                                      generator=generator, vocab_size=self.vocab_size):
+                yield ids, state, step
+
+    def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, *,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats."""
+        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        state = None
+        for ids, state, _ in self._run(prompt, max_new_tokens, sampling):
+            pass
+        gen = state.generated
+        return GenerationResult(self.tokenizer.decode(gen, skip_special_tokens=True), gen,
+                                int(ids.shape[0]), state.finish_reason, state.stats)
+
+    def stream(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, *,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None) -> Iterator[TokenEvent]:
+        """Yield tokens as they are accepted, each with its text and where it came from."""
+        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        gen: list[int] = []
+        shown = ""
+        self.last_stats = None
+        for _, state, step in self._run(prompt, max_new_tokens, sampling):
+            if step is None:
+                continue
+            labelled = [(t, "draft") for t in step.accepted]
+            if step.target_token >= 0:
+                labelled.append((step.target_token, "target"))
+            for tok, source in labelled:
+                gen.append(tok)
+                text = self.tokenizer.decode(gen, skip_special_tokens=True)
+                # hold back an incomplete UTF-8 character until a later token completes it
+                piece = text[len(shown):] if not text.endswith("\ufffd") else ""
+                shown += piece
+                yield TokenEvent(tok, piece, source)
+            self.last_stats = state.stats
+            self.last_finish_reason = state.finish_reason
+
+
+def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
+             method: str = "sd", max_new_tokens: int = 128, **kwargs) -> GenerationResult:
+    """One-shot convenience: build a decoder and generate."""
+    sampling_keys = {"temperature", "top_k", "top_p", "seed"}
+    gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}
+    return SpeculativeDecoder(target, draft, method=method, **kwargs).generate(
+        prompt, max_new_tokens, **gen_kwargs)

@@ -1,0 +1,69 @@
+"""Any transformers causal LM as a Backend: 4D tree mask + explicit position ids + our KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVCache
+from .base import ForwardOut
+
+
+class HFBackend:
+    """Wraps a transformers ``*ForCausalLM`` (eval mode, batch size 1).
+
+    The decoder stack produces the final normed hidden state; the output layer is applied only to
+    the rows whose logits are needed (a prompt's prefill needs one row, not T × V).
+    """
+
+    def __init__(self, model: torch.nn.Module, name: str = "hf"):
+        self.model = model.eval()
+        self.name = name
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.vocab_size = self.head.out_features
+        self.dtype = next(model.parameters()).dtype
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+        self.cache = KVCache(self.num_layers)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.length
+
+    @torch.no_grad()
+    def forward(self, tokens, positions=None, tree_mask=None, rows=None, want_hidden=False) -> ForwardOut:
+        n = tokens.shape[0]
+        past = self.cache.length
+        if positions is None:
+            positions = torch.arange(past, past + n)
+        mask = None
+        if tree_mask is not None or past > 0:
+            if tree_mask is None:
+                tree_mask = torch.ones(n, n, dtype=torch.bool).tril_()
+            free = past + n - tree_mask.shape[1]  # cached entries every new token may see
+            allowed = torch.cat([torch.ones(n, free, dtype=torch.bool), tree_mask], dim=1)  # (n, past+n)
+            mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.decoder(
+            input_ids=tokens.view(1, n),
+            position_ids=positions.view(1, n),
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        h = out.last_hidden_state[0]  # (n, H)
+        if rows is not None:
+            h = h.index_select(0, rows)
+        logits = self.head(h).float()  # (m, V)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return ForwardOut(logits, h if want_hidden else None)
+
+    def rollback(self, length: int) -> None:
+        self.cache.rollback(length)
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        self.cache.compact(start, keep)
+
+    def reset(self) -> None:
+        self.cache = KVCache(self.num_layers)

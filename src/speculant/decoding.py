@@ -1,0 +1,195 @@
+"""The decoding loop: prefill, then draft → verify → accept → commit until done.
+
+Notation (used in stats): p = target distribution, q = draft distribution, γ = draft length.
+α (acceptance rate) = accepted draft tokens / drafted positions, where a step drafts one
+position per tree depth (a chain of γ drafts γ positions, a tree of depth D drafts D: only one
+path can be accepted). ``acceptance_by_depth[d]`` = P(depth d+1 accepted | depth d reached).
+τ (tokens per call) = new tokens / target verification calls (the prefill is not counted).
+Every step yields the accepted draft tokens plus one token from the target: the *bonus* token
+when the path reached a leaf, the *recovered* token (sampled from the residual) otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .acceptance import mcss
+from .backends.base import Backend
+from .config import SamplingConfig
+from .drafters.base import Draft, Drafter
+from .errors import ConfigError
+from .sampling import logits_to_probs, sample
+
+
+@dataclass
+class Stats:
+    target_calls: int = 0
+    accepted_per_call: list[int] = field(default_factory=list)
+    drafted_by_depth: list[int] = field(default_factory=list)  # steps that reached depth d's parent
+    accepted_by_depth: list[int] = field(default_factory=list)
+    new_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        proposed = sum(self._positions)
+        return sum(self.accepted_per_call) / proposed if proposed else 0.0
+
+    _positions: list[int] = field(default_factory=list, repr=False)  # drafted positions per call
+
+    def to_dict(self) -> dict:
+        by_depth = [a / d if d else 0.0 for a, d in zip(self.accepted_by_depth, self.drafted_by_depth)]
+        return {
+            "target_calls": self.target_calls,
+            "tokens_per_call": self.tokens_per_call,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_by_depth": by_depth,
+            "accepted_per_call": list(self.accepted_per_call),
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "other_s": max(self.wall_s - self.draft_s - self.verify_s, 0.0),
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.new_tokens / self.wall_s if self.wall_s else 0.0,
+        }
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step committed: accepted draft tokens, then the target's token."""
+    accepted: list[int]
+    target_token: int
+
+
+@dataclass
+class DecodeState:
+    """All mutable state of one generation."""
+    context: torch.Tensor  # (L,) long: prompt + generated so far
+    prompt_len: int
+    stats: Stats = field(default_factory=Stats)
+    finish_reason: str | None = None
+
+    @property
+    def generated(self) -> list[int]:
+        return self.context[self.prompt_len:].tolist()
+
+
+def accept_tree(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, *,
+                replacement: bool = True, generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Walk the tree from the root; return the accepted path (node ids, root first) and the
+    target's token after it. target_logits: (N, V) for every node of ``draft.tree``."""
+    tree, tokens = draft.tree, draft.tokens
+    children = tree.children
+    node, path = 0, [0]
+    if sampling.greedy:
+        best = target_logits.argmax(-1).tolist()  # (N,) target argmax after each node
+        toks, kids = tokens.tolist(), children.tolist()
+        while True:
+            nxt = next((c for c in kids[node] if c >= 0 and toks[c] == best[node]), None)
+            if nxt is None:
+                return path, best[node]
+            node = nxt
+            path.append(node)
+    p = logits_to_probs(target_logits, sampling)  # (N, V)
+    while True:
+        kids = children[node]
+        kids = kids[kids >= 0]
+        if kids.numel() == 0:  # leaf: every drafted token on the path accepted -> bonus token
+            return path, int(sample(p[node:node + 1], generator)[0])
+        cands = tokens[kids].view(1, -1)  # (1, k)
+        if draft.q is None:  # deterministic proposal: a point mass on the (single) candidate
+            q = torch.zeros_like(p[node:node + 1]).scatter_(1, cands[:, :1].clamp(min=0), 1.0)
+            cands = cands[:, :1]
+        else:
+            q = draft.q[node:node + 1]
+        idx, residual = mcss(p[node:node + 1], q, cands, replacement=replacement, generator=generator)
+        i = int(idx[0])
+        if i < 0:  # every candidate rejected -> recovered token from the residual
+            return path, int(sample(residual, generator)[0])
+        node = int(kids[i])
+        path.append(node)
+
+
+def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
+           sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
+           replacement: bool = True, generator: torch.Generator | None = None,
+           vocab_size: int | None = None) -> Iterator[tuple[DecodeState, Step]]:
+    """Yield (state, step) after every step. ``prompt`` (T,) long, T >= 1."""
+    if prompt.ndim != 1 or prompt.shape[0] < 1:
+        raise ConfigError("the prompt is empty: give at least one token")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if max_length is not None and prompt.shape[0] >= max_length:
+        raise ConfigError(
+            f"the prompt has {prompt.shape[0]} tokens but the model's context is {max_length}: "
+            "shorten the prompt")
+    V = vocab_size or target.vocab_size
+    state = DecodeState(prompt.clone(), prompt.shape[0])
+    st = state.stats
+    t_start = time.perf_counter()
+    # 0. prefill: the target caches every prompt token but the last (the first root)
+    target.reset()
+    t = time.perf_counter()
+    if prompt.shape[0] > 1:
+        target.forward(prompt[:-1], rows=torch.empty(0, dtype=torch.long))
+    st.verify_s += time.perf_counter() - t
+    drafter.begin(prompt)
+    while state.finish_reason is None:
+        # 1. draft
+        t = time.perf_counter()
+        draft = drafter.propose(state.context)
+        t_draft = time.perf_counter()
+        st.draft_s += t_draft - t
+        # 2. verify: one target pass over the whole tree
+        L = target.cache_length
+        tree = draft.tree
+        out = target.forward(draft.tokens.clamp(min=0), L + tree.depths, tree.mask)
+        st.verify_s += time.perf_counter() - t_draft
+        st.target_calls += 1
+        # 3. accept
+        path, token = accept_tree(draft, out.logits[:, :V], sampling, replacement=replacement,
+                                  generator=generator)
+        # 4. commit: compact the accepted path's KV; tell the drafter
+        target.compact(L, torch.tensor(path, dtype=torch.long))
+        t = time.perf_counter()
+        drafter.observe(path, token)
+        st.draft_s += time.perf_counter() - t
+        accepted = draft.tokens[path[1:]].tolist()
+        _record(st, tree.depth, len(accepted))
+        new = accepted + [token]
+        # stop at EOS, at max_new_tokens, or at the context limit, mid-block if need be
+        budget = max_new_tokens - st.new_tokens
+        if max_length is not None:
+            budget = min(budget, max_length - state.context.shape[0])
+        for i, tok in enumerate(new[:budget]):
+            if tok in eos_token_ids:
+                new, state.finish_reason = new[:i + 1], "eos"
+                break
+        if len(new) >= budget and state.finish_reason is None:
+            new = new[:budget]
+            state.finish_reason = "length"
+        st.new_tokens += len(new)
+        state.context = torch.cat([state.context, torch.tensor(new, dtype=torch.long)])
+        st.wall_s = time.perf_counter() - t_start
+        yield state, Step(new[:len(accepted)], new[len(accepted)] if len(new) > len(accepted) else -1)
+
+
+def _record(st: Stats, depth: int, n_accepted: int) -> None:
+    while len(st.drafted_by_depth) < depth:
+        st.drafted_by_depth.append(0)
+        st.accepted_by_depth.append(0)
+    for d in range(min(n_accepted + 1, depth)):
+        st.drafted_by_depth[d] += 1
+    for d in range(n_accepted):
+        st.accepted_by_depth[d] += 1
+    st.accepted_per_call.append(n_accepted)
+    st._positions.append(depth)

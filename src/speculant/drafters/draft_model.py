@@ -1,0 +1,72 @@
+"""A small draft model proposing a chain (SD, γ tokens) or a k-config tree (MCSD).
+
+The draft runs one forward pass per tree depth: the first pass feeds the context tokens it has
+not cached yet (at least the root) and yields q at the root; pass d feeds every node of depth d
+at once under the tree mask and yields q at each of them. Children are the top-k of q when
+greedy, else k samples from q (with or without replacement). The last depth is never fed: its
+KV is only needed if accepted, and then it is fed with the next step's first pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..backends.base import Backend
+from ..config import SamplingConfig
+from ..sampling import logits_to_probs, sample_candidates, topk_candidates
+from ..tree import TreeBuffers
+from .base import Draft
+
+
+class DraftModelDrafter:
+    def __init__(self, backend: Backend, tree: TreeBuffers, sampling: SamplingConfig,
+                 vocab_size: int, *, replacement: bool = True, generator: torch.Generator | None = None):
+        self.backend, self.tree, self.sampling = backend, tree, sampling
+        self.V = vocab_size  # common vocabulary of draft and target (logits are cut to it)
+        self.replacement = replacement
+        self.generator = generator
+        self.committed = 0  # context tokens whose KV is in the draft cache
+        self._context_len = 0
+
+    def begin(self, prompt: torch.Tensor) -> None:
+        self.backend.reset()
+        self.committed = 0
+
+    def _children(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits (m, V) -> candidates (m, k) and q (m, V) (None when greedy)."""
+        if self.sampling.greedy:
+            return topk_candidates(logits, k), None
+        q = logits_to_probs(logits, self.sampling)
+        return sample_candidates(q, k, replacement=self.replacement, generator=self.generator), q
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        tree = self.tree
+        N, L = tree.size, context.shape[0]
+        tokens = torch.full((N,), -1, dtype=torch.long)
+        tokens[0] = context[-1]
+        q = None if self.sampling.greedy else torch.zeros(N, self.V)
+        self.backend.rollback(self.committed)
+        pending = context[self.committed:]
+        logits = self.backend.forward(pending, rows=torch.tensor([pending.shape[0] - 1])).logits[:, :self.V]
+        self.committed = L
+        self._context_len = L
+        for d in range(tree.depth):
+            parents = tree.levels[d]  # (m,) nodes of depth d
+            if d > 0:
+                new = tree.levels[d]
+                seen = tree.mask[new][:, 1:int(new[-1]) + 1]  # (m, nodes of depth 1..d)
+                logits = self.backend.forward(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen).logits[:, :self.V]
+            k = tree.fanout(d)
+            cands, qd = self._children(logits, k)  # (m, k)
+            if qd is not None:
+                q[parents] = qd
+            kids = tree.children[parents, :k]  # (m, k) node ids or -1
+            valid = kids >= 0
+            tokens[kids[valid]] = cands[valid]
+        return Draft(tree, tokens, q)
+
+    def observe(self, path: list[int], next_token: int) -> None:
+        # The cache holds the context, then tree nodes of depth 1 .. D-1 in node order.
+        fed = [node for node in path[1:] if int(self.tree.depths[node]) < self.tree.depth]
+        self.backend.compact(self._context_len, torch.tensor(fed, dtype=torch.long) - 1)
+        self.committed = self._context_len + len(fed)

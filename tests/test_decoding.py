@@ -1,0 +1,122 @@
+"""End-to-end on tiny random models: speculative output == plain output, token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from speculant.backends.hf import HFBackend
+from speculant.config import SamplingConfig
+from speculant.decoding import decode
+from speculant.drafters.base import NoDrafter
+from speculant.drafters.draft_model import DraftModelDrafter
+from speculant.drafters.lookup import LookupDrafter
+from speculant.errors import ConfigError
+from speculant.tree import build_tree, chain
+
+from tiny import perturbed, tiny_llama
+
+GREEDY = SamplingConfig()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return perturbed(target, noise=0.3)
+
+
+def run(model, drafter, prompt, n=40, eos=frozenset(), sampling=GREEDY, generator=None, replacement=True):
+    state = None
+    for state, _ in decode(HFBackend(model), drafter, prompt, max_new_tokens=n, sampling=sampling,
+                           eos_token_ids=set(eos), replacement=replacement, generator=generator):
+        pass
+    return state
+
+
+def prompts():
+    g = torch.Generator().manual_seed(3)
+    # a repetitive prompt gives the n-gram drafter something to find
+    rep = torch.randint(0, 64, (6,), generator=g).repeat(3)
+    return [torch.randint(0, 64, (9,), generator=g), rep, torch.tensor([5])]
+
+
+def test_plain_matches_transformers_generate(target):
+    target.generation_config.eos_token_id = None  # the config's default EOS (2) would stop HF early
+    for prompt in prompts():
+        ours = run(target, NoDrafter(), prompt, n=30).generated
+        ref = target.generate(prompt.view(1, -1), attention_mask=torch.ones(1, prompt.shape[0], dtype=torch.long),
+                              generation_config=GenerationConfig(
+            max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0))[0, prompt.shape[0]:]
+        assert ours == ref.tolist()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_sd_greedy_identical(target, draft, gamma):
+    for prompt in prompts():
+        plain = run(target, NoDrafter(), prompt)
+        spec = run(target, DraftModelDrafter(HFBackend(draft), chain(gamma), GREEDY, 64), prompt)
+        assert spec.generated == plain.generated
+        assert spec.stats.target_calls < plain.stats.target_calls
+
+
+@pytest.mark.parametrize("tree", ["2x2", "3x2x1", "4x2x2x1", "[[0],[1],[0,0],[0,0,0],[2]]"])
+@pytest.mark.parametrize("replacement", [True, False])
+def test_mcsd_greedy_identical(target, draft, tree, replacement):
+    for prompt in prompts():
+        plain = run(target, NoDrafter(), prompt)
+        drafter = DraftModelDrafter(HFBackend(draft), build_tree(tree), GREEDY, 64, replacement=replacement)
+        spec = run(target, drafter, prompt, replacement=replacement)
+        assert spec.generated == plain.generated
+
+
+@pytest.mark.parametrize("gamma", [2, 8])
+def test_lookup_greedy_identical(target, gamma):
+    for prompt in prompts():
+        plain = run(target, NoDrafter(), prompt)
+        spec = run(target, LookupDrafter(gamma), prompt)
+        assert spec.generated == plain.generated
+
+
+def test_self_draft_accepts_everything(target):
+    prompt = prompts()[0]
+    spec = run(target, DraftModelDrafter(HFBackend(target), chain(4), GREEDY, 64), prompt, n=40)
+    assert spec.stats.accepted_per_call == [4] * 8
+    assert spec.stats.acceptance_rate == 1.0
+    assert spec.stats.tokens_per_call == 5.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 13])
+def test_max_new_tokens_mid_block(target, n):
+    prompt = prompts()[0]
+    plain = run(target, NoDrafter(), prompt, n=n)
+    spec = run(target, DraftModelDrafter(HFBackend(target), chain(5), GREEDY, 64), prompt, n=n)
+    assert len(spec.generated) == n and spec.generated == plain.generated
+    assert spec.finish_reason == "length"
+
+
+@pytest.mark.parametrize("at", [0, 2, 3, 9])
+def test_eos_inside_accepted_block(target, at):
+    prompt = prompts()[0]
+    free = run(target, NoDrafter(), prompt, n=20).generated
+    eos = free[at]
+    expected = free[:free.index(eos) + 1]
+    for drafter in (NoDrafter(), DraftModelDrafter(HFBackend(target), chain(5), GREEDY, 64),
+                    DraftModelDrafter(HFBackend(target), build_tree("3x2x2"), GREEDY, 64)):
+        state = run(target, drafter, prompt, n=20, eos={eos})
+        assert state.generated == expected
+        assert state.finish_reason == "eos"
+
+
+def test_bad_arguments(target):
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        run(target, NoDrafter(), torch.tensor([1, 2]), n=0)
+    with pytest.raises(ConfigError, match="empty"):
+        run(target, NoDrafter(), torch.tensor([], dtype=torch.long))
+    with pytest.raises(ConfigError, match="context"):
+        list(decode(HFBackend(target), NoDrafter(), torch.arange(10), max_new_tokens=4,
+                    sampling=GREEDY, max_length=8))
