@@ -28,3 +28,23 @@ def perturbed(model, noise: float, seed: int = 1):
         for p in other.parameters():
             p.add_(noise * p.std() * torch.randn_like(p))
     return other
+
+
+def word_tokenizer(vocab: int = 64):
+    """An offline word-level tokenizer: tokens w0 .. w{vocab-4} plus <unk>, <s>, </s>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(vocab - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_model_dir(path, seed: int = 0, vocab: int = 64, noise: float = 0.0, base=None):
+    """Save a tiny Llama (or a perturbed copy of ``base``) and a word tokenizer to ``path``."""
+    model = perturbed(base, noise, seed) if base is not None else tiny_llama(seed, vocab=vocab, scale=4.0)
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(path)
+    word_tokenizer(vocab).save_pretrained(path)
+    return path

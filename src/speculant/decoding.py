@@ -55,6 +55,7 @@ class Stats:
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_depth": by_depth,
             "accepted_per_call": list(self.accepted_per_call),
+            "drafted_positions": sum(self._positions),
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "other_s": max(self.wall_s - self.draft_s - self.verify_s, 0.0),

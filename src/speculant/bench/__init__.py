@@ -1,0 +1,1 @@
+"""Benchmark harness (Spec-Bench prompts) and the demo."""

