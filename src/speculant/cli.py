@@ -60,7 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_generate(args) -> int:
     from .api import SpeculativeDecoder
 
+    from .config import SamplingConfig
+    from .errors import ConfigError
+
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # validate cheap arguments before loading any model
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty: give some text to continue")
     dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=args.tree,
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)

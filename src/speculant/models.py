@@ -249,11 +249,15 @@ def _transformers_quiet() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _is_gguf(path: Path) -> bool:
@@ -466,8 +470,9 @@ def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> Load
     dtype = _parse_dtype(dtype)
     path = resolve(spec, dtype)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+        with _transformers_quiet():  # a warm load takes seconds: no progress bars
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
     except Exception as e:
         raise ModelLoadError(f"could not load the model directory {path}: {type(e).__name__}: {e}. "
                              "If it is a speculant cache directory, delete it to have it "

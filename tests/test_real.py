@@ -1,0 +1,44 @@
+"""Real pretrained models (installed by `make install`): speculative greedy output is identical
+to plain greedy output. float32, as bf16 batched and one-token passes can round apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from speculant import SpeculativeDecoder, load
+
+pytestmark = pytest.mark.real
+
+PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
+           "Explain in two sentences what a hash table is."]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load("smollm2-135m-instruct", "float32")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load("qwen2.5-coder-1.5b-instruct", "float32"), load("qwen2.5-coder-0.5b-instruct", "float32")
+
+
+def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
+    plain = SpeculativeDecoder(smol, method="ar", chat=True).generate(PROMPTS[0], 48)
+    for method, kw in [("sd", {"gamma": 4}), ("mcsd", {"tree": "2x2x1"})]:
+        spec = SpeculativeDecoder(smol, smol, method=method, chat=True, **kw).generate(PROMPTS[0], 48)
+        assert spec.token_ids == plain.token_ids, method
+        assert spec.stats.tokens_per_call > 2  # a self-draft is (nearly) always accepted
+    lookup = SpeculativeDecoder(smol, method="lookup", chat=True).generate(PROMPTS[0], 48)
+    assert lookup.token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_qwen_pair_is_identical_to_plain(qwen, prompt):
+    target, draft = qwen
+    plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
+    assert len(plain.token_ids) > 8 and plain.text.strip()
+    for method, kw in [("sd", {"gamma": 4}), ("mcsd", {"tree": "2x2x1"})]:
+        spec = SpeculativeDecoder(target, draft, method=method, chat=True, **kw).generate(prompt, 32)
+        assert spec.token_ids == plain.token_ids, method
+        assert spec.stats.target_calls < plain.stats.target_calls
