@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -15,6 +17,7 @@ from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
 from .errors import ConfigError
 from .models import LoadedModel, chat_prompt, check_vocab_compatible, load
+from .quant import QUANT_MODES, quantize_linears
 from .sampling import make_generator
 from .tree import build_tree, chain
 
@@ -43,10 +46,20 @@ class GenerationResult:
                 "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
 
 
-def _as_model(spec: str | LoadedModel | None, dtype: str) -> LoadedModel | None:
-    if spec is None or isinstance(spec, LoadedModel):
-        return spec
-    return load(spec, dtype)
+def _as_model(spec: str | LoadedModel | None, dtype: str, quant: str = "none") -> LoadedModel | None:
+    """Load a spec; with ``quant`` != "none", quantize a private copy (a caller's model is never
+    modified)."""
+    if spec is None:
+        return None
+    if quant not in QUANT_MODES:
+        raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
+    if not isinstance(spec, LoadedModel):
+        spec = load(spec, dtype)
+    elif quant != "none":
+        spec = dataclasses.replace(spec, model=copy.deepcopy(spec.model))
+    if quant != "none":
+        quantize_linears(spec.model, quant)
+    return spec
 
 
 class SpeculativeDecoder:
@@ -56,11 +69,15 @@ class SpeculativeDecoder:
     "mcsd" (draft token tree, k-config ``tree`` like "4x2x2x1"; candidates sampled with or
     without ``replacement``), "lookup" (n-gram prompt lookup, chain of up to ``gamma`` tokens).
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
+    draft_quant: "none", "int8" or "int4" weight-only quantization of the draft (a private copy).
+    It cannot change the output (the target verifies every token), only the speed: the draft's
+    cost per pass is bound by the bytes of weights it reads.
     """
 
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
                  method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] = "4x2x2x1",
-                 replacement: bool = True, dtype: str = "bfloat16", chat: bool = False):
+                 replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
+                 draft_quant: str = "none"):
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
         if method in NEEDS_DRAFT and draft is None:
@@ -71,7 +88,7 @@ class SpeculativeDecoder:
         self.method, self.gamma, self.replacement, self.chat = method, gamma, replacement, chat
         self.tree = build_tree(tree) if method == "mcsd" else chain(gamma)
         self.target = _as_model(target, dtype)
-        self.draft = _as_model(draft, dtype) if method in NEEDS_DRAFT else None
+        self.draft = _as_model(draft, dtype, draft_quant) if method in NEEDS_DRAFT else None
         if self.draft is not None:
             check_vocab_compatible(self.target, self.draft)
         self.tokenizer = self.target.tokenizer
