@@ -16,7 +16,7 @@ from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
 from .errors import ConfigError
-from .models import LoadedModel, chat_prompt, check_vocab_compatible, load
+from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load
 from .quant import QUANT_MODES, quantize_linears
 from .sampling import make_generator
 from .tree import build_tree, chain
@@ -51,6 +51,8 @@ def _as_model(spec: str | LoadedModel | None, dtype: str, quant: str = "none") -
     modified)."""
     if spec is None:
         return None
+    if quant == "auto":  # int4 where its kernel applies (bf16), else the draft as it is
+        quant = "int4" if parse_dtype(spec.dtype if isinstance(spec, LoadedModel) else dtype) == torch.bfloat16 else "none"
     if quant not in QUANT_MODES:
         raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
     if not isinstance(spec, LoadedModel):
@@ -69,15 +71,16 @@ class SpeculativeDecoder:
     "mcsd" (draft token tree, k-config ``tree`` like "4x2x2x1"; candidates sampled with or
     without ``replacement``), "lookup" (n-gram prompt lookup, chain of up to ``gamma`` tokens).
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
-    draft_quant: "none", "int8" or "int4" weight-only quantization of the draft (a private copy).
+    draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
+    quantization of the draft (a private copy).
     It cannot change the output (the target verifies every token), only the speed: the draft's
     cost per pass is bound by the bytes of weights it reads.
     """
 
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
-                 method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] = "4x2x2x1",
+                 method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] = "2x1x1x1",
                  replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
-                 draft_quant: str = "none"):
+                 draft_quant: str = "auto"):
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
         if method in NEEDS_DRAFT and draft is None:

@@ -190,7 +190,7 @@ def _say(msg: str) -> None:
     print(f"speculant: {msg}", file=sys.stderr, flush=True)
 
 
-def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype in (torch.float32, torch.bfloat16):
             return dtype
@@ -407,7 +407,7 @@ def _no_such_model(spec: str) -> ModelLoadError:
 
 def resolve(spec: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) -> Path:
     """A transformers model directory for ``spec`` (see module docstring), converting once."""
-    dtype = _parse_dtype(dtype)
+    dtype = parse_dtype(dtype)
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -467,7 +467,7 @@ def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> Load
     """Resolve ``spec`` (converting a GGUF once) and load it in ``dtype`` with sdpa attention."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = _parse_dtype(dtype)
+    dtype = parse_dtype(dtype)
     path = resolve(spec, dtype)
     try:
         with _transformers_quiet():  # a warm load takes seconds: no progress bars

@@ -17,7 +17,7 @@ def run_demo(max_new_tokens: int = 128, method: str = "mcsd") -> None:
     target = load("qwen2.5-coder-1.5b-instruct", "bfloat16")
     draft = load("qwen2.5-coder-0.5b-instruct", "bfloat16")
     plain = SpeculativeDecoder(target, method="ar", chat=True)
-    spec = SpeculativeDecoder(target, draft, method=method, gamma=4, tree="4x2x2x1", chat=True)
+    spec = SpeculativeDecoder(target, draft, method=method, gamma=4, tree="2x1x1x1", chat=True)
     plain.generate(PROMPT, 4), spec.generate(PROMPT, 4)  # warm-up
     console.print(f"[dim]prompt:[/dim] {PROMPT}\n")
     r_spec = spec.generate(PROMPT, max_new_tokens)

@@ -7,6 +7,7 @@ speedup(method) = tokens/s of the method / tokens/s of ``ar``, over the same pro
 from __future__ import annotations
 
 import json
+import resource
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -31,9 +32,10 @@ class BenchConfig:
     per_category: int = 1
     max_new_tokens: int = 128
     gamma: int = 4
-    tree: str = "4x2x2x1"
+    tree: str = "2x1x1x1"
     replacement: bool = True
     dtype: str = "bfloat16"
+    draft_quant: str = "auto"
     categories: tuple[str, ...] | None = None
     questions: str | None = None
     json_out: str | None = None
@@ -102,7 +104,8 @@ def run_bench(cfg: BenchConfig) -> dict:
             runners[m] = HFAssisted(target, draft)
         else:
             runners[m] = SpeculativeDecoder(target, draft if m in ("sd", "mcsd") else None, method=m,
-                                            gamma=cfg.gamma, tree=cfg.tree, replacement=cfg.replacement)
+                                            gamma=cfg.gamma, tree=cfg.tree, replacement=cfg.replacement,
+                                            draft_quant=cfg.draft_quant)
     questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
     tok = target.tokenizer
     encoded = [tok(chat_prompt(tok, q["turns"][0]), add_special_tokens=False, return_tensors="pt").input_ids[0]
@@ -134,7 +137,10 @@ def run_bench(cfg: BenchConfig) -> dict:
                       f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
                       f"{s['identical_to_ar']}/{s['prompts']}")
     Console().print(table)
-    result = {"config": {k: v for k, v in cfg.__dict__.items()}, "runs": runs, "summary": summary}
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    Console().print(f"peak RSS of this process (every model of the run loaded): {peak_gb:.2f} GB")
+    result = {"config": {k: v for k, v in cfg.__dict__.items()}, "runs": runs, "summary": summary,
+              "peak_rss_gb": peak_gb}
     if cfg.json_out:
         Path(cfg.json_out).write_text(json.dumps(result, indent=1))
     return result

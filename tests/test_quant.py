@@ -1,0 +1,58 @@
+"""Weight-only quantization: numerics of the layers, and a quantized draft keeps output exact."""
+
+import pytest
+import torch
+from torch import nn
+
+from speculant.backends.hf import HFBackend
+from speculant.config import SamplingConfig
+from speculant.decoding import decode
+from speculant.drafters.base import NoDrafter
+from speculant.drafters.draft_model import DraftModelDrafter
+from speculant.errors import ConfigError
+from speculant.quant import DENSE_ABOVE_ROWS, Int4Linear, Int8Linear, quantize_linears
+from speculant.tree import build_tree, chain
+
+from tiny import perturbed, tiny_llama
+
+
+@pytest.mark.parametrize("cls, tol", [(Int8Linear, 0.02), (Int4Linear, 0.12)])
+def test_quantized_linear_is_close_and_dense_path_exact(cls, tol):
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 48, bias=True).to(torch.bfloat16)
+    q = cls(lin)
+    few = torch.randn(2, DENSE_ABOVE_ROWS // 2, 128, dtype=torch.bfloat16)  # quantized kernel
+    ref = lin(few).float()
+    rel = ((q(few).float() - ref).norm() / ref.norm()).item()
+    assert 0 < rel < tol
+    many = torch.randn(DENSE_ABOVE_ROWS + 1, 128, dtype=torch.bfloat16)  # dense path
+    assert torch.equal(q(many), lin(many))
+
+
+def test_quantize_linears_replaces_every_linear_and_rejects_bad_modes():
+    model = tiny_llama(0, hidden=64).to(torch.bfloat16)
+    quantize_linears(model, "int4")
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    with pytest.raises(ConfigError, match="unknown quantization"):
+        quantize_linears(model, "int3")
+    with pytest.raises(ConfigError, match="bfloat16"):
+        quantize_linears(tiny_llama(0, hidden=64), "int4")
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_draft_keeps_greedy_output_identical(mode):
+    target = tiny_llama(0, hidden=64, scale=4.0)
+    draft = quantize_linears(perturbed(target, 0.2).to(torch.bfloat16), mode)
+    greedy = SamplingConfig()
+    prompt = torch.randint(0, 64, (7,), generator=torch.Generator().manual_seed(0))
+
+    def run(drafter):
+        for state, _ in decode(HFBackend(target), drafter, prompt, max_new_tokens=30, sampling=greedy):
+            pass
+        return state
+
+    plain = run(NoDrafter())
+    for tree in (chain(4), build_tree("2x2x1")):
+        spec = run(DraftModelDrafter(HFBackend(draft), tree, greedy, 64))
+        assert spec.generated == plain.generated
+        assert sum(spec.stats.accepted_per_call) > 0
