@@ -29,6 +29,7 @@ from .sampling import logits_to_probs, sample
 class Stats:
     target_calls: int = 0
     accepted_per_call: list[int] = field(default_factory=list)
+    drafted_per_call: list[int] = field(default_factory=list)  # drafted positions (tree depth)
     drafted_by_depth: list[int] = field(default_factory=list)  # steps that reached depth d's parent
     accepted_by_depth: list[int] = field(default_factory=list)
     new_tokens: int = 0
@@ -42,10 +43,8 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
-        proposed = sum(self._positions)
+        proposed = sum(self.drafted_per_call)
         return sum(self.accepted_per_call) / proposed if proposed else 0.0
-
-    _positions: list[int] = field(default_factory=list, repr=False)  # drafted positions per call
 
     def to_dict(self) -> dict:
         by_depth = [a / d if d else 0.0 for a, d in zip(self.accepted_by_depth, self.drafted_by_depth)]
@@ -55,7 +54,7 @@ class Stats:
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_depth": by_depth,
             "accepted_per_call": list(self.accepted_per_call),
-            "drafted_positions": sum(self._positions),
+            "drafted_positions": sum(self.drafted_per_call),
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "other_s": max(self.wall_s - self.draft_s - self.verify_s, 0.0),
@@ -66,7 +65,8 @@ class Stats:
 
 @dataclass(frozen=True)
 class Step:
-    """What one step committed: accepted draft tokens, then the target's token."""
+    """What one step committed: accepted draft tokens, then the target's token (-1 when the
+    block was cut at EOS or at max_new_tokens before it)."""
     accepted: list[int]
     target_token: int
 
@@ -181,7 +181,8 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         st.new_tokens += len(new)
         state.context = torch.cat([state.context, torch.tensor(new, dtype=torch.long)])
         st.wall_s = time.perf_counter() - t_start
-        yield state, Step(new[:len(accepted)], new[len(accepted)] if len(new) > len(accepted) else -1)
+        n_draft = min(len(accepted), len(new))  # the block may have been cut short
+        yield state, Step(new[:n_draft], new[n_draft] if len(new) > n_draft else -1)
 
 
 def _record(st: Stats, depth: int, n_accepted: int) -> None:
@@ -193,4 +194,4 @@ def _record(st: Stats, depth: int, n_accepted: int) -> None:
     for d in range(n_accepted):
         st.accepted_by_depth[d] += 1
     st.accepted_per_call.append(n_accepted)
-    st._positions.append(depth)
+    st.drafted_per_call.append(depth)
