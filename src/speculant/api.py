@@ -15,14 +15,17 @@ from .decoding import Stats, decode
 from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
+from .drafters.medusa import BlockwiseDrafter, MedusaDrafter
+from .heads import MedusaHeads, load_heads
 from .errors import ConfigError
 from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load
 from .quant import QUANT_MODES, quantize_linears
 from .sampling import make_generator
 from .tree import build_tree, chain
 
-METHODS = ("ar", "sd", "mcsd", "lookup")
+METHODS = ("ar", "sd", "mcsd", "lookup", "medusa", "bpd")
 NEEDS_DRAFT = {"sd", "mcsd"}
+NEEDS_HEADS = {"medusa", "bpd"}
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,10 @@ class SpeculativeDecoder:
 
     method: "ar" (plain decoding, the baseline), "sd" (draft chain of ``gamma`` tokens),
     "mcsd" (draft token tree, k-config ``tree`` like "4x2x2x1"; candidates sampled with or
-    without ``replacement``), "lookup" (n-gram prompt lookup, chain of up to ``gamma`` tokens).
+    without ``replacement``), "lookup" (n-gram prompt lookup, chain of up to ``gamma`` tokens),
+    "medusa" (``heads`` on the target's last hidden state propose a static sparse ``tree``; one
+    target call per step), "bpd" (blockwise parallel decoding: the heads' top-1 tokens as a chain
+    of ``gamma`` <= K). ``heads``: a directory in the Medusa checkpoint layout, or MedusaHeads.
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
     draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
     quantization of the draft (a private copy).
@@ -80,16 +86,19 @@ class SpeculativeDecoder:
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
                  method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] = "2x1x1x1",
                  replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
-                 draft_quant: str = "auto"):
+                 draft_quant: str = "auto", heads: str | MedusaHeads | None = None):
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
         if method in NEEDS_DRAFT and draft is None:
             raise ConfigError(f"method {method!r} needs a draft model: pass draft=... (--draft SPEC), "
                               "or use --method lookup / ar, which need none")
+        if method in NEEDS_HEADS and heads is None:
+            raise ConfigError(f"method {method!r} needs heads: pass heads=DIR (--heads DIR), a directory in "
+                              "the Medusa checkpoint layout")
         if gamma < 1:
             raise ConfigError(f"gamma (draft length) must be >= 1, got {gamma}")
         self.method, self.gamma, self.replacement, self.chat = method, gamma, replacement, chat
-        self.tree = build_tree(tree) if method == "mcsd" else chain(gamma)
+        self.tree = build_tree(tree) if method in ("mcsd", "medusa") else chain(gamma)
         self.target = _as_model(target, dtype)
         self.draft = _as_model(draft, dtype, draft_quant) if method in NEEDS_DRAFT else None
         if self.draft is not None:
@@ -103,6 +112,10 @@ class SpeculativeDecoder:
         eos = self.target.model.generation_config.eos_token_id if self.target.model.generation_config else None
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.heads = None
+        if method in NEEDS_HEADS:
+            self.heads = heads if isinstance(heads, MedusaHeads) else load_heads(heads, self.target.model)
+            self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
 
     def encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:
         if isinstance(prompt, str):
@@ -121,6 +134,10 @@ class SpeculativeDecoder:
             return NoDrafter()
         if self.method == "lookup":
             return LookupDrafter(self.gamma)
+        if self.method == "medusa":
+            return MedusaDrafter(self.heads, self.tree, self.vocab_size)
+        if self.method == "bpd":
+            return BlockwiseDrafter(self.heads, self.vocab_size, self.gamma)
         return DraftModelDrafter(self.draft_backend, self.tree, sampling, self.vocab_size,
                                  replacement=self.replacement, generator=generator)
 

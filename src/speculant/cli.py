@@ -18,6 +18,8 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=4, help="draft length for sd and lookup (default: %(default)s)")
     p.add_argument("--tree", default="2x1x1x1",
                    help="mcsd tree: a k-config like 2x1x1x1 (default) or 4x2x2x1, or a JSON list of paths")
+    p.add_argument("--tree-file", default=None, help="medusa/mcsd: a JSON file with a list of paths")
+    p.add_argument("--heads", default=None, help="medusa/bpd: a heads directory in the Medusa checkpoint layout")
     p.add_argument("--no-replacement", action="store_true", help="mcsd: draw candidates without replacement")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text, streaming it (or one JSON object with --json)")
     _decoder_args(g)
-    g.add_argument("--method", choices=["ar", "sd", "mcsd", "lookup"], default="sd")
+    g.add_argument("--method", choices=["ar", "sd", "mcsd", "lookup", "medusa", "bpd"], default="sd")
     _sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
@@ -61,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tree(args):
+    """--tree-file (a JSON list of paths) wins over --tree."""
+    if not args.tree_file:
+        return args.tree
+    from .errors import ConfigError
+
+    try:
+        with open(args.tree_file) as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read --tree-file {args.tree_file}: {e.strerror}") from None
+
+
 def cmd_generate(args) -> int:
     from .api import SpeculativeDecoder
 
@@ -74,9 +89,9 @@ def cmd_generate(args) -> int:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not prompt.strip():
         raise ConfigError("the prompt is empty: give some text to continue")
-    dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=args.tree,
+    dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=_tree(args),
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
-                             draft_quant=args.draft_quant)
+                             draft_quant=args.draft_quant, heads=args.heads)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.json:
         result = dec.generate(prompt, args.max_new_tokens, **kw)
@@ -103,7 +118,7 @@ def cmd_bench(args) -> int:
 
     cfg = BenchConfig(target=args.target, draft=args.draft or DEFAULT_DRAFT, methods=tuple(args.methods.split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
-                      tree=args.tree, replacement=not args.no_replacement, dtype=args.dtype,
+                      tree=_tree(args), replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out)

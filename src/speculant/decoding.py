@@ -107,13 +107,18 @@ def accept_tree(draft: Draft, target_logits: torch.Tensor, sampling: SamplingCon
         if kids.numel() == 0:  # leaf: every drafted token on the path accepted -> bonus token
             return path, int(sample(p[node:node + 1], generator)[0])
         cands = tokens[kids].view(1, -1)  # (1, k)
-        if draft.q is None:  # deterministic proposal: a point mass on the (single) candidate
-            q = torch.zeros_like(p[node:node + 1]).scatter_(1, cands[:, :1].clamp(min=0), 1.0)
-            cands = cands[:, :1]
+        if draft.q is None:  # deterministic proposals: point masses tried in rank order (exact)
+            i, residual = -1, p[node:node + 1]
+            for j in range(cands.shape[1]):
+                one = torch.zeros_like(residual).scatter_(1, cands[:, j:j + 1].clamp(min=0), 1.0)
+                idx, residual = mcss(residual, one, cands[:, j:j + 1], replacement=True, generator=generator)
+                if int(idx[0]) == 0:
+                    i = j
+                    break
         else:
-            q = draft.q[node:node + 1]
-        idx, residual = mcss(p[node:node + 1], q, cands, replacement=replacement, generator=generator)
-        i = int(idx[0])
+            idx, residual = mcss(p[node:node + 1], draft.q[node:node + 1], cands,
+                                 replacement=replacement, generator=generator)
+            i = int(idx[0])
         if i < 0:  # every candidate rejected -> recovered token from the residual
             return path, int(sample(residual, generator)[0])
         node = int(kids[i])
@@ -138,12 +143,18 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
     st = state.stats
     t_start = time.perf_counter()
     # 0. prefill: the target caches every prompt token but the last (the first root)
+    needs_hidden = getattr(drafter, "needs_hidden", False)  # heads read the target's hidden state
     target.reset()
     t = time.perf_counter()
+    pre = None
     if prompt.shape[0] > 1:
-        target.forward(prompt[:-1], rows=torch.empty(0, dtype=torch.long))
+        rows = torch.tensor([prompt.shape[0] - 2]) if needs_hidden else torch.empty(0, dtype=torch.long)
+        pre = target.forward(prompt[:-1], rows=rows, want_hidden=needs_hidden)
     st.verify_s += time.perf_counter() - t
-    drafter.begin(prompt)
+    if needs_hidden:
+        drafter.begin(prompt, hidden=pre.hidden[0] if pre is not None else None)
+    else:
+        drafter.begin(prompt)
     while state.finish_reason is None:
         # 1. draft
         t = time.perf_counter()
@@ -153,7 +164,7 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         # 2. verify: one target pass over the whole tree
         L = target.cache_length
         tree = draft.tree
-        out = target.forward(draft.tokens.clamp(min=0), L + tree.depths, tree.mask)
+        out = target.forward(draft.tokens.clamp(min=0), L + tree.depths, tree.mask, want_hidden=needs_hidden)
         st.verify_s += time.perf_counter() - t_draft
         st.target_calls += 1
         # 3. accept
@@ -162,7 +173,10 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         # 4. commit: compact the accepted path's KV; tell the drafter
         target.compact(L, torch.tensor(path, dtype=torch.long))
         t = time.perf_counter()
-        drafter.observe(path, token)
+        if needs_hidden:  # the hidden state at the last accepted node predicts what follows
+            drafter.observe(path, token, hidden=out.hidden[path[-1]])
+        else:
+            drafter.observe(path, token)
         st.draft_s += time.perf_counter() - t
         accepted = draft.tokens[path[1:]].tolist()
         _record(st, tree.depth, len(accepted))

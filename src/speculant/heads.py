@@ -218,13 +218,19 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
     K, n = raw["medusa_num_heads"], raw["medusa_num_layers"]
     has_proj = f"0.{n}.weight" in state
     shared = raw.get("speculant_shared_lm_head", not has_proj)
+    # sizes the config does not state are read off the tensors (Medusa's own configs omit them)
+    block, proj = state.get("0.0.linear.weight"), state.get(f"0.{n}.weight")
+    hidden = raw.get("hidden_size") or (block.shape[1] if block is not None and block.dim() == 2 else
+                                         proj.shape[1] if proj is not None and proj.dim() == 2 else H_t)
+    vocab = raw.get("vocab_size") or (proj.shape[0] if proj is not None and proj.dim() == 2 else V_t)
     try:
-        config = HeadsConfig(K, n, raw.get("hidden_size", H_t), raw.get("vocab_size", V_t), bool(shared),
+        config = HeadsConfig(K, n, hidden, vocab, bool(shared),
                              str(raw.get("base_model_name_or_path") or ""))
     except ConfigError as e:
         raise ModelLoadError(f"{directory / CONFIG_NAME} is invalid: {e}") from None
     _check_lm_head(lm_head, config)  # hidden / vocabulary mismatch with the target
-    heads = MedusaHeads(config, lm_head if shared else None)
+    with torch.device("meta"):  # no time spent initialising (V, H) projections about to be replaced
+        heads = MedusaHeads(config, lm_head if shared else None)
     expected = heads.heads.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -239,5 +245,5 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
         if state[name].shape != t.shape:
             raise ModelLoadError(f"tensor {name} in {directory} has shape {tuple(state[name].shape)}, "
                                  f"expected {tuple(t.shape)} from its config: the checkpoint is corrupt")
-    heads.heads.load_state_dict(state)
+    heads.heads.load_state_dict(state, assign=True)
     return heads.to(dtype or lm_head.weight.dtype).eval()

@@ -99,13 +99,16 @@ def run_bench(cfg: BenchConfig) -> dict:
     if draft is not None:
         check_vocab_compatible(target, draft)
     runners = {}
+    ours_draft = None  # one (quantized) draft shared by sd and mcsd; hf-assisted gets the original
     for m in cfg.methods:
         if m == "hf-assisted":
             runners[m] = HFAssisted(target, draft)
-        else:
-            runners[m] = SpeculativeDecoder(target, draft if m in ("sd", "mcsd") else None, method=m,
-                                            gamma=cfg.gamma, tree=cfg.tree, replacement=cfg.replacement,
-                                            draft_quant=cfg.draft_quant)
+            continue
+        dec = SpeculativeDecoder(target, (ours_draft or draft) if m in ("sd", "mcsd") else None, method=m,
+                                 gamma=cfg.gamma, tree=cfg.tree, replacement=cfg.replacement,
+                                 draft_quant="none" if ours_draft else cfg.draft_quant)
+        ours_draft = ours_draft or dec.draft
+        runners[m] = dec
     questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
     tok = target.tokenizer
     encoded = [tok(chat_prompt(tok, q["turns"][0]), add_special_tokens=False, return_tensors="pt").input_ids[0]

@@ -24,6 +24,9 @@ class Draft:
 
 
 class Drafter(Protocol):
+    """Optional attribute ``needs_hidden: bool``: if True, ``begin`` and ``observe`` also get
+    ``hidden=`` (H,), the target's final hidden state at the node before the next root."""
+
     def begin(self, prompt: torch.Tensor) -> None:
         """Start a new sequence; ``prompt`` (T,) long."""
 

@@ -1,0 +1,107 @@
+"""Drafters reading the target's own hidden state: Medusa heads (a static sparse tree) and
+blockwise parallel decoding (BPD, Stern et al. 2018: k heads, top-1 each, a chain).
+
+One target call per step: the verification pass that accepts a path also returns the final
+hidden state ``h`` of the path's last node; the target's token after it becomes the next root,
+and head d-1 applied to ``h`` proposes the tokens of depth d below that root (head k predicts
+the token k + 2 positions after ``h``, see ``speculant.heads``).
+
+Tree semantics (Medusa's static sparse tree): the candidates of one depth are shared by every
+parent of that depth, so a node with path ``(r_1, ..., r_d)`` holds the ``r_d``-th ranked token
+of head ``d-1`` — the tree is a subset of the Cartesian product of the heads' top-k lists.
+
+The loop hands the hidden state over through ``observe(path, next_token, hidden=...)``; a
+drafter with ``needs_hidden = True`` asks for it. Without a hidden state (the first step, or a
+loop that does not pass it) the drafter proposes the root alone: plain decoding for one step.
+Proposals are deterministic (``Draft.q is None``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ..errors import ConfigError
+from ..tree import TreeBuffers, chain
+from .base import Draft
+
+__all__ = ["BlockwiseDrafter", "HeadsLike", "MedusaDrafter"]
+
+
+class HeadsLike(Protocol):
+    """Anything mapping a hidden state (H,) to head logits (K, V), e.g. ``MedusaHeads``."""
+
+    num_heads: int
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class MedusaDrafter:
+    """Proposes ``tree`` from the heads' top-k lists (greedy, deterministic).
+
+    heads: K heads, ``heads(hidden (H,)) -> (K, V')`` logits (V' >= vocab_size; cut to it).
+    tree: compiled static tree; its depth must be <= K, its widest rank < vocab_size.
+    vocab_size: the target vocabulary the loop verifies against.
+    """
+
+    needs_hidden = True  # the loop passes hidden=out.hidden[path[-1]] to observe()
+
+    def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int):
+        K = int(heads.num_heads)
+        if tree.depth > K:
+            raise ConfigError(
+                f"the tree has depth {tree.depth} but there are only {K} heads (depth d is drafted by head d-1): "
+                f"use a tree of depth <= {K}, or a heads checkpoint with more heads")
+        width = int(tree.ranks.max()) + 1
+        if width > vocab_size:
+            raise ConfigError(f"the tree asks for rank {width - 1} candidates but the vocabulary has {vocab_size} tokens")
+        self.heads, self.tree, self.V = heads, tree, vocab_size
+        self.width = width  # top-k taken from every head
+        self._head_of = (tree.depths[1:] - 1).clamp(min=0)  # (N-1,) head drafting each non-root node
+        self._rank_of = tree.ranks[1:]  # (N-1,)
+        self.hidden: torch.Tensor | None = None  # (H,) target hidden state before the next root
+        self.head_calls = 0
+
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        """New sequence. ``hidden`` (H,), optional: the target's hidden state at ``prompt[-2]``
+        (the row before the first root), if the loop's prefill returns it."""
+        self.hidden = hidden
+
+    @torch.no_grad()
+    def candidates(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (H,) -> (K', width) long: the top-``width`` tokens of the first K' = depth heads,
+        by decreasing logit (``topk``, O(V); the order of exact ties is unspecified, which only
+        affects speed: the target verifies every token)."""
+        logits = self.heads(hidden)[: self.tree.depth, : self.V]  # (K', V)
+        return logits.topk(self.width, dim=-1, sorted=True).indices
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        root = context[-1:]
+        if self.hidden is None or self.tree.depth == 0:
+            return Draft(chain(0), root.clone())
+        cands = self.candidates(self.hidden)  # (D, width)
+        self.head_calls += 1
+        tokens = torch.cat([root, cands[self._head_of, self._rank_of]])  # (N,)
+        return Draft(self.tree, tokens)
+
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
+        """``hidden`` (H,): the target's final hidden state at node ``path[-1]`` (the one whose
+        output produced ``next_token``); None falls back to a root-only proposal."""
+        if hidden is not None and hidden.dim() != 1:
+            raise ValueError(f"hidden must be the (H,) state of the last accepted node, got {tuple(hidden.shape)}")
+        self.hidden = hidden
+
+
+class BlockwiseDrafter(MedusaDrafter):
+    """BPD: a chain of ``gamma`` tokens, head d-1's argmax at depth d (gamma defaults to K)."""
+
+    def __init__(self, heads: HeadsLike, vocab_size: int, gamma: int | None = None):
+        K = int(heads.num_heads)
+        gamma = K if gamma is None else gamma
+        if gamma < 1:
+            raise ConfigError(f"blockwise draft length gamma must be >= 1, got {gamma}")
+        if gamma > K:
+            raise ConfigError(f"blockwise draft length gamma={gamma} needs {gamma} heads, the heads have {K}: "
+                              f"use gamma <= {K}")
+        super().__init__(heads, chain(gamma), vocab_size)

@@ -1,0 +1,128 @@
+"""Approximate acceptance rules on hand-built logits: typical (Medusa), top-k, distance and
+minimum block (BPD), plus prefix lengths and the longest accepted tree path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from speculant.acceptance import greedy_accept
+from speculant.approx import (accepted_prefix, best_path, distance_accept, entropy, min_block, topk_accept,
+                              typical_accept, typical_threshold)
+from speculant.config import SamplingConfig
+from speculant.errors import ConfigError
+from speculant.sampling import logits_to_probs
+from speculant.tree import build_tree
+
+
+def probs(*rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_entropy():
+    p = probs([1, 0, 0, 0], [0.25] * 4, [0.5, 0.5, 0, 0])
+    torch.testing.assert_close(entropy(p), torch.tensor([0.0, math.log(4), math.log(2)]))
+
+
+def test_typical_threshold_is_min_of_eps_and_entropy_term():
+    p = probs([0.25] * 4, [0.97, 0.01, 0.01, 0.01])
+    thr = typical_threshold(p, eps=0.09, delta=0.3)
+    # uniform: 0.3 * exp(-ln 4) = 0.075 < 0.09; peaked: 0.3 * exp(-small) > 0.09 -> 0.09
+    torch.testing.assert_close(thr, torch.tensor([0.075, 0.09]))
+
+
+def test_typical_accept_hand_built():
+    p = probs([0.25] * 4, [0.97, 0.01, 0.01, 0.01], [0.6, 0.3, 0.1, 0.0])
+    cands = torch.tensor([[0, 3, -1], [0, 1, 2], [1, 2, 3]])
+    got = typical_accept(p, cands, eps=0.09, delta=0.3)
+    # row 0: 0.25 > 0.075 everywhere; -1 invalid. row 1: only 0.97 > 0.09.
+    # row 2: H = 0.898 nats, threshold min(0.09, 0.3 * 0.407 = 0.122) = 0.09 -> 0.3 and 0.1 pass, 0.0 fails
+    assert got.tolist() == [[True, True, False], [True, False, False], [True, True, False]]
+
+
+def test_typical_at_temperature_zero_is_greedy():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 50, generator=g)
+    logits[0, 7] = logits[0, 3] = logits[0].max() + 1  # a tie: greedy keeps the lower id
+    cands = torch.randint(0, 50, (32, 6), generator=g)
+    cands[:, 0] = logits.argmax(-1)
+    cands[1, 1] = 7
+    p = logits_to_probs(logits, SamplingConfig(temperature=0.0))  # one-hot of the argmax
+    for eps, delta in [(0.09, 0.3), (0.5, 5.0), (0.999, 0.01)]:
+        got = typical_accept(p, cands, eps, delta)
+        assert torch.equal(got, cands == logits.argmax(-1, keepdim=True))
+        first = torch.where(got.any(1), got.to(torch.int8).argmax(1), -1)
+        assert torch.equal(first, greedy_accept(logits.argmax(-1), cands))
+
+
+def test_typical_bad_parameters():
+    p = probs([1, 0])
+    c = torch.tensor([[0]])
+    for eps in (0.0, 1.0, 1.5):
+        with pytest.raises(ConfigError, match="eps"):
+            typical_accept(p, c, eps=eps, delta=0.3)
+    with pytest.raises(ConfigError, match="delta"):
+        typical_accept(p, c, eps=0.1, delta=0.0)
+    with pytest.raises(ValueError, match="candidates"):
+        typical_accept(p, torch.tensor([0]))
+
+
+def test_topk_accept():
+    logits = torch.tensor([[0.0, 5.0, 3.0, 4.0, 1.0],
+                           [2.0, 2.0, 2.0, 0.0, 1.0]])  # row 1: a three-way tie
+    cands = torch.tensor([[1, 3, 2, 4, -1], [0, 1, 2, 4, 3]])
+    assert topk_accept(logits, cands, 1).tolist() == [[True, False, False, False, False],
+                                                     [True, False, False, False, False]]
+    assert topk_accept(logits, cands, 2).tolist() == [[True, True, False, False, False],
+                                                     [True, True, False, False, False]]
+    assert topk_accept(logits, cands, 3).tolist() == [[True, True, True, False, False],
+                                                     [True, True, True, False, False]]
+    assert topk_accept(logits, cands, 5)[:, :4].all() and not topk_accept(logits, cands, 5)[0, 4]
+    g = torch.Generator().manual_seed(1)
+    big = torch.randn(16, 40, generator=g)
+    c = torch.randint(0, 40, (16, 3), generator=g)
+    assert torch.equal(topk_accept(big, c, 1), c == big.argmax(-1, keepdim=True))  # k = 1 is greedy
+    with pytest.raises(ConfigError, match="k_top"):
+        topk_accept(logits, cands, 0)
+
+
+def test_distance_accept():
+    emb = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0], [0.3, 0.4], [0.0, 0.0]])
+    argmax = torch.tensor([0, 1])
+    cands = torch.tensor([[0, 3, 1, 2, 4, -1], [1, 3, 0, 2, 4, 9]])
+    # distances to token 0: 0, 0.5, 1, 2, 0 (a duplicate embedding), invalid
+    assert distance_accept(emb, argmax, cands, 0.5).tolist()[0] == [True, True, False, False, True, False]
+    assert distance_accept(emb, argmax, cands, 0.0).tolist()[0] == [True, False, False, False, True, False]
+    # distances to token 1: 0, |(-0.7, 0.4)| = 0.806, 1, sqrt(5), 1; 9 is out of the vocabulary
+    assert distance_accept(emb, argmax, cands, 1.0).tolist()[1] == [True, True, True, False, True, False]
+    with pytest.raises(ConfigError, match="eps"):
+        distance_accept(emb, argmax, cands, -1.0)
+
+
+def test_min_block_and_prefix():
+    acc = torch.tensor([[False, True, True, False],
+                        [True, True, False, True],
+                        [True, True, True, True]])
+    assert accepted_prefix(acc).tolist() == [0, 2, 4]
+    assert accepted_prefix(min_block(acc, 0)).tolist() == [0, 2, 4]
+    assert accepted_prefix(min_block(acc, 1)).tolist() == [3, 2, 4]
+    assert accepted_prefix(min_block(acc, 3)).tolist() == [3, 4, 4]
+    assert min_block(acc, 9).all()
+    with pytest.raises(ConfigError):
+        min_block(acc, -1)
+
+
+def test_best_path_longest_then_likeliest():
+    tree = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [1, 0, 0]])
+    # nodes: 0 root, 1 (0,), 2 (1,), 3 (0,0), 4 (0,1), 5 (1,0), 6 (1,0,0)
+    ok = torch.tensor([True, True, True, False, True, True, False])
+    logp = torch.tensor([0.0, -0.1, -2.0, -0.1, -0.3, -0.1, -0.1])
+    # depth-2 paths accepted: [0,1,4] (logp -0.4) and [0,2,5] (-2.1) -> the likelier
+    assert best_path(ok, tree.retrieve, logp) == [0, 1, 4]
+    ok[6] = True
+    assert best_path(ok, tree.retrieve, logp) == [0, 2, 5, 6]  # longest wins
+    assert best_path(torch.tensor([True, False, False, True, True, True, True]), tree.retrieve) == [0]
+    # a node whose parent is rejected does not count
+    assert best_path(torch.tensor([True, False, True, True, True, False, True]), tree.retrieve) == [0, 2]

@@ -1,0 +1,218 @@
+"""Medusa heads: module shape and init, and the Medusa checkpoint layout (round trip, foreign
+checkpoints written by hand, and clear errors for mismatched or corrupt ones)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from speculant.errors import ConfigError, ModelLoadError
+from speculant.heads import HeadsConfig, MedusaHeads, ResBlock, load_heads, save_heads
+
+from tiny import tiny_llama
+
+V, H = 64, 48
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, vocab=V, hidden=H, scale=4.0)
+
+
+def randomize(heads: MedusaHeads, seed: int = 0) -> MedusaHeads:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return heads
+
+
+def cfg(shared: bool, K: int = 3, n: int = 2) -> HeadsConfig:
+    return HeadsConfig(num_heads=K, num_layers=n, hidden_size=H, vocab_size=V, shared_lm_head=shared,
+                       base_model="tiny-llama")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_shapes_and_identity_init(target, shared):
+    lm_head = target.get_output_embeddings()
+    heads = MedusaHeads(cfg(shared), lm_head)
+    x = torch.randn(2, 5, H)
+    out = heads(x)
+    assert out.shape == (3, 2, 5, V)
+    assert heads(x[0, 0]).shape == (3, V)
+    # zero-initialised blocks + (shared or copied) output layer: every head starts as lm_head
+    ref = lm_head(x)
+    for k in range(3):
+        torch.testing.assert_close(out[k], ref)
+
+
+def test_blocks_have_their_own_parameters(target):
+    heads = MedusaHeads(cfg(False, K=2, n=3), target.get_output_embeddings())
+    blocks = [m for m in heads.modules() if isinstance(m, ResBlock)]
+    assert len(blocks) == 6
+    assert len({id(b.linear.weight) for b in blocks}) == 6
+    assert len({b.linear.weight.data_ptr() for b in blocks}) == 6
+    # per-head projections are copies, not the target's tensor
+    assert target.get_output_embeddings().weight.data_ptr() not in {p.data_ptr() for p in heads.parameters()}
+
+
+def test_medusa_parameter_names(target):
+    per_head = MedusaHeads(cfg(False, K=2, n=1), target.get_output_embeddings())
+    assert sorted(per_head.medusa_state_dict()) == [
+        "0.0.linear.bias", "0.0.linear.weight", "0.1.weight",
+        "1.0.linear.bias", "1.0.linear.weight", "1.1.weight"]
+    shared = MedusaHeads(cfg(True, K=2, n=1), target.get_output_embeddings())
+    assert sorted(shared.medusa_state_dict()) == [
+        "0.0.linear.bias", "0.0.linear.weight", "1.0.linear.bias", "1.0.linear.weight"]
+    # the target's output layer is neither owned nor trained by shared heads
+    assert sum(p.numel() for p in shared.parameters()) == 2 * (H * H + H)
+
+
+def test_shared_output_layer_stays_frozen(target):
+    lm_head = target.get_output_embeddings()
+    heads = randomize(MedusaHeads(cfg(True), lm_head))
+    lm_head.weight.grad = None
+    heads(torch.randn(4, H)).logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in heads.parameters())
+    assert lm_head.weight.grad is None
+
+
+def test_forward_matches_the_formula(target):
+    lm_head = target.get_output_embeddings()
+    heads = randomize(MedusaHeads(cfg(True, K=2, n=2), lm_head))
+    x = torch.randn(3, H)
+    for k, head in enumerate(heads.heads):
+        y = x
+        for block in head:
+            y = y + F.silu(block.linear(y))
+        torch.testing.assert_close(heads(x)[k], lm_head(y))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_round_trip(tmp_path, target, shared):
+    heads = randomize(MedusaHeads(cfg(shared), target.get_output_embeddings()))
+    save_heads(heads, tmp_path / "h")
+    raw = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert raw["medusa_num_heads"] == 3 and raw["medusa_num_layers"] == 2
+    assert raw["base_model_name_or_path"] == "tiny-llama"
+    assert (raw["hidden_size"], raw["vocab_size"], raw["speculant_shared_lm_head"]) == (H, V, shared)
+    assert set(load_file(str(tmp_path / "h" / "model.safetensors"))) == set(heads.medusa_state_dict())
+    loaded = load_heads(tmp_path / "h", target)
+    assert loaded.config == heads.config
+    x = torch.randn(5, H)
+    torch.testing.assert_close(loaded(x), heads(x))
+
+
+def write_checkpoint(directory, K=2, n=1, hidden=H, vocab=V, proj=True, config_extra=None, seed=0):
+    """A Medusa-layout checkpoint written by hand (not by save_heads), as other tools write it."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for k in range(K):
+        for j in range(n):
+            state[f"{k}.{j}.linear.weight"] = 0.1 * torch.randn(hidden, hidden, generator=g)
+            state[f"{k}.{j}.linear.bias"] = 0.1 * torch.randn(hidden, generator=g)
+        if proj:
+            state[f"{k}.{n}.weight"] = 0.1 * torch.randn(vocab, hidden, generator=g)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"medusa_num_heads": K, "medusa_num_layers": n, "base_model_name_or_path": "some/base",
+              **(config_extra or {})}
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(state, str(directory / "model.safetensors"))
+    return state
+
+
+@pytest.mark.parametrize("proj", [True, False])
+def test_loads_a_handwritten_medusa_checkpoint(tmp_path, target, proj):
+    state = write_checkpoint(tmp_path / "m", K=2, n=1, proj=proj)
+    heads = load_heads(tmp_path / "m", target)
+    assert heads.config.shared_lm_head == (not proj)  # inferred: no projection tensors -> shared
+    assert heads.config.base_model == "some/base"
+    x = torch.randn(4, H)
+    lm_w = target.get_output_embeddings().weight
+    for k in range(2):
+        y = x + F.silu(x @ state[f"{k}.0.linear.weight"].T + state[f"{k}.0.linear.bias"])
+        expected = y @ (state[f"{k}.1.weight"] if proj else lm_w).T
+        torch.testing.assert_close(heads(x)[k], expected)
+
+
+def test_medusa_release_file_name_is_read(tmp_path, target):
+    write_checkpoint(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").rename(tmp_path / "m" / "medusa_lm_head.safetensors")
+    assert load_heads(tmp_path / "m", target).num_heads == 2
+
+
+@pytest.mark.parametrize("kwargs, config_extra, msg", [
+    (dict(hidden=32), None, "hidden size"),
+    (dict(vocab=80), {"vocab_size": 80}, "vocabulary of 80"),
+    (dict(), {"hidden_size": 32}, "hidden size"),
+    (dict(vocab=80), None, "vocabulary of 80"),  # sizes read off the tensors
+])
+def test_mismatch_with_target(tmp_path, target, kwargs, config_extra, msg):
+    write_checkpoint(tmp_path / "m", config_extra=config_extra, **kwargs)
+    with pytest.raises(ModelLoadError, match=msg):
+        load_heads(tmp_path / "m", target)
+
+
+def test_missing_and_corrupt_files(tmp_path, target):
+    with pytest.raises(ModelLoadError, match="no heads checkpoint"):
+        load_heads(tmp_path / "nowhere", target)
+    d = tmp_path / "m"
+    write_checkpoint(d)
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="corrupt"):
+        load_heads(d, target)
+    (d / "config.json").write_text(json.dumps({"hidden_size": H}))
+    with pytest.raises(ModelLoadError, match="medusa_num_heads"):
+        load_heads(d, target)
+    (d / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_heads(d, target)
+    write_checkpoint(d)
+    (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage")
+    with pytest.raises(ModelLoadError, match="corrupt"):
+        load_heads(d, target)
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_heads(d, target)
+
+
+def test_missing_tensor_and_bad_config(tmp_path, target):
+    d = tmp_path / "m"
+    state = write_checkpoint(d, K=2, n=1)
+    del state["1.0.linear.bias"]
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"missing tensors \['1.0.linear.bias'\]"):
+        load_heads(d, target)
+    write_checkpoint(d, K=2, n=1, config_extra={"medusa_num_heads": 3})
+    with pytest.raises(ModelLoadError, match="missing tensors"):
+        load_heads(d, target)
+    write_checkpoint(d, K=2, n=1, hidden=32, config_extra={"hidden_size": H})  # config and tensors disagree
+    with pytest.raises(ModelLoadError, match=r"shape \(32, 32\).*corrupt"):
+        load_heads(d, target)
+    write_checkpoint(d, K=2, n=1, config_extra={"medusa_num_heads": 0})
+    with pytest.raises(ModelLoadError, match="num_heads"):
+        load_heads(d, target)
+
+
+def test_zero_blocks(tmp_path, target):
+    lm_head = target.get_output_embeddings()
+    heads = MedusaHeads(cfg(True, K=2, n=0), lm_head)  # no parameters at all: lm_head twice
+    x = torch.randn(H)
+    torch.testing.assert_close(heads(x), torch.stack([lm_head(x)] * 2))
+    save_heads(heads, tmp_path / "z")
+    torch.testing.assert_close(load_heads(tmp_path / "z", target)(x), heads(x))
+
+
+def test_config_validation(target):
+    with pytest.raises(ConfigError, match="num_heads"):
+        HeadsConfig(0, 1, H, V)
+    with pytest.raises(ConfigError, match="num_layers"):
+        HeadsConfig(1, -1, H, V)
+    with pytest.raises(ConfigError, match="output layer"):
+        MedusaHeads(cfg(True))
+    with pytest.raises(ModelLoadError, match="hidden size"):
+        MedusaHeads(HeadsConfig(2, 1, 32, V), target.get_output_embeddings())

@@ -1,0 +1,255 @@
+"""Head training: losses on hand-built logits (exact alignment), the Medusa-1 / Medusa-2 loops on a
+tiny Llama (learning, checkpoint + resume, LoRA leaves the target untouched), calibration
+accuracies + greedy tree, and the self-distillation data (prompt builders, resumable distill)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from speculant.errors import ConfigError
+from speculant.heads import HeadsConfig, load_heads
+from speculant.training.accuracy import build_tree, head_topk_accuracy
+from speculant.training.data import distill, load_records, mixed_prompts, stdlib_prompts, wmt_prompts
+from speculant.training.losses import combined_loss, head_valid_counts, lm_loss, medusa_loss
+from speculant.training.train import train_heads
+from speculant.tree import normalize_paths
+
+from tiny import tiny_llama, tiny_model_dir
+
+V, H, K = 64, 64, 3
+PATTERN = [5, 17, 9, 33, 2, 41, 12, 27, 50, 8, 19]  # period 11: token t+2 is a function of the context
+
+
+# ------------------------------------------------------------------------------------------ losses
+
+def onehot_logits(tokens: torch.Tensor, K: int, V: int, shift: int, big: float = 20.0) -> torch.Tensor:
+    """(K, B, T, V) logits whose head k at position t puts ``big`` on tokens[t + k + shift]."""
+    B, T = tokens.shape
+    logits = torch.zeros(K, B, T, V)
+    for k in range(K):
+        for t in range(T):
+            j = t + k + shift
+            if j < T:
+                logits[k, :, t].scatter_(-1, tokens[:, j:j + 1], big)
+    return logits
+
+
+def test_medusa_loss_alignment_is_t_plus_k_plus_2():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 16, (2, 9), generator=g)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    right = onehot_logits(tokens, 3, 16, shift=2)
+    loss, per, top1, top5 = medusa_loss(right, tokens, mask, lam=0.8)
+    assert top1.tolist() == [1.0, 1.0, 1.0] and top5.tolist() == [1.0, 1.0, 1.0]
+    ce = -F.log_softmax(torch.tensor([20.0] + [0.0] * 15), -1)[0]  # the same CE for every pair
+    torch.testing.assert_close(per, ce.repeat(3))
+    torch.testing.assert_close(loss, ce * (1 + 0.8 + 0.64))
+    # one position off (the lm_head's t+1, or t+k+3) is wrong everywhere the tokens differ
+    for shift in (1, 3):
+        _, _, top1_off, _ = medusa_loss(onehot_logits(tokens, 3, 16, shift), tokens, mask)
+        assert bool((top1_off < 1).all())
+
+
+def test_medusa_loss_mask_range_and_weights():
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    logits = torch.randn(3, 1, 6, 8, generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([[True, True, True, True, False, True]])  # token 4 is no target
+    loss, per, _, _ = medusa_loss(logits, tokens, mask, lam=0.5)
+    for k in range(3):  # reference: the counted (t, target) pairs, by hand
+        pairs = [(t, t + k + 2) for t in range(6) if t + k + 2 < 6 and mask[0, t + k + 2]]
+        ref = torch.stack([F.cross_entropy(logits[k, 0, t], tokens[0, j]) for t, j in pairs]).mean()
+        torch.testing.assert_close(per[k], ref)
+    torch.testing.assert_close(loss, per[0] + 0.5 * per[1] + 0.25 * per[2])
+    assert head_valid_counts(mask, 3).tolist() == [3, 2, 1]
+    # garbage at the masked target's positions changes nothing
+    bad = logits.clone()
+    bad[0, 0, 2], bad[1, 0, 1], bad[2, 0, 0] = 1e4, 1e4, 1e4  # the pairs whose target is token 4
+    torch.testing.assert_close(medusa_loss(bad, tokens, mask, lam=0.5)[0], loss)
+    # out of range: with T = 3 only head 0 has a pair
+    l3, per3, t1, _ = medusa_loss(logits[:, :, :3], tokens[:, :3], mask[:, :3])
+    assert per3[1:].tolist() == [0.0, 0.0] and t1[1:].tolist() == [0.0, 0.0]
+    torch.testing.assert_close(l3, per3[0])
+
+
+def test_combined_loss_is_lm_plus_weighted_heads():
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 8, (2, 7), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    lm = torch.randn(2, 7, 8, generator=g)
+    heads = torch.randn(2, 2, 7, 8, generator=g)
+    ref_lm = F.cross_entropy(lm[:, :-1].reshape(-1, 8), tokens[:, 1:].reshape(-1))  # t predicts t+1
+    torch.testing.assert_close(lm_loss(lm, tokens, mask), ref_lm)
+    loss, lm_part, heads_part, *_ = combined_loss(lm, heads, tokens, mask, lam=0.8, heads_weight=0.3)
+    torch.testing.assert_close(loss, ref_lm + 0.3 * medusa_loss(heads, tokens, mask, 0.8)[0])
+    torch.testing.assert_close(lm_part, ref_lm)
+
+
+# ------------------------------------------------------------------------------------------ training
+
+def synthetic_records(n: int = 12, length: int = 44) -> list[dict]:
+    """The same periodic text at different phases: a 4-token 'prompt', the rest the 'answer'."""
+    return [{"prompt": f"r{i}", "prompt_len": 4, "ids": [PATTERN[(i + j) % len(PATTERN)] for j in range(length)]}
+            for i in range(n)]
+
+
+def write_jsonl(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def heads_cfg(num_layers: int = 1) -> HeadsConfig:
+    return HeadsConfig(num_heads=K, num_layers=num_layers, hidden_size=H, vocab_size=V, shared_lm_head=True,
+                       base_model="tiny-llama")
+
+
+FAST = dict(batch_size=4, seq_len=64, lr_heads=1e-2, held_out_fraction=0.25, progress=False, seed=0)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, vocab=V, hidden=H, scale=4.0).requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    d = tmp_path_factory.mktemp("m1")
+    data = write_jsonl(d / "data.jsonl", synthetic_records())
+    report = train_heads(target, heads_cfg(), data, d / "heads", steps=40, save_every=100, **FAST)
+    return d, report
+
+
+def test_medusa1_learns(target, trained):
+    d, report = trained
+    init, final = report["initial"], report["final"]
+    assert report["step"] == 40 and report["finished"]
+    assert final["loss"] < 0.7 * init["loss"]
+    assert final["top1"][0] > init["top1"][0] + 0.3
+    assert len(load_records(d / "heads" / "held_out.jsonl")) == 3  # 25% of 12 records, for build_tree
+    saved = json.loads((d / "heads" / "training_report.json").read_text())
+    assert saved["final"] == final
+    heads = load_heads(d / "heads", target)  # Medusa layout, loads against the frozen target
+    assert heads.num_heads == K and (d / "heads" / "checkpoints" / "step-00000040" / "state.pt").is_file()
+
+
+def test_checkpoint_resume_matches_uninterrupted_run(target, tmp_path):
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    kw = dict(steps=12, save_every=4, lr_warmup_steps=3, **FAST)
+    train_heads(target, heads_cfg(), data, tmp_path / "a", **kw)
+    first = train_heads(target, heads_cfg(), data, tmp_path / "b", stop_after=6, **kw)
+    assert first["step"] == 6 and not first["finished"]
+    ckpts = sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step-*"))
+    assert ckpts == ["step-00000004", "step-00000006"]  # keep_checkpoints=2
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-00000006")  # as if it crashed at step 6
+    second = train_heads(target, heads_cfg(), data, tmp_path / "b", **kw)
+    assert second["resumed_from"] == 4 and second["step"] == 12 and second["initial"] == first["initial"]
+    a, b = (load_file(str(tmp_path / x / "model.safetensors")) for x in "ab")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7)
+    with pytest.raises(ConfigError, match="seq_len"):  # other settings: a clear error, no silent mix
+        train_heads(target, heads_cfg(), data, tmp_path / "b", **{**kw, "seq_len": 32})
+
+
+def test_medusa2_lora_leaves_target_untouched(tmp_path):
+    model = tiny_llama(seed=3, vocab=V, hidden=H, scale=4.0).requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    report = train_heads(model, heads_cfg(), data, tmp_path / "h2", mode="medusa2", steps=6,
+                         warmup_heads_steps=2, lora_r=4, lr_backbone=1e-3, **FAST)
+    assert report["step"] == 6 and "lm_loss" in report["final"] and "final_original_target" in report
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not any("lora" in name for name, _ in model.named_modules())
+    assert not any(p.requires_grad for p in model.parameters())
+    adapter = load_file(str(tmp_path / "h2" / "lora_adapter" / "adapter_model.safetensors"))
+    lora_b = [t for n, t in adapter.items() if "lora_B" in n]
+    assert lora_b and any(bool(t.abs().sum() > 0) for t in lora_b)  # the joint stage trained the backbone
+    load_heads(tmp_path / "h2", model)  # the heads load against the original target
+
+
+# ------------------------------------------------------------------------------------------ trees
+
+def test_accuracy_and_greedy_tree(target, trained, tmp_path):
+    d, _ = trained
+    heads = load_heads(d / "heads", target).float()
+    recs = synthetic_records(n=3, length=30)
+    seqs, plens = [r["ids"] for r in recs], [r["prompt_len"] for r in recs]
+    acc = head_topk_accuracy(target, heads, seqs, 4, prompt_lens=plens)
+    assert len(acc) == K and all(len(row) == 4 for row in acc)
+    assert all(0 <= a <= 1 for row in acc for a in row) and all(sum(row) <= 1 + 1e-9 for row in acc)
+    assert acc[0][0] > 0.5
+    # the same alignment as the loss: rank-0 accuracy == medusa_loss's top-1 on one sequence
+    ids = torch.tensor(seqs[0])
+    hidden = target.get_decoder()(input_ids=ids[None]).last_hidden_state
+    mask = torch.arange(len(ids))[None] >= plens[0]
+    with torch.no_grad():
+        _, _, top1, _ = medusa_loss(heads(hidden), ids[None], mask)
+    one = head_topk_accuracy(target, heads, seqs[:1], 1, prompt_lens=plens[:1])
+    torch.testing.assert_close(torch.tensor([r[0] for r in one], dtype=torch.float64), top1.double(), atol=1e-6, rtol=0)
+    out = tmp_path / "tree.json"
+    res = build_tree(target, heads, seqs, 8, max_rank=4, prompt_lens=plens, out_path=out)
+    paths = json.loads(out.read_text())
+    assert paths == res["paths"] and len(paths) == 8
+    assert [list(p) for p in normalize_paths(paths)] == paths
+    assert all(1 <= len(p) <= K and all(0 <= r < 4 for r in p) for p in paths)
+    assert 0 < res["expected_accepted_per_step"] <= 8
+    with pytest.raises(ConfigError, match="without any position"):
+        head_topk_accuracy(target, heads, [[1, 2, 3]], 2)
+
+
+# ------------------------------------------------------------------------------------------ data
+
+def test_stdlib_prompts_deterministic_and_clean():
+    a, b = stdlib_prompts(), stdlib_prompts()
+    assert a == b and len(a) > 500 and len(set(a)) == len(a)
+    assert all(p.strip() and "`" in p for p in a)
+    assert stdlib_prompts(limit=10) == a[:10]
+    assert any("json.dumps" in p for p in a)
+
+
+def test_wmt_prompts_load_without_spec_bench_overlap():
+    allp, kept = wmt_prompts(exclude_eval=False), wmt_prompts()
+    assert len(allp) == 1000 and 900 < len(kept) < 1000
+    assert all(p.startswith("Translate the input English sentence into German.\nInput: ") for p in kept)
+    assert not any("Mr Snowden in Russia" in p for p in kept)  # a Spec-Bench reference sentence
+    mixed = mixed_prompts(n_stdlib=3, n_wmt=2)
+    assert len(mixed) == 5 and mixed[1] == kept[0] and mixed[0] == stdlib_prompts(limit=1)[0]
+
+
+def test_distill_writes_resumable_jsonl(tmp_path):
+    import speculant
+
+    model_dir = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)
+    dec = speculant.SpeculativeDecoder(str(model_dir), method="ar", chat=True, dtype="float32")
+    calls = []
+    generate = dec.generate
+    dec.generate = lambda prompt, n: calls.append(prompt) or generate(prompt, n)
+    prompts = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"]
+    path = tmp_path / "d" / "distill.jsonl"
+    first = distill(dec, prompts[:2], 6, path, progress=False)
+    assert calls == prompts[:2] and len(load_records(path)) == 2
+    with path.open("a") as f:
+        f.write('{"prompt": "w6 w7 w8 w9", "ids": [1, 2')  # a torn line from a crash
+    seqs = distill(dec, prompts, 6, path, progress=False)
+    assert calls == prompts  # only the missing prompt was generated
+    assert seqs[:2] == first and len(seqs) == 3
+    recs = load_records(path)
+    assert [r["prompt"] for r in recs] == prompts and len(path.read_text().splitlines()) == 3
+    for r, s in zip(recs, seqs):
+        assert r["ids"] == s and r["ids"][:r["prompt_len"]] == dec.encode(r["prompt"]).tolist()
+        assert 1 <= len(r["ids"]) - r["prompt_len"] <= 6
+        ref = generate(r["prompt"], 6).token_ids  # greedy: the answer is the target's own output
+        assert r["ids"][r["prompt_len"]:] == ref
+    # the file trains heads end to end (LoadedModel target)
+    hidden = dec.target.model.config.hidden_size
+    report = train_heads(dec.target, HeadsConfig(2, 1, hidden, V), path, tmp_path / "h", steps=2,
+                         held_out_fraction=0.34, batch_size=2, seq_len=32, progress=False)
+    assert report["step"] == 2 and math.isfinite(report["final"]["loss"])
