@@ -94,3 +94,22 @@ def test_unknown_method_is_rejected_by_argparse(dirs, capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--target", dirs["target"], "--method", "nope", PROMPT])
     assert e.value.code == 2
+
+
+def test_train_heads_build_tree_and_medusa_generate(dirs, capsys, tmp_path):
+    heads = tmp_path / "heads"
+    assert main(["train-heads", "--target", dirs["target"], "--out", str(heads), "--n-stdlib", "4", "--n-wmt", "2",
+                 "--max-new-tokens", "12", "--steps", "3", "--num-heads", "2", "--seq-len", "32", "--batch-size", "2",
+                 "--grad-accum", "1", "--held-out", "0.34", "--dtype", "float32"]) == 0
+    assert (heads / "config.json").is_file() and (heads / "model.safetensors").is_file()
+    tree = tmp_path / "tree.json"
+    assert main(["build-tree", "--target", dirs["target"], "--heads", str(heads), "--budget", "4",
+                 "--out", str(tree), "--dtype", "float32"]) == 0
+    capsys.readouterr()
+    plain = run_json(capsys, "--target", dirs["target"], "--method", "ar", "--max-new-tokens", "16", PROMPT)
+    for method, extra in [("medusa", ["--tree-file", str(tree)]), ("bpd", ["--gamma", "2"])]:
+        out = run_json(capsys, "--target", dirs["target"], "--method", method, "--heads", str(heads),
+                       "--max-new-tokens", "16", *extra, PROMPT)
+        assert out["token_ids"] == plain["token_ids"]
+    assert main(["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "medusa", PROMPT]) == 2
+    assert "needs heads" in capsys.readouterr().err

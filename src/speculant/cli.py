@@ -60,6 +60,49 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the default demo: 1.5B target, 0.5B draft, a coding prompt, speed-up over plain")
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--method", choices=["sd", "mcsd"], default="mcsd")
+
+    t = sub.add_parser("train-heads", help="self-distil the target on non-eval prompts and train Medusa heads")
+    t.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    t.add_argument("--out", required=True, help="output directory: heads (Medusa layout), report, checkpoints")
+    t.add_argument("--data", default=None, help="distillation JSONL (default: OUT/distill.jsonl; made or extended first)")
+    t.add_argument("--skip-distill", action="store_true", help="train on --data as it is")
+    t.add_argument("--n-stdlib", type=int, default=None, help="stdlib-docstring prompts to answer (default: all)")
+    t.add_argument("--n-wmt", type=int, default=None, help="MCSD WMT en->de prompts to answer (default: all)")
+    t.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt (default: %(default)s)")
+    t.add_argument("--distill-method", choices=["lookup", "ar"], default="lookup",
+                   help="engine used to answer (both greedy and lossless; default: %(default)s)")
+    t.add_argument("--num-heads", type=int, default=4)
+    t.add_argument("--num-layers", type=int, default=1, help="residual blocks per head (default: %(default)s)")
+    t.add_argument("--per-head-projection", action="store_true",
+                   help="a Linear(H, V) per head (the Medusa paper) instead of the target's frozen output layer")
+    t.add_argument("--mode", choices=["medusa1", "medusa2"], default="medusa1")
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--batch-size", type=int, default=2)
+    t.add_argument("--grad-accum", type=int, default=4)
+    t.add_argument("--seq-len", type=int, default=512)
+    t.add_argument("--lr-heads", type=float, default=1e-3)
+    t.add_argument("--lr-backbone", type=float, default=1e-4, help="medusa2: LoRA learning rate")
+    t.add_argument("--lam", type=float, default=0.8, help="head k's loss weight is lam**k (default: %(default)s)")
+    t.add_argument("--heads-weight", type=float, default=0.2, help="medusa2: w in CE_lm + w * heads loss")
+    t.add_argument("--warmup-heads-steps", type=int, default=0, help="medusa2: heads-only steps first")
+    t.add_argument("--lora-r", type=int, default=16)
+    t.add_argument("--held-out", type=float, default=0.05, help="fraction of records held out (default: %(default)s)")
+    t.add_argument("--save-every", type=int, default=200)
+    t.add_argument("--no-resume", action="store_true", help="start over instead of resuming the latest checkpoint")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+
+    bt = sub.add_parser("build-tree", help="measure head top-i accuracies and write a sparse tree (--tree-file)")
+    bt.add_argument("--target", default=DEFAULT_TARGET)
+    bt.add_argument("--heads", required=True, help="heads directory (Medusa layout)")
+    bt.add_argument("--calib", default=None,
+                    help="calibration JSONL (default: HEADS/held_out.jsonl, written by train-heads)")
+    bt.add_argument("--limit", type=int, default=None, help="use at most this many calibration records")
+    bt.add_argument("--budget", type=int, default=32, help="tree nodes besides the root (default: %(default)s)")
+    bt.add_argument("--max-rank", type=int, default=10, help="top-i ranks measured per head (default: %(default)s)")
+    bt.add_argument("--out", required=True, help="tree file to write (JSON list of paths)")
+    bt.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     return parser
 
 
@@ -133,10 +176,64 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_train_heads(args) -> int:
+    from pathlib import Path
+
+    from .api import SpeculativeDecoder
+    from .heads import HeadsConfig
+    from .training.data import distill, mixed_prompts
+    from .training.train import train_heads
+
+    out = Path(args.out)
+    data = Path(args.data) if args.data else out / "distill.jsonl"
+    dec = SpeculativeDecoder(args.target, method=args.distill_method, dtype=args.dtype, chat=True)
+    if not args.skip_distill:
+        distill(dec, mixed_prompts(args.n_stdlib, args.n_wmt), args.max_new_tokens, data)
+    model = dec.target.model
+    cfg = HeadsConfig(args.num_heads, args.num_layers, model.config.get_text_config().hidden_size,
+                      dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
+                      base_model=dec.target.name)
+    report = train_heads(dec.target, cfg, data, out, mode=args.mode, steps=args.steps, epochs=args.epochs,
+                         batch_size=args.batch_size, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                         lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,
+                         heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
+                         lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,
+                         resume=not args.no_resume, seed=args.seed)
+    keys = ("step", "total_steps", "seconds_this_run", "initial", "final", "final_original_target", "note")
+    print(json.dumps({k: report[k] for k in keys if k in report}, indent=2))
+    return 0
+
+
+def cmd_build_tree(args) -> int:
+    from pathlib import Path
+
+    from .errors import ConfigError
+    from .heads import load_heads
+    from .models import load
+    from .training.accuracy import build_tree
+    from .training.data import load_records
+
+    calib = Path(args.calib) if args.calib else Path(args.heads) / "held_out.jsonl"
+    records = load_records(calib)[: args.limit]
+    if not records:
+        raise ConfigError(f"no calibration records in {calib}: pass --calib FILE (a distillation JSONL "
+                          "of prompts the heads were not trained on; never Spec-Bench)")
+    target = load(args.target, args.dtype)
+    heads = load_heads(args.heads, target.model)
+    res = build_tree(target, heads, [r["ids"] for r in records], args.budget, max_rank=args.max_rank,
+                     prompt_lens=[r["prompt_len"] for r in records], out_path=args.out)
+    print(json.dumps({"tree_file": args.out, "nodes": len(res["paths"]), "calibration_records": len(records),
+                      "expected_tokens_per_call": round(1 + res["expected_accepted_per_step"], 3),
+                      "accuracies": [[round(a, 4) for a in row] for row in res["accuracies"]]}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo}[args.command](args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo,
+                    "train-heads": cmd_train_heads, "build-tree": cmd_build_tree}
+        return commands[args.command](args)
     except SpeculantError as e:
         print(f"speculant: error: {e}", file=sys.stderr)
         return 2
