@@ -28,5 +28,12 @@ def run_demo(max_new_tokens: int = 128, method: str = "mcsd") -> None:
     console.print(f"plain decoding : {a['tokens_per_s']:6.2f} tokens/s ({len(r_plain.token_ids)} tokens, {a['wall_s']:.1f} s)")
     console.print(f"{method:<15}: {s['tokens_per_s']:6.2f} tokens/s ({len(r_spec.token_ids)} tokens, {s['wall_s']:.1f} s), "
                   f"{s['tokens_per_call']:.2f} tokens per target call, acceptance {s['acceptance_rate']:.2f}")
-    console.print(f"[bold]speed-up over plain decoding: {s['tokens_per_s'] / a['tokens_per_s']:.2f}x[/bold]; "
-                  f"output identical to plain: {r_spec.token_ids == r_plain.token_ids}")
+    console.print(f"[bold]speed-up over plain decoding: {s['tokens_per_s'] / a['tokens_per_s']:.2f}x[/bold] "
+                  "(measured side by side in this run)")
+    same = next((i for i, (x, y) in enumerate(zip(r_spec.token_ids, r_plain.token_ids)) if x != y), None)
+    if same is None and len(r_spec.token_ids) == len(r_plain.token_ids):
+        console.print("output identical to plain decoding")
+    else:
+        console.print(f"output identical to plain decoding for the first {same} tokens: in bf16 a multi-token "
+                      "verification pass can round a near-tie differently from a one-token pass; with "
+                      "--dtype float32 greedy output is identical (see README)", style="dim")
