@@ -30,8 +30,9 @@ def run_demo(max_new_tokens: int = 128, method: str = "mcsd") -> None:
                   f"{s['tokens_per_call']:.2f} tokens per target call, acceptance {s['acceptance_rate']:.2f}")
     console.print(f"[bold]speed-up over plain decoding: {s['tokens_per_s'] / a['tokens_per_s']:.2f}x[/bold] "
                   "(measured side by side in this run)")
-    same = next((i for i, (x, y) in enumerate(zip(r_spec.token_ids, r_plain.token_ids)) if x != y), None)
-    if same is None and len(r_spec.token_ids) == len(r_plain.token_ids):
+    n = min(len(r_spec.token_ids), len(r_plain.token_ids))
+    same = next((i for i, (x, y) in enumerate(zip(r_spec.token_ids, r_plain.token_ids)) if x != y), n)
+    if r_spec.token_ids == r_plain.token_ids:
         console.print("output identical to plain decoding")
     else:
         console.print(f"output identical to plain decoding for the first {same} tokens: in bf16 a multi-token "
