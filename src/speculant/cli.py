@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--n-stdlib", type=int, default=None, help="stdlib-docstring prompts to answer (default: all)")
     t.add_argument("--n-wmt", type=int, default=None, help="MCSD WMT en->de prompts to answer (default: all)")
     t.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt (default: %(default)s)")
+    t.add_argument("--distill-batch", type=int, default=1,
+                   help="answer this many prompts per batched target pass (transformers generate; ~N x "
+                        "faster on AMX) instead of one at a time with our engine (default: %(default)s)")
     t.add_argument("--distill-method", choices=["lookup", "ar"], default="lookup",
                    help="engine used to answer (both greedy and lossless; default: %(default)s)")
     t.add_argument("--num-heads", type=int, default=4)
@@ -188,7 +191,8 @@ def cmd_train_heads(args) -> int:
     data = Path(args.data) if args.data else out / "distill.jsonl"
     dec = SpeculativeDecoder(args.target, method=args.distill_method, dtype=args.dtype, chat=True)
     if not args.skip_distill:
-        distill(dec, mixed_prompts(args.n_stdlib, args.n_wmt), args.max_new_tokens, data)
+        distill(dec, mixed_prompts(args.n_stdlib, args.n_wmt), args.max_new_tokens, data,
+                batch_size=args.distill_batch)
     model = dec.target.model
     cfg = HeadsConfig(args.num_heads, args.num_layers, model.config.get_text_config().hidden_size,
                       dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
