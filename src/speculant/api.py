@@ -172,7 +172,7 @@ class SpeculativeDecoder:
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
         gen: list[int] = []
         shown = ""
-        self.last_stats = None
+        self.last_stats, self.last_finish_reason = None, None  # set as the stream runs
         for _, state, step in self._run(prompt, max_new_tokens, sampling):
             if step is None:
                 continue
