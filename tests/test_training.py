@@ -157,6 +157,24 @@ def test_checkpoint_resume_matches_uninterrupted_run(target, tmp_path):
         train_heads(target, heads_cfg(), data, tmp_path / "b", **{**kw, "seq_len": 32})
 
 
+def test_feature_cache_trains_the_same_heads(target, tmp_path):
+    """Medusa-1's cached (and prompt-trimmed) hidden states give the heads the same training as
+    running the frozen backbone every step."""
+    recs = synthetic_records()
+    for r in recs[::2]:
+        r["prompt_len"] = 20  # long prompts: the store trims their leading positions
+    data = write_jsonl(tmp_path / "data.jsonl", recs)
+    kw = dict(steps=10, save_every=100, **FAST)
+    a = train_heads(target, heads_cfg(), data, tmp_path / "a", cache_features=True, **kw)
+    b = train_heads(target, heads_cfg(), data, tmp_path / "b", cache_features=False, **kw)
+    assert a["final"]["positions"] == b["final"]["positions"]
+    torch.testing.assert_close(torch.tensor(a["final"]["per_head_loss"]), torch.tensor(b["final"]["per_head_loss"]),
+                               rtol=1e-4, atol=1e-5)
+    wa, wb = (load_file(str(tmp_path / x / "model.safetensors")) for x in "ab")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5)
+
+
 def test_medusa2_lora_leaves_target_untouched(tmp_path):
     model = tiny_llama(seed=3, vocab=V, hidden=H, scale=4.0).requires_grad_(False)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -317,10 +317,13 @@ class Batches:
         self.per_epoch = math.ceil(len(items) / batch_size)
         self._perm: tuple[int, torch.Tensor] | None = None
 
-    def __getitem__(self, m: int) -> tuple[torch.Tensor, ...]:
+    def indices(self, m: int) -> list[int]:
+        """The window indices of micro-batch ``m`` of this process."""
         epoch, i = divmod(m * self.world + self.rank, self.per_epoch)
         if self._perm is None or self._perm[0] != epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm = (epoch, torch.randperm(len(self.windows), generator=g))
-        idx = self._perm[1][i * self.B:(i + 1) * self.B].tolist()
-        return collate([self.windows[j] for j in idx])
+        return self._perm[1][i * self.B:(i + 1) * self.B].tolist()
+
+    def __getitem__(self, m: int) -> tuple[torch.Tensor, ...]:
+        return collate([self.windows[j] for j in self.indices(m)])

@@ -79,6 +79,7 @@ class TrainConfig:
     seed: int = 0
     stop_after: int | None = None
     progress: bool = True
+    cache_features: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("medusa1", "medusa2"):
@@ -95,30 +96,73 @@ class TrainConfig:
 
 
 class _Trainable(nn.Module):
-    """Backbone + heads: ``forward(ids, attn, joint) -> (lm_logits (B, T, V) | None, heads (K, B, T, V))``.
-    Without ``joint`` the backbone runs under no_grad (Medusa-1, and Medusa-2's warm-up)."""
+    """Backbone + heads: ``forward(ids, attn, joint, hidden) -> (lm_logits (B, T, V) | None, heads (K, B, T, V))``.
+    Without ``joint`` the backbone runs under no_grad (Medusa-1, and Medusa-2's warm-up); a given
+    ``hidden`` (B, T, H) (the frozen backbone's, from a :class:`_FeatureStore`) skips the backbone."""
 
     def __init__(self, model: nn.Module, heads: MedusaHeads):
         super().__init__()
         self.model, self.heads = model, heads
 
-    def forward(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False):
-        with torch.set_grad_enabled(joint and torch.is_grad_enabled()):
-            hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False, hidden: torch.Tensor | None = None):
+        if hidden is None:
+            hidden = self.backbone(ids, attn, joint)
         lm = self.model.get_output_embeddings()(hidden) if joint else None
         return lm, self.heads(hidden)
 
+    def backbone(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False) -> torch.Tensor:
+        with torch.set_grad_enabled(joint and torch.is_grad_enabled()):
+            return self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
+
+
+class _FeatureStore:
+    """Medusa-1 trains against a frozen backbone, so each window's final hidden states never change:
+    compute them once (the first time the window is drawn) and reuse them every later epoch.
+
+    Positions that no head can learn from (prompt positions more than K+1 tokens before the first
+    target) are dropped: heads act position by position and the loss pairs position t with token
+    t+k+2 of the same (shifted) window, so the cut changes no counted pair. Kept per window:
+    hidden (T', H) in the backbone's dtype, ids (T',), mask (T',)."""
+
+    def __init__(self, items: list[tuple[list[int], list[bool]]], num_heads: int):
+        self.items, self.K = items, num_heads
+        self.store: dict[int, tuple[torch.Tensor, list[int], list[bool]]] = {}
+
+    def batch(self, idx: list[int], trainable: _Trainable, device) -> tuple[torch.Tensor, ...]:
+        """-> hidden (B, T, H), ids (B, T), attn (B, T), mask (B, T): right-padded like ``collate``."""
+        missing = [j for j in idx if j not in self.store]
+        if missing:
+            ids, attn, _ = collate([self.items[j] for j in missing])
+            with torch.no_grad():
+                hidden = trainable.backbone(ids.to(device), attn.to(device)).detach().cpu()
+            for r, j in enumerate(missing):
+                w, m = self.items[j]
+                first = next(t for t, v in enumerate(m) if v and t >= 2)
+                s0 = max(0, first - 2 - (self.K - 1))
+                self.store[j] = (hidden[r, s0:len(w)].clone(), w[s0:], m[s0:])
+        parts = [self.store[j] for j in idx]
+        ids, attn, mask = collate([(w, m) for _, w, m in parts])
+        hidden = parts[0][0].new_zeros(ids.shape[0], ids.shape[1], parts[0][0].shape[-1])
+        for r, (h, _, _) in enumerate(parts):
+            hidden[r, :h.shape[0]] = h
+        return hidden.to(device), ids.to(device), attn.to(device), mask.to(device)
+
 
 @torch.no_grad()
-def _evaluate(trainable: _Trainable, batches: list[tuple[torch.Tensor, ...]], cfg: TrainConfig,
-              device, joint: bool) -> dict:
-    """Held-out metrics, weighted by the number of counted (position, head) pairs."""
+def _evaluate(trainable: _Trainable, batches: list[list[int]], items: list, cfg: TrainConfig,
+              device, joint: bool, store: _FeatureStore | None = None) -> dict:
+    """Held-out metrics over ``items`` (windows) in ``batches`` (lists of window indices),
+    weighted by the number of counted (position, head) pairs."""
     K = trainable.heads.num_heads
     loss_s, top1_s, top5_s, n_s = (torch.zeros(K, dtype=torch.float64) for _ in range(4))
     lm_s, lm_n = 0.0, 0
-    for ids, attn, mask in batches:
-        ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
-        lm, hl = trainable(ids, attn, joint=joint)
+    for idx in batches:
+        if store is not None and not joint:
+            hidden, ids, attn, mask = store.batch(idx, trainable, device)
+            lm, hl = trainable(ids, attn, hidden=hidden)
+        else:
+            ids, attn, mask = (t.to(device) for t in collate([items[j] for j in idx]))
+            lm, hl = trainable(ids, attn, joint=joint)
         _, per, t1, t5 = medusa_loss(hl, ids, mask, cfg.lam)
         n = head_valid_counts(mask, K).cpu().double()
         loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
@@ -223,7 +267,10 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
         trainable, optimizer = accelerator.prepare(trainable, optimizer)
         core = accelerator.unwrap_model(trainable)
         device = accelerator.device
-        held_batches = [collate(held[i:i + cfg.batch_size]) for i in range(0, len(held), cfg.batch_size)]
+        held_batches = [list(range(i, min(i + cfg.batch_size, len(held)))) for i in range(0, len(held), cfg.batch_size)]
+        use_store = cfg.cache_features and peft_model is None
+        train_store = _FeatureStore(train, heads_cfg.num_heads) if use_store else None
+        held_store = _FeatureStore(held, heads_cfg.num_heads) if use_store else None
 
         step, initial, resumed_from = 0, None, None
         latest = _latest(ckpt_root) if cfg.resume else None
@@ -242,7 +289,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
             step, initial = int(state["step"]), state["initial"]
             resumed_from = step
         if initial is None:
-            initial = _evaluate(core, held_batches, cfg, device, joint=False) if held_batches else {}
+            initial = _evaluate(core, held_batches, held, cfg, device, False, held_store) if held_batches else {}
 
         params = [p for g in optimizer.param_groups for p in g["params"]]
         bar = tqdm(total=total, initial=step, desc=f"train-heads ({cfg.mode})", unit="step",
@@ -252,10 +299,15 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
             joint = peft_model is not None and step >= cfg.warmup_heads_steps
             optimizer.zero_grad(set_to_none=True)
             for a in range(cfg.grad_accum):
-                ids, attn, mask = (t.to(device) for t in batches[step * cfg.grad_accum + a])
+                m = step * cfg.grad_accum + a
                 sync = contextlib.nullcontext() if a == cfg.grad_accum - 1 else accelerator.no_sync(trainable)
                 with sync:
-                    lm, hl = trainable(ids, attn, joint=joint)
+                    if train_store is not None:
+                        hidden, ids, attn, mask = train_store.batch(batches.indices(m), core, device)
+                        lm, hl = trainable(ids, attn, hidden=hidden)
+                    else:
+                        ids, attn, mask = (t.to(device) for t in batches[m])
+                        lm, hl = trainable(ids, attn, joint=joint)
                     if joint:
                         loss, _, _, per, t1, _ = combined_loss(lm, hl, ids, mask, cfg.lam, cfg.heads_weight)
                     else:
@@ -282,10 +334,10 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
                   "seconds_this_run": round(time.perf_counter() - t0, 1), "initial": initial,
                   "config": dataclasses.asdict(cfg), "heads": heads_cfg.to_json()}
         if held_batches:
-            report["final"] = _evaluate(core, held_batches, cfg, device, joint=peft_model is not None)
+            report["final"] = _evaluate(core, held_batches, held, cfg, device, peft_model is not None, held_store)
             if peft_model is not None:
                 with peft_model.disable_adapter():  # what the heads do for the ORIGINAL target
-                    report["final_original_target"] = _evaluate(core, held_batches, cfg, device, joint=False)
+                    report["final_original_target"] = _evaluate(core, held_batches, held, cfg, device, False)
         if accelerator.is_main_process:
             save_heads(core.heads, out)
             if peft_model is not None:
