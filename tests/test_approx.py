@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from speculant.acceptance import greedy_accept
-from speculant.approx import (accepted_prefix, best_path, distance_accept, entropy, min_block, topk_accept,
+from speculant.approx import (accept_tree_approx, accepted_prefix, best_path, distance_accept, entropy, min_block, topk_accept,
                               typical_accept, typical_threshold)
-from speculant.config import SamplingConfig
+from speculant.config import AcceptanceConfig, SamplingConfig, parse_acceptance
 from speculant.errors import ConfigError
 from speculant.sampling import logits_to_probs
 from speculant.tree import build_tree
@@ -126,3 +126,65 @@ def test_best_path_longest_then_likeliest():
     assert best_path(torch.tensor([True, False, False, True, True, True, True]), tree.retrieve) == [0]
     # a node whose parent is rejected does not count
     assert best_path(torch.tensor([True, False, True, True, True, False, True]), tree.retrieve) == [0, 2]
+
+
+# ------------------------------------------------------------------ rule parsing and whole-tree walk
+
+def test_parse_acceptance_and_labels():
+    assert parse_acceptance("exact").exact and parse_acceptance("exact").label == "exact"
+    assert parse_acceptance("typical").label == "typical(0.09,0.3)"
+    assert parse_acceptance("typical=0.05/0.2").label == "typical(0.05,0.2)"
+    assert parse_acceptance("topk=3+min=1") == AcceptanceConfig("topk", k_top=3, min_block=1)
+    assert parse_acceptance("topk").k_top == 2
+    assert parse_acceptance("dist=0.5").eps == 0.5 and parse_acceptance("min=2").label == "exact+min2"
+    assert not parse_acceptance("min=2").exact
+    for bad, msg in [("fast", "cannot read"), ("topk=x", "cannot read"), ("dist", "cannot read"),
+                     ("typical=1.5", "in \\(0, 1\\)"), ("topk=0", "k_top >= 1"), ("min=-1", ">= 0")]:
+        with pytest.raises(ConfigError, match=msg):
+            parse_acceptance(bad)
+    with pytest.raises(ConfigError, match="eps >= 0"):
+        AcceptanceConfig("distance")
+
+
+def exact_walk(tree, tokens, logits):
+    """The lossless greedy walk (decoding.accept_tree) for comparison."""
+    from speculant.decoding import accept_tree
+    from speculant.drafters.base import Draft
+    return accept_tree(Draft(tree, tokens), logits, SamplingConfig())
+
+
+@pytest.mark.parametrize("spec", ["3x2x1", "[[0],[1],[0,0],[0,1],[1,0],[0,0,0]]", "4"])
+def test_tree_walk_rules_that_reduce_to_greedy(spec):
+    """typical at T=0, topk=1 and dist=0 give the exact greedy walk's path and token; sibling tokens
+    are distinct (as the heads' top-k lists are), and the target often agrees with a branch."""
+    tree = build_tree(spec)
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(12, 4, generator=g)
+    for trial in range(60):
+        N = tree.size
+        tokens = torch.zeros(N, dtype=torch.long)
+        for parent in range(N):
+            kids = tree.children[parent][tree.children[parent] >= 0]
+            tokens[kids] = torch.randperm(12, generator=g)[: kids.numel()]
+        logits = torch.randn(N, 12, generator=g)
+        for i in range(1, N):  # make the target agree with some branches
+            if torch.rand(1, generator=g) < 0.6:
+                logits[tree.parents[i], tokens[i]] += 10
+        want = exact_walk(tree, tokens, logits)
+        for rule in ("typical", "topk=1", "dist=0"):
+            got = accept_tree_approx(tree, tokens, logits, SamplingConfig(), parse_acceptance(rule), embedding=emb)
+            assert got == want, (rule, trial)
+
+
+def test_tree_walk_topk_and_min_block():
+    tree = build_tree("2x1")  # nodes: 0 root, 1 (0,), 2 (1,), 3 (0,0), 4 (1,0)
+    tokens = torch.tensor([0, 5, 6, 7, 8])
+    logits = torch.zeros(5, 10)
+    logits[0, 1], logits[0, 6] = 3.0, 2.0  # root: argmax 1, token 6 (node 2) second
+    logits[2, 8] = 3.0  # after node 2: node 4's token is the argmax
+    logits[4, 9] = 3.0
+    assert accept_tree_approx(tree, tokens, logits, SamplingConfig(), parse_acceptance("topk=1")) == ([0], 1)
+    assert accept_tree_approx(tree, tokens, logits, SamplingConfig(), parse_acceptance("topk=2")) == ([0, 2, 4], 9)
+    # min=1 forces depth 1: the likelier of the two forced nodes (node 2: logp of token 6 > token 5)
+    path, tok = accept_tree_approx(tree, tokens, logits, SamplingConfig(), parse_acceptance("min=1"))
+    assert path == [0, 2, 4] and tok == 9

@@ -1,9 +1,10 @@
 """Medusa and blockwise (BPD) drafters: tree filling from the heads' top-k lists, and end to end on
 a tiny random Llama — greedy output identical to plain greedy, with random and trained heads.
 
-``decode`` does not hand hidden states to drafters yet; ``run`` below reproduces the proposed
-change from outside (a backend proxy that always asks for hidden states, and a drafter proxy that
-passes ``hidden=out.hidden[path[-1]]`` to ``observe``), so the real loop is what runs."""
+The loop hands the target's hidden state of the last accepted node to ``needs_hidden`` drafters, so
+one target call per step both verifies and feeds the heads. Approximate acceptance (typical, top-k,
+distance, minimum block) is checked end to end too: it reduces to greedy where it should, and
+top-k keeps every token in the target's top-k."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from speculant.backends.hf import HFBackend
-from speculant.config import SamplingConfig
+from speculant.config import SamplingConfig, parse_acceptance
 from speculant.decoding import decode
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
@@ -38,57 +39,28 @@ class FakeHeads:
         return logits
 
 
-class HiddenTap:
-    """Backend proxy: every forward returns hidden states; the last output is kept."""
+class PathLog:
+    """Drafter proxy recording each accepted path as ranks (the loop hands it hidden states)."""
+    needs_hidden = True
 
-    def __init__(self, backend):
-        self.backend, self.last = backend, None
-        self.name, self.vocab_size = backend.name, backend.vocab_size
+    def __init__(self, drafter):
+        self.drafter, self.paths = drafter, []
 
-    @property
-    def cache_length(self):
-        return self.backend.cache_length
-
-    def forward(self, tokens, positions=None, tree_mask=None, rows=None, want_hidden=False):
-        self.last = self.backend.forward(tokens, positions, tree_mask, rows, want_hidden=True)
-        return self.last
-
-    def rollback(self, length):
-        self.backend.rollback(length)
-
-    def compact(self, start, keep):
-        self.backend.compact(start, keep)
-
-    def reset(self):
-        self.backend.reset()
-
-
-class HiddenHandover:
-    """Drafter proxy doing what the proposed decoding.py change does for ``needs_hidden`` drafters."""
-
-    def __init__(self, drafter, tap):
-        self.drafter, self.tap = drafter, tap
-        self.paths: list[list[int]] = []  # accepted node paths, for tests
-
-    def begin(self, prompt):
-        self.drafter.begin(prompt)
+    def begin(self, prompt, hidden=None):
+        self.drafter.begin(prompt, hidden=hidden)
 
     def propose(self, context):
         return self.drafter.propose(context)
 
-    def observe(self, path, next_token):
-        self.paths.append([int(self.drafter.tree.ranks[i]) for i in path[1:]] if len(path) > 1 else [])
-        self.drafter.observe(path, next_token, hidden=self.tap.last.hidden[path[-1]])
+    def observe(self, path, next_token, hidden=None):
+        self.paths.append([int(self.drafter.tree.ranks[i]) for i in path[1:]])
+        self.drafter.observe(path, next_token, hidden=hidden)
 
 
-def run(model, drafter, prompt, n=40, eos=frozenset(), sampling=GREEDY, generator=None):
-    backend = HFBackend(model)
-    if getattr(drafter, "needs_hidden", False):
-        backend = HiddenTap(backend)
-        drafter = HiddenHandover(drafter, backend)
+def run(model, drafter, prompt, n=40, eos=frozenset(), sampling=GREEDY, generator=None, acceptance=None):
     state = None
-    for state, _ in decode(backend, drafter, prompt, max_new_tokens=n, sampling=sampling,
-                           eos_token_ids=set(eos), generator=generator):
+    for state, _ in decode(HFBackend(model), drafter, prompt, max_new_tokens=n, sampling=sampling,
+                           eos_token_ids=set(eos), generator=generator, acceptance=acceptance):
         pass
     return state
 
@@ -195,7 +167,8 @@ def test_medusa_greedy_identical(request, target, plain, tree, which):
         drafter = MedusaDrafter(heads, build_tree(tree), V)
         state = run(target, drafter, prompt)
         assert state.generated == ref
-        assert drafter.head_calls == state.stats.target_calls - 1  # every step but the first drafts
+        # every step drafts; the first one from the prefill's hidden state (none for a 1-token prompt)
+        assert drafter.head_calls == state.stats.target_calls - (prompt.shape[0] == 1)
         if which != "random_heads":
             assert sum(state.stats.accepted_per_call) > 0
             assert state.stats.target_calls < len(ref)
@@ -206,13 +179,10 @@ def test_side_branches_and_partial_paths_accepted(target, plain, partial_heads):
     compacted into place) and stopping inside the tree; the output still equals plain greedy."""
     paths = []
     for prompt, ref in zip(prompts(), plain):
-        tap = HiddenTap(HFBackend(target))
-        handover = HiddenHandover(MedusaDrafter(partial_heads, build_tree("3x2x1"), V), tap)
-        state = None
-        for state, _ in decode(tap, handover, prompt, max_new_tokens=40, sampling=GREEDY):
-            pass
+        log = PathLog(MedusaDrafter(partial_heads, build_tree("3x2x1"), V))
+        state = run(target, log, prompt)
         assert state.generated == ref
-        paths += handover.paths[1:]  # the first step has no tree
+        paths += log.paths
     assert any(any(r > 0 for r in p) for p in paths)  # a side branch was accepted
     assert any(len(p) < 3 for p in paths)  # a step stopped inside the tree
     assert any(len(p) == 3 for p in paths)  # and one accepted a whole path (bonus token)
@@ -250,16 +220,54 @@ def test_sampling_runs(target, trained_heads):
     assert len(state.generated) == 25
 
 
-def test_native_loop_passes_hidden(target, plain, trained_heads):
-    """Active once decoding.py hands ``out.hidden[path[-1]]`` to ``needs_hidden`` drafters."""
+def test_one_target_call_per_step_and_prefill_hands_over_hidden(target, plain, trained_heads):
     drafter = MedusaDrafter(trained_heads, build_tree("3x2x1"), V)
-    try:
-        state = None
-        for state, _ in decode(HFBackend(target), drafter, prompts()[0], max_new_tokens=40, sampling=GREEDY):
-            pass
-    except TypeError:  # observe() called with a hidden= the old loop cannot give
-        pytest.skip("decoding.py does not hand hidden states to drafters yet")
-    if drafter.head_calls == 0:
-        pytest.skip("decoding.py does not hand hidden states to drafters yet")
+    state = run(target, drafter, prompts()[0])
     assert state.generated == plain[0]
-    assert state.stats.target_calls < len(plain[0])
+    assert drafter.head_calls == state.stats.target_calls  # the prefill's hidden state drafts step 1 too
+
+
+# ------------------------------------------------------------------ approximate acceptance in the loop
+
+def target_ranks(target, prompt, generated):
+    """Rank of each generated token under the target's own logits at its position (teacher forcing)."""
+    seq = torch.cat([prompt, torch.tensor(generated)])
+    with torch.no_grad():
+        logits = target(seq.view(1, -1)).logits[0, prompt.shape[0] - 1: -1]  # (n, V)
+    order = logits.sort(dim=-1, descending=True, stable=True).indices
+    return [int((order[i] == t).nonzero()) for i, t in enumerate(generated)]
+
+
+@pytest.mark.parametrize("rule", ["typical", "topk=1", "dist=0"])
+def test_approximate_rules_reduce_to_greedy(target, plain, partial_heads, rule):
+    """Typical acceptance at temperature 0, top-1 and distance 0 accept exactly the argmax."""
+    acc = parse_acceptance(rule)
+    for prompt, ref in zip(prompts(), plain):
+        for drafter in (MedusaDrafter(partial_heads, build_tree("3x2x1"), V), BlockwiseDrafter(partial_heads, V)):
+            emb = target.get_input_embeddings().weight if acc.rule == "distance" else None
+            state = None
+            for state, _ in decode(HFBackend(target), drafter, prompt, max_new_tokens=40, sampling=GREEDY,
+                                   acceptance=acc, embedding=emb):
+                pass
+            assert state.generated == ref
+            assert state.stats.to_dict()["acceptance"] == acc.label and not state.stats.to_dict()["lossless"]
+
+
+def test_topk_acceptance_keeps_every_token_in_the_targets_topk(target, plain, partial_heads):
+    exact_calls = approx_calls = 0
+    for prompt, ref in zip(prompts(), plain):
+        exact = run(target, MedusaDrafter(partial_heads, build_tree("3x2x1"), V), prompt)
+        approx = run(target, MedusaDrafter(partial_heads, build_tree("3x2x1"), V), prompt,
+                     acceptance=parse_acceptance("topk=3"))
+        assert len(approx.generated) == 40
+        assert max(target_ranks(target, prompt, approx.generated)) < 3
+        exact_calls += exact.stats.target_calls
+        approx_calls += approx.stats.target_calls
+    assert approx_calls < exact_calls  # looser rule, more tokens per call
+
+
+def test_min_block_forces_the_first_tokens(target, partial_heads):
+    state = run(target, BlockwiseDrafter(partial_heads, V, 3), prompts()[0], n=30,
+                acceptance=parse_acceptance("min=2"))
+    assert all(a >= 2 for a in state.stats.accepted_per_call[1:-1])  # step 1 has no hidden state yet
+    assert state.stats.acceptance == "exact+min2"

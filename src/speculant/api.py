@@ -10,13 +10,13 @@ from typing import Iterator, Sequence
 import torch
 
 from .backends.hf import HFBackend
-from .config import SamplingConfig
+from .config import AcceptanceConfig, SamplingConfig, parse_acceptance
 from .decoding import Stats, decode
 from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
 from .drafters.medusa import BlockwiseDrafter, MedusaDrafter
-from .heads import MedusaHeads, load_heads
+from .heads import MedusaHeads, heads_tree, load_heads, shipped_heads
 from .errors import ConfigError
 from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load
 from .quant import QUANT_MODES, quantize_linears
@@ -84,22 +84,33 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
-                 method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] = "2x1x1x1",
+                 method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] | None = None,
                  replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
-                 draft_quant: str = "auto", heads: str | MedusaHeads | None = None):
+                 draft_quant: str = "auto", heads: str | MedusaHeads | None = None,
+                 acceptance: str | AcceptanceConfig = "exact"):
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
         if method in NEEDS_DRAFT and draft is None:
             raise ConfigError(f"method {method!r} needs a draft model: pass draft=... (--draft SPEC), "
                               "or use --method lookup / ar, which need none")
-        if method in NEEDS_HEADS and heads is None:
-            raise ConfigError(f"method {method!r} needs heads: pass heads=DIR (--heads DIR), a directory in "
-                              "the Medusa checkpoint layout")
         if gamma < 1:
             raise ConfigError(f"gamma (draft length) must be >= 1, got {gamma}")
         self.method, self.gamma, self.replacement, self.chat = method, gamma, replacement, chat
-        self.tree = build_tree(tree) if method in ("mcsd", "medusa") else chain(gamma)
+        self.acceptance = parse_acceptance(acceptance)
+        if tree is not None:
+            build_tree(tree)  # a bad tree spec fails before any model is loaded
         self.target = _as_model(target, dtype)
+        if method in NEEDS_HEADS and heads is None:
+            heads = shipped_heads(self.target.name)
+            if heads is None:
+                raise ConfigError(f"method {method!r} needs heads and none ship for {self.target.name!r}: pass "
+                                  "heads=DIR (--heads DIR), a directory in the Medusa checkpoint layout (train "
+                                  "some with `speculant train-heads`)")
+        if tree is None:  # medusa: the tree built for the heads (tree.json next to them), else a k-config
+            tree = (heads_tree(heads) if method == "medusa" and not isinstance(heads, MedusaHeads) else None) \
+                or ("3x2x2x1" if method == "medusa" else "2x1x1x1")
+        self.tree = build_tree(tree) if method in ("mcsd", "medusa") else chain(gamma)
+        self.heads_path = None if heads is None or isinstance(heads, MedusaHeads) else str(heads)
         self.draft = _as_model(draft, dtype, draft_quant) if method in NEEDS_DRAFT else None
         if self.draft is not None:
             check_vocab_compatible(self.target, self.draft)
@@ -129,6 +140,12 @@ class SpeculativeDecoder:
             raise ConfigError("the prompt is empty: give at least one token")
         return ids
 
+    def _embedding(self) -> torch.Tensor | None:
+        """The target's input embeddings (V, H), for the distance acceptance rule only."""
+        if self.acceptance.rule != "distance":
+            return None
+        return self.target.model.get_input_embeddings().weight[: self.vocab_size]
+
     def _drafter(self, sampling: SamplingConfig, generator) -> Drafter:
         if self.method == "ar":
             return NoDrafter()
@@ -150,7 +167,8 @@ class SpeculativeDecoder:
             for state, step in decode(self.target_backend, drafter, ids, max_new_tokens=max_new_tokens,
                                       sampling=sampling, eos_token_ids=self.eos_token_ids,
                                       max_length=self.max_length, replacement=self.replacement,
-                                      generator=generator, vocab_size=self.vocab_size):
+                                      generator=generator, vocab_size=self.vocab_size,
+                                      acceptance=self.acceptance, embedding=self._embedding()):
                 yield ids, state, step
 
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, *,

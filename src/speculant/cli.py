@@ -16,10 +16,17 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     p.add_argument("--draft", default=None, help="draft model for sd/mcsd (directory, .gguf or preset)")
     p.add_argument("--gamma", type=int, default=4, help="draft length for sd and lookup (default: %(default)s)")
-    p.add_argument("--tree", default="2x1x1x1",
-                   help="mcsd tree: a k-config like 2x1x1x1 (default) or 4x2x2x1, or a JSON list of paths")
+    p.add_argument("--tree", default=None,
+                   help="mcsd/medusa tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths (default: "
+                        "2x1x1x1 for mcsd; for medusa the tree shipped with the heads)")
     p.add_argument("--tree-file", default=None, help="medusa/mcsd: a JSON file with a list of paths")
-    p.add_argument("--heads", default=None, help="medusa/bpd: a heads directory in the Medusa checkpoint layout")
+    p.add_argument("--heads", default=None,
+                   help="medusa/bpd: a heads directory in the Medusa checkpoint layout (default: the heads shipped "
+                        "for the target preset)")
+    p.add_argument("--accept", default="exact",
+                   help="acceptance rule: exact (lossless, default) or an approximate one that may change the "
+                        "output: typical[=EPS[/DELTA]] (Medusa), topk[=K], dist=EPS (BPD), each optionally "
+                        "+min=M (BPD minimum block)")
     p.add_argument("--no-replacement", action="store_true", help="mcsd: draw candidates without replacement")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
@@ -49,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
-    b.add_argument("--methods", default="ar,sd,mcsd,lookup,hf-assisted",
-                   help="comma-separated: ar, sd, mcsd, lookup, hf-assisted (default: %(default)s)")
+    b.add_argument("--methods", default="ar,sd,mcsd,lookup,medusa,bpd,hf-assisted",
+                   help="comma-separated: ar, sd, mcsd, lookup, medusa, bpd, hf-assisted, each of ours optionally "
+                        "NAME:RULE with an approximate acceptance rule, e.g. medusa:typical, bpd:topk=2+min=1 "
+                        "(default: %(default)s)")
     b.add_argument("--per-category", type=int, default=1, help="prompts per Spec-Bench category")
     b.add_argument("--categories", default=None, help="comma-separated subset of categories")
     b.add_argument("--questions", default=None, help="a Spec-Bench-style JSONL file (default: the bundled one)")
@@ -81,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mode", choices=["medusa1", "medusa2"], default="medusa1")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
     t.add_argument("--epochs", type=float, default=1.0)
-    t.add_argument("--batch-size", type=int, default=2)
-    t.add_argument("--grad-accum", type=int, default=4)
+    t.add_argument("--batch-size", type=int, default=2, help="windows per micro-batch (medusa2)")
+    t.add_argument("--rows-per-batch", type=int, default=512,
+                   help="medusa1: positions per micro-batch, drawn from a table of the frozen backbone's hidden "
+                        "states computed once (default: %(default)s)")
+    t.add_argument("--grad-accum", type=int, default=1)
     t.add_argument("--seq-len", type=int, default=512)
     t.add_argument("--lr-heads", type=float, default=1e-3)
     t.add_argument("--lr-backbone", type=float, default=1e-4, help="medusa2: LoRA learning rate")
@@ -125,7 +137,7 @@ def _tree(args):
 def cmd_generate(args) -> int:
     from .api import SpeculativeDecoder
 
-    from .config import SamplingConfig
+    from .config import SamplingConfig, parse_acceptance
     from .errors import ConfigError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -135,9 +147,10 @@ def cmd_generate(args) -> int:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not prompt.strip():
         raise ConfigError("the prompt is empty: give some text to continue")
+    parse_acceptance(args.accept)
     dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=_tree(args),
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
-                             draft_quant=args.draft_quant, heads=args.heads)
+                             draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.json:
         result = dec.generate(prompt, args.max_new_tokens, **kw)
@@ -154,6 +167,7 @@ def cmd_generate(args) -> int:
     s = dec.last_stats.to_dict()
     console.print(f"[{s['target_calls']} target calls, {s['tokens_per_call']:.2f} tokens/call, "
                   f"α={s['acceptance_rate']:.2f}, {s['tokens_per_s']:.2f} tokens/s"
+                  + ("" if s["lossless"] else f"; APPROXIMATE acceptance {s['acceptance']}: output may differ from the target's")
                   + ("; green = accepted draft tokens" if color and args.method != "ar" else "") + "]",
                   style="dim", markup=False)
     return 0
@@ -164,7 +178,8 @@ def cmd_bench(args) -> int:
 
     cfg = BenchConfig(target=args.target, draft=args.draft or DEFAULT_DRAFT, methods=tuple(args.methods.split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
-                      tree=_tree(args), replacement=not args.no_replacement, dtype=args.dtype,
+                      tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
+                      replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out)
@@ -198,7 +213,7 @@ def cmd_train_heads(args) -> int:
                       dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
                       base_model=dec.target.name)
     report = train_heads(dec.target, cfg, data, out, mode=args.mode, steps=args.steps, epochs=args.epochs,
-                         batch_size=args.batch_size, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                         batch_size=args.batch_size, rows_per_batch=args.rows_per_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
                          lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
                          lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,

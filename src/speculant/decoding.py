@@ -18,8 +18,9 @@ from typing import Iterator
 import torch
 
 from .acceptance import mcss
+from .approx import accept_tree_approx
 from .backends.base import Backend
-from .config import SamplingConfig
+from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter
 from .errors import ConfigError
 from .sampling import logits_to_probs, sample
@@ -36,6 +37,7 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     wall_s: float = 0.0
+    acceptance: str = "exact"  # the rule that ran; anything but "exact" may change the output
 
     @property
     def tokens_per_call(self) -> float:
@@ -49,6 +51,8 @@ class Stats:
     def to_dict(self) -> dict:
         by_depth = [a / d if d else 0.0 for a, d in zip(self.accepted_by_depth, self.drafted_by_depth)]
         return {
+            "acceptance": self.acceptance,
+            "lossless": self.acceptance == "exact",
             "target_calls": self.target_calls,
             "tokens_per_call": self.tokens_per_call,
             "acceptance_rate": self.acceptance_rate,
@@ -85,10 +89,17 @@ class DecodeState:
 
 
 def accept_tree(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, *,
-                replacement: bool = True, generator: torch.Generator | None = None) -> tuple[list[int], int]:
+                replacement: bool = True, generator: torch.Generator | None = None,
+                acceptance: AcceptanceConfig | None = None, embedding: torch.Tensor | None = None,
+                ) -> tuple[list[int], int]:
     """Walk the tree from the root; return the accepted path (node ids, root first) and the
-    target's token after it. target_logits: (N, V) for every node of ``draft.tree``."""
+    target's token after it. target_logits: (N, V) for every node of ``draft.tree``.
+    ``acceptance``: None / exact = the lossless rules; otherwise ``approx.accept_tree_approx``
+    (``embedding`` (V, H) for the distance rule)."""
     tree, tokens = draft.tree, draft.tokens
+    if acceptance is not None and not acceptance.exact:
+        return accept_tree_approx(tree, tokens, target_logits, sampling, acceptance,
+                                  embedding=embedding, generator=generator)
     children = tree.children
     node, path = 0, [0]
     if sampling.greedy:
@@ -128,8 +139,11 @@ def accept_tree(draft: Draft, target_logits: torch.Tensor, sampling: SamplingCon
 def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
            sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
            replacement: bool = True, generator: torch.Generator | None = None,
-           vocab_size: int | None = None) -> Iterator[tuple[DecodeState, Step]]:
-    """Yield (state, step) after every step. ``prompt`` (T,) long, T >= 1."""
+           vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
+           embedding: torch.Tensor | None = None) -> Iterator[tuple[DecodeState, Step]]:
+    """Yield (state, step) after every step. ``prompt`` (T,) long, T >= 1. ``acceptance``: an
+    approximate rule (off by default: None or exact is lossless); ``embedding`` (V, H) for the
+    distance rule."""
     if prompt.ndim != 1 or prompt.shape[0] < 1:
         raise ConfigError("the prompt is empty: give at least one token")
     if max_new_tokens < 1:
@@ -141,6 +155,8 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
     V = vocab_size or target.vocab_size
     state = DecodeState(prompt.clone(), prompt.shape[0])
     st = state.stats
+    if acceptance is not None and not acceptance.exact:
+        st.acceptance = acceptance.label
     t_start = time.perf_counter()
     # 0. prefill: the target caches every prompt token but the last (the first root)
     needs_hidden = getattr(drafter, "needs_hidden", False)  # heads read the target's hidden state
@@ -169,7 +185,7 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         st.target_calls += 1
         # 3. accept
         path, token = accept_tree(draft, out.logits[:, :V], sampling, replacement=replacement,
-                                  generator=generator)
+                                  generator=generator, acceptance=acceptance, embedding=embedding)
         # 4. commit: compact the accepted path's KV; tell the drafter
         target.compact(L, torch.tensor(path, dtype=torch.long))
         t = time.perf_counter()

@@ -247,3 +247,22 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
                                  f"expected {tuple(t.shape)} from its config: the checkpoint is corrupt")
     heads.heads.load_state_dict(state, assign=True)
     return heads.to(dtype or lm_head.weight.dtype).eval()
+
+
+SHIPPED_TREE_NAME = "tree.json"  # the default sparse tree shipped next to a heads checkpoint
+
+
+def shipped_heads(target_name: str) -> Path | None:
+    """The heads directory shipped in the package for a preset target (``data/heads/<preset>``), or None."""
+    from importlib import resources
+
+    d = Path(str(resources.files("speculant").joinpath("data", "heads", target_name)))
+    return d if (d / CONFIG_NAME).is_file() else None
+
+
+def heads_tree(path: str | Path | None) -> str | None:
+    """The JSON list of paths stored as ``tree.json`` next to a heads checkpoint (by ``build-tree``), or None."""
+    if path is None:
+        return None
+    f = Path(path) / SHIPPED_TREE_NAME
+    return f.read_text() if f.is_file() else None

@@ -2,11 +2,17 @@
 process, so speed-ups are ratios measured side by side (these machines are noisy).
 
 speedup(method) = tokens/s of the method / tokens/s of ``ar``, over the same prompts and run.
+
+A method is ``NAME`` or ``NAME:RULE`` with an approximate acceptance rule (``config.parse_acceptance``),
+e.g. ``medusa:typical``, ``bpd:topk=2``, ``bpd:topk=2+min=1``, ``bpd:dist=0.5``. Quality is scored
+next to speed where Spec-Bench has references: corpus BLEU (sacrebleu) on ``translation`` and
+exact match of the final number on ``math_reasoning`` (GSM8K's ``#### N``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import resource
 import time
 from dataclasses import dataclass
@@ -16,10 +22,11 @@ from pathlib import Path
 import torch
 
 from ..api import SpeculativeDecoder
+from ..config import parse_acceptance
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
 
-OURS = ("ar", "sd", "mcsd", "lookup")
+OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "bpd")
 PEERS = ("hf-assisted",)
 CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -32,7 +39,9 @@ class BenchConfig:
     per_category: int = 1
     max_new_tokens: int = 128
     gamma: int = 4
-    tree: str = "2x1x1x1"
+    tree: str | None = None  # mcsd: 2x1x1x1; medusa: the heads' tree
+    medusa_tree: str | None = None  # medusa's tree when both run (default: the tree shipped with the heads)
+    heads: str | None = None  # medusa/bpd heads directory (default: shipped for the target preset)
     replacement: bool = True
     dtype: str = "bfloat16"
     draft_quant: str = "auto"
@@ -41,13 +50,27 @@ class BenchConfig:
     json_out: str | None = None
 
     def __post_init__(self):
-        unknown = [m for m in self.methods if m not in OURS + PEERS]
+        unknown = [m for m in self.methods if split_method(m)[0] not in OURS + PEERS]
         if unknown:
-            raise ConfigError(f"unknown bench method(s) {unknown}: choose from {', '.join(OURS + PEERS)}")
+            raise ConfigError(f"unknown bench method(s) {unknown}: choose from {', '.join(OURS + PEERS)}, "
+                              "optionally NAME:RULE with an approximate rule (e.g. medusa:typical, bpd:topk=2)")
+        for m in self.methods:
+            name, rule = split_method(m)
+            if rule != "exact" and name in PEERS:
+                raise ConfigError(f"{m}: acceptance rules apply to speculant's own methods only")
+            parse_acceptance(rule)
+        if len(set(self.methods)) != len(self.methods):
+            raise ConfigError(f"--methods lists a method twice: {','.join(self.methods)}")
         if "ar" not in self.methods:
             raise ConfigError("bench needs the 'ar' baseline in --methods: speed-ups are measured against it")
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
+
+
+def split_method(m: str) -> tuple[str, str]:
+    """``"bpd:topk=2"`` -> ``("bpd", "topk=2")``; ``"sd"`` -> ``("sd", "exact")``."""
+    name, _, rule = m.partition(":")
+    return name, rule or "exact"
 
 
 def load_questions(path: str | None = None) -> list[dict]:
@@ -101,12 +124,14 @@ def run_bench(cfg: BenchConfig) -> dict:
     runners = {}
     ours_draft = None  # one (quantized) draft shared by sd and mcsd; hf-assisted gets the original
     for m in cfg.methods:
-        if m == "hf-assisted":
+        name, rule = split_method(m)
+        if name == "hf-assisted":
             runners[m] = HFAssisted(target, draft)
             continue
-        dec = SpeculativeDecoder(target, (ours_draft or draft) if m in ("sd", "mcsd") else None, method=m,
-                                 gamma=cfg.gamma, tree=cfg.tree, replacement=cfg.replacement,
-                                 draft_quant="none" if ours_draft else cfg.draft_quant)
+        tree = cfg.medusa_tree if name == "medusa" else cfg.tree if name == "mcsd" else None
+        dec = SpeculativeDecoder(target, (ours_draft or draft) if name in ("sd", "mcsd") else None, method=name,
+                                 gamma=cfg.gamma, tree=tree, replacement=cfg.replacement, heads=cfg.heads,
+                                 draft_quant="none" if ours_draft else cfg.draft_quant, acceptance=rule)
         ours_draft = ours_draft or dec.draft
         runners[m] = dec
     questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
@@ -124,6 +149,8 @@ def run_bench(cfg: BenchConfig) -> dict:
             row = {"method": m, "question_id": q["question_id"], "category": q["group"],
                    "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
                    "token_ids": tokens, "text": tok.decode(tokens, skip_special_tokens=True)}
+            if q.get("reference"):
+                row["reference"] = q["reference"][0]
             if stats is not None:
                 row["stats"] = stats
             runs.append(row)
@@ -132,13 +159,20 @@ def run_bench(cfg: BenchConfig) -> dict:
     summary = summarize(runs, cfg.methods)
     table = Table(title=f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, greedy, "
                         f"{len(questions)} prompts x {cfg.max_new_tokens} new tokens")
-    for col in ("method", "speedup", "tokens/s", "tokens/call", "acceptance", "same as ar"):
+    quality = any(s.get("bleu") is not None or s.get("math_em") is not None for s in summary.values())
+    cols = ["method", "speedup", "tokens/s", "tokens/call", "acceptance", "same as ar"]
+    cols += ["BLEU", "math EM"] if quality else []
+    for col in cols:
         table.add_column(col, justify="right")
     for m, s in summary.items():
-        table.add_row(m, f"{s['speedup']:.2f}x", f"{s['tokens_per_s']:.2f}",
-                      f"{s['tokens_per_call']:.2f}" if s["tokens_per_call"] else "-",
-                      f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
-                      f"{s['identical_to_ar']}/{s['prompts']}")
+        cells = [m, f"{s['speedup']:.2f}x", f"{s['tokens_per_s']:.2f}",
+                 f"{s['tokens_per_call']:.2f}" if s["tokens_per_call"] else "-",
+                 f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
+                 f"{s['identical_to_ar']}/{s['prompts']}"]
+        if quality:
+            cells += [f"{s['bleu']:.1f}" if s.get("bleu") is not None else "-",
+                      f"{s['math_em']:.2f}" if s.get("math_em") is not None else "-"]
+        table.add_row(*cells)
     Console().print(table)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     Console().print(f"peak RSS of this process (every model of the run loaded): {peak_gb:.2f} GB")
@@ -180,5 +214,36 @@ def summarize(runs: list[dict], methods) -> dict:
             "acceptance_rate": acc / positions if positions else 0.0,
             "identical_to_ar": sum(r["token_ids"] == ar_ids[r["question_id"]] for r in rs),
             "prompts": len(rs),
+            **quality_scores(rs),
         }
+    return out
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(text: str) -> str | None:
+    """The answer of a math solution: the number after GSM8K's ``####`` if present, else the last
+    number in the text; commas and a trailing ``.0`` dropped. None if there is no number."""
+    if "####" in text:
+        text = text.split("####")[-1]
+    nums = _NUMBER.findall(text)
+    if not nums:
+        return None
+    n = nums[-1].replace(",", "")
+    return n[:-2] if n.endswith(".0") else n
+
+
+def quality_scores(rows: list[dict]) -> dict:
+    """``bleu``: sacrebleu corpus BLEU of the translation rows; ``math_em``: fraction of
+    math_reasoning rows whose final number equals the reference's. None where no such rows."""
+    out: dict = {"bleu": None, "math_em": None}
+    tr = [r for r in rows if r["category"] == "translation" and r.get("reference")]
+    if tr:
+        import sacrebleu
+
+        out["bleu"] = sacrebleu.corpus_bleu([r["text"].strip() for r in tr], [[r["reference"] for r in tr]]).score
+    ma = [r for r in rows if r["category"] == "math_reasoning" and r.get("reference")]
+    if ma:
+        out["math_em"] = sum(final_number(r["text"]) == final_number(r["reference"]) for r in ma) / len(ma)
     return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["combined_loss", "head_valid_counts", "lm_loss", "medusa_loss"]
+__all__ = ["combined_loss", "head_valid_counts", "lm_loss", "medusa_loss", "medusa_loss_rows", "row_targets"]
 
 
 def _check(tokens: torch.Tensor, mask: torch.Tensor, B: int, T: int) -> None:
@@ -96,3 +96,45 @@ def combined_loss(lm_logits: torch.Tensor, head_logits: torch.Tensor, tokens: to
     lm = lm_loss(lm_logits, tokens, mask)
     heads, per_loss, top1, top5 = medusa_loss(head_logits, tokens, mask, lam)
     return lm + heads_weight * heads, lm.detach(), heads.detach(), per_loss, top1, top5
+
+
+def row_targets(tokens: torch.Tensor, mask: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """tokens (T,), mask (T,) of one sequence -> (T, K) long: head k's target at position t, i.e.
+    ``tokens[t + k + 2]`` where that exists and is masked in, else -1."""
+    T = tokens.shape[0]
+    out = torch.full((T, num_heads), -1, dtype=torch.long)
+    for k in range(num_heads):
+        s = k + 2
+        if s < T:
+            out[: T - s, k] = torch.where(mask[s:].bool(), tokens[s:], -1)
+    return out
+
+
+def medusa_loss_rows(head_logits: torch.Tensor, targets: torch.Tensor, lam: float = 0.8, top5: bool = False,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Σ_k λ^k · CE_k over independent rows: head_logits (K, n, V), targets (n, K) long (-1 = no target).
+
+    The same loss as :func:`medusa_loss` once each (position, head) pair is a row (heads act
+    position by position). Returns ``(loss (), per_head_loss (K,), top1 (K,), top5 (K,), counts (K,))``;
+    top5 is computed only with ``top5=True`` (zeros otherwise: it costs a top-k over V).
+    """
+    K, n, V = head_logits.shape
+    if targets.shape != (n, K):
+        raise ValueError(f"targets must have shape (n, K) = {(n, K)}, got {tuple(targets.shape)}")
+    loss = head_logits.new_zeros((), dtype=torch.float32)
+    per_loss, top1, t5, counts = (torch.zeros(K) for _ in range(4))
+    for k in range(K):
+        valid = targets[:, k] >= 0
+        c = int(valid.sum())
+        counts[k] = c
+        if c == 0:
+            continue
+        logits, target = head_logits[k][valid], targets[valid, k]  # (c, V), (c,)
+        ce = F.cross_entropy(logits.float(), target)
+        loss = loss + (lam ** k) * ce
+        with torch.no_grad():
+            per_loss[k] = ce.detach()
+            top1[k] = (logits.argmax(-1) == target).float().mean()
+            if top5:
+                t5[k] = (logits.topk(min(5, V), dim=-1).indices == target[:, None]).any(-1).float().mean()
+    return loss, per_loss, top1, t5, counts

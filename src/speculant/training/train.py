@@ -44,7 +44,7 @@ from ..errors import ConfigError
 from ..models import LoadedModel
 from ..heads import HeadsConfig, MedusaHeads, save_heads
 from .data import Batches, collate, load_records, windows
-from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss
+from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows, row_targets
 
 __all__ = ["TrainConfig", "train_heads"]
 
@@ -79,7 +79,8 @@ class TrainConfig:
     seed: int = 0
     stop_after: int | None = None
     progress: bool = True
-    cache_features: bool = True
+    cache_features: bool = True  # medusa1: train on a table of the frozen backbone's hidden states
+    rows_per_batch: int = 512  # medusa1 with cache_features: positions per micro-batch (batch_size is unused)
 
     def __post_init__(self) -> None:
         if self.mode not in ("medusa1", "medusa2"):
@@ -115,54 +116,80 @@ class _Trainable(nn.Module):
             return self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
 
 
-class _FeatureStore:
-    """Medusa-1 trains against a frozen backbone, so each window's final hidden states never change:
-    compute them once (the first time the window is drawn) and reuse them every later epoch.
+class _FeatureTable:
+    """Medusa-1 trains against a frozen backbone, so its final hidden states never change: compute
+    them once, keep one row per position that some head learns from, and train on shuffled rows
+    (heads act position by position, so rows need no padding and batches mix sequences freely).
 
-    Positions that no head can learn from (prompt positions more than K+1 tokens before the first
-    target) are dropped: heads act position by position and the loss pairs position t with token
-    t+k+2 of the same (shifted) window, so the cut changes no counted pair. Kept per window:
-    hidden (T', H) in the backbone's dtype, ids (T',), mask (T',)."""
+    hidden (N, H) in the backbone's dtype; targets (N, K) long, head k's target token at that
+    position or -1 (``losses.row_targets``). ~3 KB a row for a 1.5B model in bf16."""
 
-    def __init__(self, items: list[tuple[list[int], list[bool]]], num_heads: int):
-        self.items, self.K = items, num_heads
-        self.store: dict[int, tuple[torch.Tensor, list[int], list[bool]]] = {}
+    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor):
+        self.hidden, self.targets = hidden, targets
 
-    def batch(self, idx: list[int], trainable: _Trainable, device) -> tuple[torch.Tensor, ...]:
-        """-> hidden (B, T, H), ids (B, T), attn (B, T), mask (B, T): right-padded like ``collate``."""
-        missing = [j for j in idx if j not in self.store]
-        if missing:
-            ids, attn, _ = collate([self.items[j] for j in missing])
-            with torch.no_grad():
-                hidden = trainable.backbone(ids.to(device), attn.to(device)).detach().cpu()
-            for r, j in enumerate(missing):
-                w, m = self.items[j]
-                first = next(t for t, v in enumerate(m) if v and t >= 2)
-                s0 = max(0, first - 2 - (self.K - 1))
-                self.store[j] = (hidden[r, s0:len(w)].clone(), w[s0:], m[s0:])
-        parts = [self.store[j] for j in idx]
-        ids, attn, mask = collate([(w, m) for _, w, m in parts])
-        hidden = parts[0][0].new_zeros(ids.shape[0], ids.shape[1], parts[0][0].shape[-1])
-        for r, (h, _, _) in enumerate(parts):
-            hidden[r, :h.shape[0]] = h
-        return hidden.to(device), ids.to(device), attn.to(device), mask.to(device)
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    @classmethod
+    @torch.no_grad()
+    def build(cls, items: list[tuple[list[int], list[bool]]], num_heads: int, trainable: "_Trainable", device,
+              max_tokens: int = 4096, desc: str = "features", progress: bool = True) -> "_FeatureTable":
+        """Run the backbone over ``items`` (windows, sorted by length into batches of about
+        ``max_tokens`` tokens so little is spent on padding)."""
+        from tqdm.auto import tqdm
+
+        order = sorted(range(len(items)), key=lambda j: len(items[j][0]))
+        groups, cur = [], []
+        for j in order:
+            if cur and (len(cur) + 1) * len(items[j][0]) > max_tokens:
+                groups.append(cur)
+                cur = []
+            cur.append(j)
+        if cur:
+            groups.append(cur)
+        hs, ts = [], []
+        for g in tqdm(groups, desc=desc, unit="batch", disable=not progress):
+            ids, attn, mask = collate([items[j] for j in g])
+            hidden = trainable.backbone(ids.to(device), attn.to(device)).cpu()  # (B, T, H)
+            for r, j in enumerate(g):
+                n = len(items[j][0])
+                tgt = row_targets(ids[r, :n], mask[r, :n], num_heads)  # (n, K)
+                keep = (tgt >= 0).any(-1)
+                hs.append(hidden[r, :n][keep].clone())
+                ts.append(tgt[keep])
+        H = trainable.heads.config.hidden_size
+        if not hs:
+            return cls(torch.zeros(0, H), torch.zeros(0, num_heads, dtype=torch.long))
+        return cls(torch.cat(hs), torch.cat(ts))
+
+    def rows(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> torch.Tensor:
+        """Row indices of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
+        per_epoch = math.ceil(len(self) / per_batch)
+        epoch, i = divmod(m * world + rank, per_epoch)
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        return torch.randperm(len(self), generator=g)[i * per_batch:(i + 1) * per_batch]
 
 
 @torch.no_grad()
 def _evaluate(trainable: _Trainable, batches: list[list[int]], items: list, cfg: TrainConfig,
-              device, joint: bool, store: _FeatureStore | None = None) -> dict:
-    """Held-out metrics over ``items`` (windows) in ``batches`` (lists of window indices),
-    weighted by the number of counted (position, head) pairs."""
+              device, joint: bool, table: _FeatureTable | None = None) -> dict:
+    """Held-out metrics over ``items`` (windows) in ``batches`` (lists of window indices), or over
+    the rows of ``table``, weighted by the number of counted (position, head) pairs."""
     K = trainable.heads.num_heads
     loss_s, top1_s, top5_s, n_s = (torch.zeros(K, dtype=torch.float64) for _ in range(4))
     lm_s, lm_n = 0.0, 0
+    if table is not None and not joint:
+        for a in range(0, len(table), cfg.rows_per_batch):
+            h = table.hidden[a:a + cfg.rows_per_batch].to(device)
+            _, hl = trainable(None, None, hidden=h)
+            _, per, t1, t5, n = medusa_loss_rows(hl, table.targets[a:a + cfg.rows_per_batch].to(device),
+                                                 cfg.lam, top5=True)
+            n = n.double()
+            loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
+        batches = []
     for idx in batches:
-        if store is not None and not joint:
-            hidden, ids, attn, mask = store.batch(idx, trainable, device)
-            lm, hl = trainable(ids, attn, hidden=hidden)
-        else:
-            ids, attn, mask = (t.to(device) for t in collate([items[j] for j in idx]))
-            lm, hl = trainable(ids, attn, joint=joint)
+        ids, attn, mask = (t.to(device) for t in collate([items[j] for j in idx]))
+        lm, hl = trainable(ids, attn, joint=joint)
         _, per, t1, t5 = medusa_loss(hl, ids, mask, cfg.lam)
         n = head_valid_counts(mask, K).cpu().double()
         loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
@@ -236,10 +263,25 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
         kw = [DistributedDataParallelKwargs(find_unused_parameters=True)] if cfg.mode == "medusa2" else []
         accelerator = Accelerator(kwargs_handlers=kw)
     world, rank = accelerator.num_processes, accelerator.process_index
-    batches = Batches(train, cfg.batch_size, cfg.seed, rank, world)
-    total = cfg.steps or max(1, math.ceil(cfg.epochs * batches.per_epoch / (world * cfg.grad_accum)))
+    flat = cfg.cache_features and cfg.mode == "medusa1"
+    torch.manual_seed(cfg.seed)
+    heads = MedusaHeads(heads_cfg, model.get_output_embeddings()).float()
+    train_table = held_table = None
+    if flat:  # the frozen backbone runs once, here; training then reads the table
+        feat = _Trainable(model, heads).to(accelerator.device)
+        show = cfg.progress and accelerator.is_local_main_process
+        train_table = _FeatureTable.build(train, heads_cfg.num_heads, feat, accelerator.device,
+                                          desc="backbone features (train)", progress=show)
+        held_table = _FeatureTable.build(held, heads_cfg.num_heads, feat, accelerator.device,
+                                         desc="backbone features (held out)", progress=show)
+        per_epoch = math.ceil(len(train_table) / cfg.rows_per_batch)
+    else:
+        batches = Batches(train, cfg.batch_size, cfg.seed, rank, world)
+        per_epoch = batches.per_epoch
+    total = cfg.steps or max(1, math.ceil(cfg.epochs * per_epoch / (world * cfg.grad_accum)))
     fingerprint = {"mode": cfg.mode, "heads": heads_cfg.to_json(), "seed": cfg.seed, "steps": total,
-                   "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
+                   "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
+                   "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
                    "world": world, "data_sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest()}
     if accelerator.is_main_process:
         if not cfg.resume:
@@ -248,8 +290,6 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
         (out / "held_out.jsonl").write_text("".join(json.dumps(records[i], ensure_ascii=False) + "\n"
                                                     for i in perm[:n_held]), encoding="utf-8")
 
-    torch.manual_seed(cfg.seed)
-    heads = MedusaHeads(heads_cfg, model.get_output_embeddings()).float()
     peft_model = None
     if cfg.mode == "medusa2":
         from peft import LoraConfig, get_peft_model
@@ -268,9 +308,6 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
         core = accelerator.unwrap_model(trainable)
         device = accelerator.device
         held_batches = [list(range(i, min(i + cfg.batch_size, len(held)))) for i in range(0, len(held), cfg.batch_size)]
-        use_store = cfg.cache_features and peft_model is None
-        train_store = _FeatureStore(train, heads_cfg.num_heads) if use_store else None
-        held_store = _FeatureStore(held, heads_cfg.num_heads) if use_store else None
 
         step, initial, resumed_from = 0, None, None
         latest = _latest(ckpt_root) if cfg.resume else None
@@ -289,7 +326,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
             step, initial = int(state["step"]), state["initial"]
             resumed_from = step
         if initial is None:
-            initial = _evaluate(core, held_batches, held, cfg, device, False, held_store) if held_batches else {}
+            initial = _evaluate(core, held_batches, held, cfg, device, False, held_table) if held_batches else {}
 
         params = [p for g in optimizer.param_groups for p in g["params"]]
         bar = tqdm(total=total, initial=step, desc=f"train-heads ({cfg.mode})", unit="step",
@@ -302,13 +339,16 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
                 m = step * cfg.grad_accum + a
                 sync = contextlib.nullcontext() if a == cfg.grad_accum - 1 else accelerator.no_sync(trainable)
                 with sync:
-                    if train_store is not None:
-                        hidden, ids, attn, mask = train_store.batch(batches.indices(m), core, device)
-                        lm, hl = trainable(ids, attn, hidden=hidden)
+                    if train_table is not None:
+                        rows = train_table.rows(m, cfg.rows_per_batch, cfg.seed, rank, world)
+                        _, hl = trainable(None, None, hidden=train_table.hidden[rows].to(device))
+                        loss, per, t1, _, _ = medusa_loss_rows(hl, train_table.targets[rows].to(device), cfg.lam)
                     else:
                         ids, attn, mask = (t.to(device) for t in batches[m])
                         lm, hl = trainable(ids, attn, joint=joint)
-                    if joint:
+                    if train_table is not None:
+                        pass
+                    elif joint:
                         loss, _, _, per, t1, _ = combined_loss(lm, hl, ids, mask, cfg.lam, cfg.heads_weight)
                     else:
                         loss, per, t1, _ = medusa_loss(hl, ids, mask, cfg.lam)
@@ -330,11 +370,12 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
 
         report = {"mode": cfg.mode, "step": step, "total_steps": total, "finished": step >= total,
                   "resumed_from": resumed_from,
+                  "train_rows": len(train_table) if train_table is not None else None,
                   "train_windows": len(train), "held_out_windows": len(held), "processes": world,
                   "seconds_this_run": round(time.perf_counter() - t0, 1), "initial": initial,
                   "config": dataclasses.asdict(cfg), "heads": heads_cfg.to_json()}
         if held_batches:
-            report["final"] = _evaluate(core, held_batches, held, cfg, device, peft_model is not None, held_store)
+            report["final"] = _evaluate(core, held_batches, held, cfg, device, peft_model is not None, held_table)
             if peft_model is not None:
                 with peft_model.disable_adapter():  # what the heads do for the ORIGINAL target
                     report["final_original_target"] = _evaluate(core, held_batches, held, cfg, device, False)
