@@ -111,5 +111,14 @@ def test_train_heads_build_tree_and_medusa_generate(dirs, capsys, tmp_path):
         out = run_json(capsys, "--target", dirs["target"], "--method", method, "--heads", str(heads),
                        "--max-new-tokens", "16", *extra, PROMPT)
         assert out["token_ids"] == plain["token_ids"]
+        assert out["stats"]["acceptance"] == "exact" and out["stats"]["lossless"]
+    # typical acceptance at temperature 0 is greedy; the stats say an approximate rule ran
+    out = run_json(capsys, "--target", dirs["target"], "--method", "medusa", "--heads", str(heads), "--accept",
+                   "typical", "--max-new-tokens", "16", PROMPT)
+    assert out["token_ids"] == plain["token_ids"]
+    assert out["stats"]["acceptance"] == "typical(0.09,0.3)" and not out["stats"]["lossless"]
+    assert main(["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "bpd", "--heads",
+                 str(heads), "--accept", "topk=zero", PROMPT]) == 2
+    assert "cannot read acceptance rule" in capsys.readouterr().err
     assert main(["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "medusa", PROMPT]) == 2
     assert "needs heads" in capsys.readouterr().err

@@ -106,11 +106,9 @@ class SpeculativeDecoder:
                 raise ConfigError(f"method {method!r} needs heads and none ship for {self.target.name!r}: pass "
                                   "heads=DIR (--heads DIR), a directory in the Medusa checkpoint layout (train "
                                   "some with `speculant train-heads`)")
-        if tree is None:  # medusa: the tree built for the heads (tree.json next to them), else a k-config
-            tree = (heads_tree(heads) if method == "medusa" and not isinstance(heads, MedusaHeads) else None) \
-                or ("3x2x2x1" if method == "medusa" else "2x1x1x1")
-        self.tree = build_tree(tree) if method in ("mcsd", "medusa") else chain(gamma)
-        self.heads_path = None if heads is None or isinstance(heads, MedusaHeads) else str(heads)
+        if tree is None and method == "medusa":  # the tree built for the heads (tree.json next to them)
+            tree = heads_tree(heads) if not isinstance(heads, MedusaHeads) else None
+        self.tree = build_tree(tree or "2x1x1x1") if method in ("mcsd", "medusa") else chain(gamma)
         self.draft = _as_model(draft, dtype, draft_quant) if method in NEEDS_DRAFT else None
         if self.draft is not None:
             check_vocab_compatible(self.target, self.draft)
@@ -126,6 +124,8 @@ class SpeculativeDecoder:
         self.heads = None
         if method in NEEDS_HEADS:
             self.heads = heads if isinstance(heads, MedusaHeads) else load_heads(heads, self.target.model)
+            if method == "medusa" and tree is None:  # no tree given or shipped: 3x2x2x1 cut to the heads
+                self.tree = build_tree("x".join(map(str, ([3, 2, 2, 1] + [1] * 8)[: self.heads.num_heads])))
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
 
     def encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:

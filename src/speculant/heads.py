@@ -126,10 +126,9 @@ class MedusaHeads(nn.Module):
         if hidden.shape[-1] != self.config.hidden_size:
             raise ValueError(f"hidden must have shape (..., {self.config.hidden_size}), got {tuple(hidden.shape)}")
         x = hidden.to(self.dtype)
-        outs = [head(x) for head in self.heads]  # K x (..., V), or (..., H) when shared
-        if self._shared:
-            outs = [self._project(o) for o in outs]
-        return torch.stack(outs)
+        outs = torch.stack([head(x) for head in self.heads])  # (K, ..., V), or (K, ..., H) when shared
+        # shared: one projection of all K heads at once, so the (V, H) layer is read once, not K times
+        return self._project(outs) if self._shared else outs
 
     @property
     def dtype(self) -> torch.dtype:
