@@ -100,7 +100,7 @@ class Int4Linear(_WeightOnly):
     def dequantize(self) -> torch.Tensor:
         n, k = self.out_features, self.in_features
         q = unpack_int4(self.qweight, n, k).view(n, k // self.group_size, self.group_size)
-        scale, zero = self.scales_zeros.transpose(0, 1).unbind(-1)  # (N, G) each
+        scale, zero = self.scales_zeros.transpose(0, 1).contiguous().unbind(-1)  # (N, G) each
         offset = (zero - 8 * scale).unsqueeze(-1)  # w = q * scale + (zero - 8 scale)
         return torch.addcmul(offset, q.to(scale.dtype), scale.unsqueeze(-1)).view(n, k)
 

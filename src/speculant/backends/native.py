@@ -134,12 +134,12 @@ class NativeModel(nn.Module):
 
     @classmethod
     def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, quant: str = "none",
-                 quant_head: bool = False, group_size: int = 64) -> "NativeModel":
+                 quant_head: bool = False, group_size: int = 64, keep_dense: bool = False) -> "NativeModel":
         """Read a transformers model directory (config.json + *.safetensors) tensor by tensor.
 
-        With ``quant``, each linear is quantized right after it is read and its dense weight
-        dropped (no dense copy kept: inputs of many rows dequantize per call), so the peak memory
-        is the quantized model plus one dense tensor.
+        With ``quant``, each linear is quantized right after it is read and, unless
+        ``keep_dense``, its dense weight dropped (inputs of many rows then dequantize per call),
+        so the peak memory is the quantized model plus one dense tensor.
         """
         from safetensors import safe_open
         from transformers import AutoConfig, GenerationConfig
@@ -184,7 +184,7 @@ class NativeModel(nn.Module):
             if b is not None:
                 lin.bias = nn.Parameter(b, requires_grad=False)
             if do_quant and quant != "none":
-                return quantize_linear(lin, quant, group_size, keep_dense=False)
+                return quantize_linear(lin, quant, group_size, keep_dense=keep_dense)
             return lin
 
         blocks = []
