@@ -24,7 +24,7 @@ from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
-from speculant.quant import QUANT_MAX_ROWS, Int4Linear, Int8Linear
+from speculant.quant import Int4Linear, Int8Linear
 from speculant.tree import build_tree, chain
 
 from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2
@@ -220,13 +220,13 @@ def test_every_method_greedy_identical(which):
 # ------------------------------------------------------------------ quantized
 
 def test_dequantized_large_inputs_match_kernel():
-    """Without a dense weight, inputs of > QUANT_MAX_ROWS rows use the dequantized weight: the
+    """Without a dense weight, inputs of > max_kernel_rows rows use the dequantized weight: the
     same quantized weights as the kernel, up to rounding."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(128, 192).to(torch.bfloat16)
-    x = torch.randn(QUANT_MAX_ROWS + 8, 128, dtype=torch.bfloat16)
     for q in (Int8Linear(lin, keep_dense=False), Int4Linear(lin, keep_dense=False)):
         assert q.weight is None
+        x = torch.randn(q.max_kernel_rows + 8, 128, dtype=torch.bfloat16)
         big = q(x).float()  # dequantized path
         small = torch.cat([q(x[i:i + 4]) for i in range(0, x.shape[0], 4)]).float()  # kernel
         assert (big - small).abs().max().item() <= 0.05 * small.abs().max().item()
@@ -290,3 +290,20 @@ def test_real_smollm2_fp32_matches_hf():
         L = hf.cache_length
         close(hf.forward(tokens, L + tree.depths, tree.mask).logits,
               nat.forward(tokens, L + tree.depths, tree.mask).logits, tol=2e-3)
+
+
+def test_quality_scoring_on_tiny_model():
+    """quant-eval's pieces: a model agrees with its own greedy output at every position, and the
+    first difference found by scoring is where its quantized copy's greedy decoding departs."""
+    from speculant.bench.quality import greedy, perplexity, teacher_forced
+
+    target = tiny_qwen2(seed=0, scale=4.0)
+    backend = NativeBackend(target)
+    prompt = prompts()[0]
+    ref = greedy(backend, prompt, 20, set())
+    assert teacher_forced(backend, prompt, ref) == (20, 20, 20)
+    q = NativeBackend(NativeModel.from_hf(target, "int8", quant_head=True, keep_dense=False))
+    same, n, first = teacher_forced(q, prompt, ref)
+    assert greedy(q, prompt, 20, set())[:first] == ref[:first]
+    ppl = perplexity(backend, torch.arange(40) % V)
+    assert 1.0 < ppl < 10 * V

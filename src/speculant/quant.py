@@ -14,8 +14,11 @@ bandwidth is) and inputs of more than ``DENSE_ABOVE_ROWS`` rows (prefill, wide t
 the dense path.
 
 ``keep_dense=False`` drops that dense weight (the memory-lean choice for a large target whose
-dense copy would double its footprint): inputs of up to ``QUANT_MAX_ROWS`` rows use the quantized
+dense copy would double its footprint): inputs of up to ``max_kernel_rows`` rows use the quantized
 kernel, larger ones (prefill) dequantize the weight into a temporary dense matrix for that one call.
+The thresholds are the measured crossovers (one thread, Qwen2.5-1.5B layers): dequantizing a
+1536x8960 layer costs ~2x a 32-row int8 kernel call but ~1.7x a 128-row int4 one (the int4 unpack
+is several passes), so int8 switches at 32 rows and int4 at 192.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from .errors import ConfigError
 
 QUANT_MODES = ("none", "int8", "int4")
 DENSE_ABOVE_ROWS = 4
-QUANT_MAX_ROWS = 64  # without a dense weight: above this many rows, dequantize for the call
 
 
 class _WeightOnly(nn.Module):
     """Shared forward: quantized kernel for few rows, the dense weight for many."""
+
+    max_kernel_rows = 32  # without a dense weight: above this many rows, dequantize for the call
 
     def __init__(self, linear: nn.Linear, keep_dense: bool = True):
         super().__init__()
@@ -52,7 +56,7 @@ class _WeightOnly(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         if self.weight is not None and x2.shape[0] > DENSE_ABOVE_ROWS:
             return nn.functional.linear(x, self.weight, self.bias)
-        if self.weight is None and x2.shape[0] > QUANT_MAX_ROWS:
+        if self.weight is None and x2.shape[0] > self.max_kernel_rows:
             return nn.functional.linear(x, self.dequantize(), self.bias)
         y = self._quantized(x2).view(*shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
@@ -78,6 +82,8 @@ class Int8Linear(_WeightOnly):
 class Int4Linear(_WeightOnly):
     """Asymmetric int4 with one (scale, zero) per ``group_size`` input channels:
     w ≈ (q - 8) * scale + zero, q in [0, 15]."""
+
+    max_kernel_rows = 192
 
     def __init__(self, linear: nn.Linear, group_size: int = 64, keep_dense: bool = True):
         super().__init__(linear, keep_dense)

@@ -50,6 +50,7 @@ class LlamaCppPlain:
     def run(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], float]:
         out: list[int] = []
         t = time.perf_counter()
+        self.llm.reset()  # no reuse of a previous run's KV cache: every row pays its prefill
         for tok in self.llm.generate(ids.tolist(), top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
                                      repeat_penalty=1.0, reset=True):
             out.append(int(tok))
