@@ -162,19 +162,20 @@ class NativeModel(nn.Module):
             files = [p.name for p in sorted(path.glob("*.safetensors"))]
         if not files:
             raise ModelLoadError(f"no safetensors weights in {path}")
-        handles = {}
-        where = {}
+        where: dict[str, Path] = {}  # tensor name -> file
         for f in files:
-            h = safe_open(str(path / f), framework="pt")
-            handles[f] = h
-            for k in h.keys():
-                where[k] = h
+            with safe_open(str(path / f), framework="pt") as h:
+                where.update({k: path / f for k in h.keys()})
         prefix = "model." if any(k.startswith("model.layers.") for k in where) else ""
 
         def get(name: str) -> torch.Tensor:
             if name not in where:
                 raise ModelLoadError(f"{path} lacks the tensor {name!r}")
-            return where[name].get_tensor(name).to(dtype)
+            # the file is mapped for this one tensor only (a mapping held open would count every
+            # page read so far in RSS), and the tensor is a private copy, not a view of the map
+            with safe_open(str(where[name]), framework="pt") as h:
+                t = h.get_tensor(name)
+            return t.to(dtype) if t.dtype != dtype else t.clone()
 
         def linear(name: str, do_quant: bool) -> nn.Module:
             w = get(name + ".weight")
@@ -202,8 +203,6 @@ class NativeModel(nn.Module):
             if quant_head and quant != "none":
                 head = quantize_linear(head, quant, group_size, keep_dense=True)  # embed stays anyway
         norm = get(f"{prefix}norm.weight")
-        handles.clear()
-        where.clear()
         model = cls(cfg, embed, blocks, norm, head, gen, quant)
         model.requires_grad_(False)
         return model.eval()
