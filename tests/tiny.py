@@ -48,3 +48,23 @@ def tiny_model_dir(path, seed: int = 0, vocab: int = 64, noise: float = 0.0, bas
     model.save_pretrained(path)
     word_tokenizer(vocab).save_pretrained(path)
     return path
+
+
+def tiny_qwen2(seed: int = 0, vocab: int = 64, hidden: int = 64, layers: int = 2, scale: float = 1.0,
+               tied: bool = False, dtype: torch.dtype = torch.float32):
+    """A 2-layer Qwen2 with random weights: q/k/v biases (made nonzero), GQA (4 query heads per
+    kv head pair), rope_theta 1e6 as in Qwen2.5. ``tied``: output layer = embedding matrix."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, rope_theta=1e6, tie_word_embeddings=tied)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+        if not tied:
+            model.lm_head.weight.mul_(scale)
+    return model.to(dtype)

@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .backends.hf import HFBackend
+from .backends.native import NativeBackend, NativeModel
 from .config import AcceptanceConfig, SamplingConfig, parse_acceptance
 from .decoding import Stats, decode
 from .drafters.base import Drafter, NoDrafter
@@ -18,12 +19,13 @@ from .drafters.lookup import LookupDrafter
 from .drafters.medusa import BlockwiseDrafter, MedusaDrafter
 from .heads import MedusaHeads, heads_tree, load_heads, shipped_heads
 from .errors import ConfigError
-from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load
+from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load, resolve
 from .quant import QUANT_MODES, quantize_linears
 from .sampling import make_generator
 from .tree import build_tree, chain
 
 METHODS = ("ar", "sd", "mcsd", "lookup", "medusa", "bpd")
+BACKENDS = ("hf", "native")
 NEEDS_DRAFT = {"sd", "mcsd"}
 NEEDS_HEADS = {"medusa", "bpd"}
 
@@ -67,6 +69,42 @@ def _as_model(spec: str | LoadedModel | None, dtype: str, quant: str = "none") -
     return spec
 
 
+def load_native(spec: str, dtype: str | torch.dtype = "bfloat16", quant: str = "none",
+                quant_head: bool = False, keep_dense: bool = False) -> LoadedModel:
+    """Load ``spec`` for the native backend straight from its safetensors directory: no
+    transformers model is built, and with ``quant`` each layer is quantized as it is read (its
+    dense weight kept only with ``keep_dense``), so the peak memory is about the final model's."""
+    from transformers import AutoTokenizer
+
+    dtype = parse_dtype(dtype)
+    path = resolve(spec, dtype)
+    model = NativeModel.from_dir(path, dtype, quant, quant_head, keep_dense=keep_dense)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    name = str(spec) if "/" not in str(spec) else path.name
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, path=path, dtype=dtype)
+
+
+def _native(spec: str | LoadedModel | None, dtype: str, quant: str, quant_head: bool,
+            keep_dense: bool) -> LoadedModel | None:
+    """A LoadedModel whose ``model`` is a NativeModel: shares a given transformers model's weights
+    (its quantized layers keep the dense weight iff ``keep_dense``), or loads ``spec`` lean."""
+    if spec is None:
+        return None
+    if quant == "auto":
+        quant = "int4" if parse_dtype(spec.dtype if isinstance(spec, LoadedModel) else dtype) == torch.bfloat16 else "none"
+    if quant not in QUANT_MODES:
+        raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
+    if not isinstance(spec, LoadedModel):
+        return load_native(spec, dtype, quant, quant_head, keep_dense)
+    if isinstance(spec.model, NativeModel):
+        if quant != "none" and spec.model.quant != quant:
+            raise ConfigError(f"this native model was loaded with quant={spec.model.quant!r}; load it "
+                              f"with quant={quant!r} instead (load_native(spec, quant=...))")
+        return spec
+    model = NativeModel.from_hf(spec.model, quant, quant_head=quant_head and quant != "none", keep_dense=keep_dense)
+    return dataclasses.replace(spec, model=model)
+
+
 class SpeculativeDecoder:
     """Lossless speculative decoding of ``target``, optionally with a ``draft`` model.
 
@@ -81,13 +119,25 @@ class SpeculativeDecoder:
     quantization of the draft (a private copy).
     It cannot change the output (the target verifies every token), only the speed: the draft's
     cost per pass is bound by the bytes of weights it reads.
+    backend: "hf" (transformers runs both models) or "native" (speculant's own Llama / Qwen2
+    forward, backends/native.py; shares a given model's weights, or loads a spec lean).
+    target_quant: native only, "none", "int8" or "int4": weight-only quantization of the target.
+    Unlike the draft's, it changes the output (to the quantized model's; see ``speculant
+    quant-eval`` for the cost); the quantized target keeps no dense weight, so every pass of
+    every width uses the same quantized weights. quant_head: quantize the output layer too.
     """
 
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
                  method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] | None = None,
                  replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
                  draft_quant: str = "auto", heads: str | MedusaHeads | None = None,
-                 acceptance: str | AcceptanceConfig = "exact"):
+                 acceptance: str | AcceptanceConfig = "exact",
+                 backend: str = "hf", target_quant: str = "none", quant_head: bool = False):
+        if backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        if target_quant != "none" and backend != "native":
+            raise ConfigError("target quantization runs on the native backend: pass backend='native' "
+                              "(--backend native)")
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
         if method in NEEDS_DRAFT and draft is None:
@@ -99,7 +149,11 @@ class SpeculativeDecoder:
         self.acceptance = parse_acceptance(acceptance)
         if tree is not None:
             build_tree(tree)  # a bad tree spec fails before any model is loaded
-        self.target = _as_model(target, dtype)
+        self.backend = backend
+        if backend == "native":
+            self.target = _native(target, dtype, target_quant, quant_head, keep_dense=False)
+        else:
+            self.target = _as_model(target, dtype)
         if method in NEEDS_HEADS and heads is None:
             heads = shipped_heads(self.target.name)
             if heads is None:
@@ -109,12 +163,16 @@ class SpeculativeDecoder:
         if tree is None and method == "medusa":  # the tree built for the heads (tree.json next to them)
             tree = heads_tree(heads) if not isinstance(heads, MedusaHeads) else None
         self.tree = build_tree(tree or "2x1x1x1") if method in ("mcsd", "medusa") else chain(gamma)
-        self.draft = _as_model(draft, dtype, draft_quant) if method in NEEDS_DRAFT else None
+        if backend == "native":
+            self.draft = _native(draft, dtype, draft_quant, False, keep_dense=True) if method in NEEDS_DRAFT else None
+        else:
+            self.draft = _as_model(draft, dtype, draft_quant) if method in NEEDS_DRAFT else None
         if self.draft is not None:
             check_vocab_compatible(self.target, self.draft)
         self.tokenizer = self.target.tokenizer
-        self.target_backend = HFBackend(self.target.model, "target")
-        self.draft_backend = HFBackend(self.draft.model, "draft") if self.draft else None
+        make = NativeBackend if backend == "native" else HFBackend
+        self.target_backend = make(self.target.model, "target")
+        self.draft_backend = make(self.draft.model, "draft") if self.draft else None
         self.vocab_size = min(b.vocab_size for b in (self.target_backend, self.draft_backend) if b)
         cfg = self.target.model.config.get_text_config()
         self.max_length = getattr(cfg, "max_position_embeddings", None)

@@ -32,6 +32,12 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
                         "speed (auto: int4 for bf16, default)")
+    p.add_argument("--backend", choices=["hf", "native"], default="hf",
+                   help="model runtime: transformers (hf, default) or speculant's own Llama/Qwen2 forward (native)")
+    p.add_argument("--target-quant", choices=["none", "int8", "int4"], default="none",
+                   help="native backend: weight-only quantization of the target; it changes the output to the "
+                        "quantized model's (see `speculant quant-eval`)")
+    p.add_argument("--quant-head", action="store_true", help="with --target-quant: quantize the output layer too")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -57,14 +63,22 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
     b.add_argument("--methods", default="ar,sd,mcsd,lookup,medusa,bpd,hf-assisted",
-                   help="comma-separated: ar, sd, mcsd, lookup, medusa, bpd, hf-assisted, each of ours optionally "
-                        "NAME:RULE with an approximate acceptance rule, e.g. medusa:typical, bpd:topk=2+min=1 "
-                        "(default: %(default)s)")
+                   help="comma-separated: ar, sd, mcsd, lookup, medusa, bpd, hf-assisted, llamacpp (llama.cpp's "
+                        "plain greedy decoding of the target's GGUF; needs `make install-llamacpp`); each of ours "
+                        "optionally NAME:RULE with an approximate acceptance rule, e.g. medusa:typical, "
+                        "bpd:topk=2+min=1 (default: %(default)s)")
     b.add_argument("--per-category", type=int, default=1, help="prompts per Spec-Bench category")
     b.add_argument("--categories", default=None, help="comma-separated subset of categories")
     b.add_argument("--questions", default=None, help="a Spec-Bench-style JSONL file (default: the bundled one)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--json-out", default=None, help="write runs and summary as JSON to this file")
+
+    q = sub.add_parser("quant-eval", help="quality cost of target quantization: perplexity and greedy agreement")
+    q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    q.add_argument("--modes", default="none,int8,int4,int8+head,int4+head",
+                   help="comma-separated quantizations; '+head' also quantizes the output layer (default: %(default)s)")
+    q.add_argument("--max-new-tokens", type=int, default=64, help="per agreement prompt (default: %(default)s)")
+    q.add_argument("--json-out", default=None)
 
     d = sub.add_parser("demo", help="the default demo: 1.5B target, 0.5B draft, a coding prompt, speed-up over plain")
     d.add_argument("--max-new-tokens", type=int, default=128)
@@ -150,7 +164,8 @@ def cmd_generate(args) -> int:
     parse_acceptance(args.accept)
     dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=_tree(args),
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
-                             draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept)
+                             draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept,
+                             backend=args.backend, target_quant=args.target_quant, quant_head=args.quant_head)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.json:
         result = dec.generate(prompt, args.max_new_tokens, **kw)
@@ -180,10 +195,18 @@ def cmd_bench(args) -> int:
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
                       replacement=not args.no_replacement, dtype=args.dtype,
-                      draft_quant=args.draft_quant,
+                      draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
+                      quant_head=args.quant_head,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out)
     run_bench(cfg)
+    return 0
+
+
+def cmd_quant_eval(args) -> int:
+    from .bench.quality import run_quality
+
+    run_quality(args.target, tuple(args.modes.split(",")), args.max_new_tokens, args.json_out)
     return 0
 
 
@@ -251,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo,
-                    "train-heads": cmd_train_heads, "build-tree": cmd_build_tree}
+                    "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree}
         return commands[args.command](args)
     except SpeculantError as e:
         print(f"speculant: error: {e}", file=sys.stderr)

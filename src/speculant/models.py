@@ -393,6 +393,26 @@ def _convert(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, Any
     return target
 
 
+def gguf_path(spec: str | os.PathLike) -> Path | None:
+    """The GGUF file behind ``spec``: a preset's assembled and verified file (assembled once, see
+    ``assemble_gguf``), the file itself for a ``.gguf`` path, or for a speculant cache directory
+    the GGUF it was converted from (if it still exists). None for a plain transformers directory."""
+    preset = PRESETS.get(str(spec))
+    if preset is not None:
+        return assemble_gguf(preset)
+    path = Path(spec).expanduser()
+    if path.is_file() and _is_gguf(path):
+        return path
+    marker = path / COMPLETE_MARKER
+    if path.is_dir() and marker.is_file():
+        source = json.loads(marker.read_text())
+        if source.get("preset") in PRESETS:
+            return assemble_gguf(PRESETS[source["preset"]])
+        if source.get("source") and Path(source["source"]).is_file():
+            return Path(source["source"])
+    return None
+
+
 def _gguf_file_key(path: Path) -> str:
     st = path.stat()
     return hashlib.sha256(f"{path.name}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
@@ -460,7 +480,8 @@ class LoadedModel:
     @property
     def logits_dim(self) -> int:
         """Width of the logits (lm_head out_features); may exceed len(vocab) through padding."""
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        head = self.model.get_output_embeddings()  # nn.Linear, or a quantized one (maybe without weight)
+        return int(getattr(head, "out_features", None) or head.weight.shape[0])
 
 
 def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> LoadedModel:

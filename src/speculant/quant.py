@@ -12,6 +12,13 @@ linearly with the rows of x, while a bf16 matmul on AMX costs about the same for
 14.4 vs 1.35 at 256 rows). So each layer keeps its dense weight too (memory is not the limit,
 bandwidth is) and inputs of more than ``DENSE_ABOVE_ROWS`` rows (prefill, wide tree levels) take
 the dense path.
+
+``keep_dense=False`` drops that dense weight (the memory-lean choice for a large target whose
+dense copy would double its footprint): inputs of up to ``max_kernel_rows`` rows use the quantized
+kernel, larger ones (prefill) dequantize the weight into a temporary dense matrix for that one call.
+The thresholds are the measured crossovers (one thread, Qwen2.5-1.5B layers): dequantizing a
+1536x8960 layer costs ~2x a 32-row int8 kernel call but ~1.7x a 128-row int4 one (the int4 unpack
+is several passes), so int8 switches at 32 rows and int4 at 192.
 """
 
 from __future__ import annotations
@@ -28,20 +35,29 @@ DENSE_ABOVE_ROWS = 4
 class _WeightOnly(nn.Module):
     """Shared forward: quantized kernel for few rows, the dense weight for many."""
 
-    def __init__(self, linear: nn.Linear):
+    max_kernel_rows = 32  # without a dense weight: above this many rows, dequantize for the call
+
+    def __init__(self, linear: nn.Linear, keep_dense: bool = True):
         super().__init__()
-        self.weight = linear.weight  # dense (N, K), shared with the original layer: no copy
+        # dense (N, K), shared with the original layer (no copy), or None when not kept
+        self.weight = linear.weight if keep_dense else None
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def dequantize(self) -> torch.Tensor:
+        """The (N, K) dense matrix the quantized weight stands for, in the activation dtype."""
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] > DENSE_ABOVE_ROWS:
+        if self.weight is not None and x2.shape[0] > DENSE_ABOVE_ROWS:
             return nn.functional.linear(x, self.weight, self.bias)
+        if self.weight is None and x2.shape[0] > self.max_kernel_rows:
+            return nn.functional.linear(x, self.dequantize(), self.bias)
         y = self._quantized(x2).view(*shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 
@@ -49,8 +65,8 @@ class _WeightOnly(nn.Module):
 class Int8Linear(_WeightOnly):
     """y = x @ (q * scale).T + b with q int8 (N, K), one scale per output channel."""
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__(linear)
+    def __init__(self, linear: nn.Linear, keep_dense: bool = True):
+        super().__init__(linear, keep_dense)
         w = linear.weight.detach().float()  # (N, K)
         scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (N,)
         self.register_buffer("qweight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
@@ -59,13 +75,18 @@ class Int8Linear(_WeightOnly):
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scale)
 
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.to(self.scale.dtype).mul_(self.scale[:, None])
+
 
 class Int4Linear(_WeightOnly):
     """Asymmetric int4 with one (scale, zero) per ``group_size`` input channels:
     w ≈ (q - 8) * scale + zero, q in [0, 15]."""
 
-    def __init__(self, linear: nn.Linear, group_size: int = 64):
-        super().__init__(linear)
+    max_kernel_rows = 192
+
+    def __init__(self, linear: nn.Linear, group_size: int = 64, keep_dense: bool = True):
+        super().__init__(linear, keep_dense)
         n, k = linear.weight.shape
         if k % group_size:
             raise ConfigError(f"int4 needs in_features divisible by {group_size}, got {k}")
@@ -81,6 +102,55 @@ class Int4Linear(_WeightOnly):
 
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scales_zeros)
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.out_features, self.in_features
+        q = unpack_int4(self.qweight, n, k).view(n, k // self.group_size, self.group_size)
+        scale, zero = self.scales_zeros.transpose(0, 1).contiguous().unbind(-1)  # (N, G) each
+        offset = (zero - 8 * scale).unsqueeze(-1)  # w = q * scale + (zero - 8 scale)
+        return torch.addcmul(offset, q.to(scale.dtype), scale.unsqueeze(-1)).view(n, k)
+
+
+def _unpack_int4_blocked(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """PyTorch's CPU int4 layout (AVX-512 build, found by probing ``_convert_weight_to_int4pack_
+    for_cpu``): output channels in blocks of 64; byte (block, k, j) holds channel j in its low
+    nibble and channel j + 32 in its high nibble. Returns q (N, K) uint8 in [0, 15]."""
+    t = packed.view(n // 64, k, 32)
+    q = torch.cat([t & 15, t >> 4], dim=-1)  # (N/64, K, 64)
+    return q.transpose(1, 2).reshape(n, k)
+
+
+_INT4_LAYOUT_OK: bool | None = None
+
+
+def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """q (N, K) from the kernel's packed weight. The layout is an implementation detail of the
+    kernel (it differs per CPU build), so it is checked once against the kernel on a probe matrix;
+    if it does not match, dequantize through the kernel itself (slow but exact)."""
+    global _INT4_LAYOUT_OK
+    if _INT4_LAYOUT_OK is None:
+        probe = torch.randint(0, 16, (128, 128), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+        try:
+            back = _unpack_int4_blocked(torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1), 128, 128)
+            _INT4_LAYOUT_OK = torch.equal(back.to(torch.int32), probe)
+        except RuntimeError:
+            _INT4_LAYOUT_OK = False
+    if _INT4_LAYOUT_OK and n % 64 == 0:
+        return _unpack_int4_blocked(packed, n, k)
+    # fallback: the kernel applied to the identity gives w = (q - 8) * 1 + 8 with unit scales
+    ones = torch.ones(k // 32, n, 2, dtype=torch.bfloat16)
+    ones[..., 1] = 8.0
+    eye = torch.eye(k, dtype=torch.bfloat16)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, 32, ones).t().round().to(torch.uint8)
+
+
+def quantize_linear(linear: nn.Linear, mode: str, group_size: int = 64, keep_dense: bool = True) -> nn.Module:
+    """One quantized replacement for ``linear`` (``mode`` "int8" or "int4")."""
+    if mode == "int8":
+        return Int8Linear(linear, keep_dense)
+    if mode == "int4":
+        return Int4Linear(linear, group_size, keep_dense)
+    raise ConfigError(f"unknown quantization {mode!r}: choose one of int8, int4")
 
 
 def quantize_linears(model: nn.Module, mode: str, group_size: int = 64) -> nn.Module:

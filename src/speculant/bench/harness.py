@@ -21,13 +21,14 @@ from pathlib import Path
 
 import torch
 
-from ..api import SpeculativeDecoder
+from ..api import BACKENDS, SpeculativeDecoder, load_native
 from ..config import parse_acceptance
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
+from .llamacpp import LlamaCppPlain, llamacpp_unavailable
 
 OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "bpd")
-PEERS = ("hf-assisted",)
+PEERS = ("hf-assisted", "llamacpp")
 CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 
@@ -45,6 +46,9 @@ class BenchConfig:
     replacement: bool = True
     dtype: str = "bfloat16"
     draft_quant: str = "auto"
+    backend: str = "hf"
+    target_quant: str = "none"
+    quant_head: bool = False
     categories: tuple[str, ...] | None = None
     questions: str | None = None
     json_out: str | None = None
@@ -63,6 +67,10 @@ class BenchConfig:
             raise ConfigError(f"--methods lists a method twice: {','.join(self.methods)}")
         if "ar" not in self.methods:
             raise ConfigError("bench needs the 'ar' baseline in --methods: speed-ups are measured against it")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.target_quant != "none" and self.backend != "native":
+            raise ConfigError("--target-quant needs --backend native")
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
 
@@ -117,22 +125,41 @@ def run_bench(cfg: BenchConfig) -> dict:
     from rich.table import Table
 
     console = Console(stderr=True)
-    target = load(cfg.target, cfg.dtype)
-    draft = load(cfg.draft, cfg.dtype) if any(m in ("sd", "mcsd", "hf-assisted") for m in cfg.methods) else None
+    methods = list(cfg.methods)
+    if "llamacpp" in methods and (why := llamacpp_unavailable()):
+        console.print(f"[yellow]skipping the llamacpp row: {why}[/yellow]")
+        methods.remove("llamacpp")
+    needs_draft = any(m in ("sd", "mcsd", "hf-assisted") for m in methods)
+    # hf-assisted runs transformers models; the native backend shares their weights then. Without
+    # it, the native backend loads lean (quantized layers read and quantized one at a time).
+    lean = cfg.backend == "native" and "hf-assisted" not in methods
+    if lean:
+        target = load_native(cfg.target, cfg.dtype, cfg.target_quant, cfg.quant_head)
+        draft = load_native(cfg.draft, cfg.dtype, _draft_quant(cfg), keep_dense=True) if needs_draft else None
+    else:
+        target = load(cfg.target, cfg.dtype)
+        draft = load(cfg.draft, cfg.dtype) if needs_draft else None
     if draft is not None:
         check_vocab_compatible(target, draft)
     runners = {}
     ours_draft = None  # one (quantized) draft shared by sd and mcsd; hf-assisted gets the original
-    for m in cfg.methods:
+    ours_target = None  # one native target shared by every method of ours
+    for m in methods:
         name, rule = split_method(m)
         if name == "hf-assisted":
             runners[m] = HFAssisted(target, draft)
             continue
+        if name == "llamacpp":
+            runners[m] = LlamaCppPlain(cfg.target, target.tokenizer)
+            continue
         tree = cfg.medusa_tree if name == "medusa" else cfg.tree if name == "mcsd" else None
-        dec = SpeculativeDecoder(target, (ours_draft or draft) if name in ("sd", "mcsd") else None, method=name,
-                                 gamma=cfg.gamma, tree=tree, replacement=cfg.replacement, heads=cfg.heads,
-                                 draft_quant="none" if ours_draft else cfg.draft_quant, acceptance=rule)
+        dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if name in ("sd", "mcsd") else None,
+                                 method=name, gamma=cfg.gamma, tree=tree, replacement=cfg.replacement,
+                                 heads=cfg.heads, acceptance=rule,
+                                 draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
+                                 backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head)
         ours_draft = ours_draft or dec.draft
+        ours_target = ours_target or dec.target
         runners[m] = dec
     questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
     tok = target.tokenizer
@@ -143,7 +170,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         _run_one(r, encoded[0], 8)
     runs = []
     for qi, (q, ids) in enumerate(zip(questions, encoded)):
-        order = list(cfg.methods) if qi % 2 == 0 else list(reversed(cfg.methods))  # interleave
+        order = list(methods) if qi % 2 == 0 else list(reversed(methods))  # interleave
         for m in order:
             tokens, wall, stats = _run_one(runners[m], ids, cfg.max_new_tokens)
             row = {"method": m, "question_id": q["question_id"], "category": q["group"],
@@ -156,16 +183,17 @@ def run_bench(cfg: BenchConfig) -> dict:
             runs.append(row)
             console.print(f"[dim]{q['group']:>14} q{q['question_id']:<4} {m:>12}: {len(tokens):4d} tokens "
                           f"{wall:7.2f} s {len(tokens) / wall:6.2f} tok/s[/dim]")
-    summary = summarize(runs, cfg.methods)
-    table = Table(title=f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, greedy, "
-                        f"{len(questions)} prompts x {cfg.max_new_tokens} new tokens")
+    summary = summarize(runs, methods)
+    quant = f", target {cfg.target_quant}" if cfg.target_quant != "none" else ""
+    table = Table(title=f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, {cfg.backend} backend"
+                        f"{quant}, greedy, {len(questions)} prompts x {cfg.max_new_tokens} new tokens")
     quality = any(s.get("bleu") is not None or s.get("math_em") is not None for s in summary.values())
-    cols = ["method", "speedup", "tokens/s", "tokens/call", "acceptance", "same as ar"]
+    cols = ["method", "speedup", "tokens/s", "ms/token", "tokens/call", "acceptance", "same as ar"]
     cols += ["BLEU", "math EM"] if quality else []
     for col in cols:
         table.add_column(col, justify="right")
     for m, s in summary.items():
-        cells = [m, f"{s['speedup']:.2f}x", f"{s['tokens_per_s']:.2f}",
+        cells = [m, f"{s['speedup']:.2f}x", f"{s['tokens_per_s']:.2f}", f"{1e3 / s['tokens_per_s']:.0f}",
                  f"{s['tokens_per_call']:.2f}" if s["tokens_per_call"] else "-",
                  f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
                  f"{s['identical_to_ar']}/{s['prompts']}"]
@@ -183,8 +211,16 @@ def run_bench(cfg: BenchConfig) -> dict:
     return result
 
 
+def _draft_quant(cfg: BenchConfig) -> str:
+    if cfg.draft_quant != "auto":
+        return cfg.draft_quant
+    from ..models import parse_dtype
+
+    return "int4" if parse_dtype(cfg.dtype) == torch.bfloat16 else "none"
+
+
 def _run_one(runner, ids: torch.Tensor, max_new_tokens: int):
-    if isinstance(runner, HFAssisted):
+    if isinstance(runner, (HFAssisted, LlamaCppPlain)):
         tokens, wall = runner.run(ids, max_new_tokens)
         return tokens, wall, None
     t = time.perf_counter()

@@ -1,0 +1,298 @@
+"""A plain-PyTorch runtime for the Llama / Qwen2 family behind the Backend protocol.
+
+Why: the transformers backend spends a good part of a decoding step in framework overhead (cache
+objects, mask preparation, generic attention dispatch), and it cannot drop a layer's dense weight
+once quantized. This one is the decoder written out as tensor ops over weights it does not own:
+
+    x = embed[tokens]                                         # (n, H)
+    for each layer:
+        h = rmsnorm(x) ; q, k, v = h Wq + bq, h Wk + bk, h Wv + bv   (biases: Qwen2 only)
+        q, k = rope(q, positions), rope(k, positions)        # rotate-half RoPE, theta from config
+        cache[layer] <- k, v at length .. length+n-1
+        x = x + attention(q, cached k, v; tree mask) Wo       # GQA: H_q / H_kv query heads per kv head
+        h = rmsnorm(x) ; x = x + (silu(h Wg) * (h Wu)) Wd
+    logits = rmsnorm(x)[rows] Wlm                             # float32, only the rows asked for
+
+Shapes: n new tokens, c cached entries inside the tree mask's window, T = cache length + n,
+H hidden, D head dim, H_q / H_kv query / key-value heads, g = H_q / H_kv.
+
+``NativeModel`` holds the weights: ``from_hf`` shares the tensors of a loaded transformers model
+(no copy), ``from_dir`` reads a transformers safetensors directory tensor by tensor (quantizing
+as it goes, so a quantized model never has its dense weights resident all at once). Quantized
+linears are ``speculant.quant`` Int8Linear / Int4Linear. ``NativeBackend`` runs one sequence
+over a ``StaticKVCache`` with the same forward / rollback / compact semantics as ``HFBackend``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, ModelLoadError
+from ..quant import QUANT_MODES, quantize_linear
+from .base import ForwardOut
+from .native_cache import StaticKVCache
+
+SUPPORTED = ("llama", "qwen2")
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _rope_theta(cfg) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise ConfigError(f"the native backend supports plain RoPE only; this model uses rope_type "
+                          f"{rope_type!r}: use backend='hf'")
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
+    if theta is None:
+        raise ConfigError("the model config has no rope_theta")
+    return float(theta)
+
+
+def _check_config(cfg) -> None:
+    if cfg.model_type not in SUPPORTED:
+        raise ConfigError(f"the native backend runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}: "
+                          "use backend='hf'")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise ConfigError(f"the native backend needs a SiLU MLP, not {cfg.hidden_act!r}: use backend='hf'")
+    if getattr(cfg, "use_sliding_window", False):
+        raise ConfigError("the native backend does not implement sliding-window attention: use backend='hf'")
+
+
+class NativeBlock(nn.Module):
+    """One decoder layer's weights (modules and tensors shared with their source)."""
+
+    def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, proj: dict[str, nn.Module]):
+        super().__init__()
+        self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
+        for name in _PROJ:
+            setattr(self, name, proj[name])
+
+
+class NativeModel(nn.Module):
+    """Weights + architecture constants of a Llama / Qwen2 causal LM, for NativeBackend.
+
+    ``config`` and ``generation_config`` are the transformers ones; ``get_output_embeddings()``
+    returns the output layer (so heads sharing it and ``LoadedModel.logits_dim`` work as with a
+    transformers model).
+    """
+
+    def __init__(self, config, embed: torch.Tensor, blocks: list[NativeBlock], norm: torch.Tensor,
+                 lm_head: nn.Module, generation_config=None, quant: str = "none"):
+        super().__init__()
+        _check_config(config)
+        self.config, self.generation_config, self.quant = config, generation_config, quant
+        self.embed = embed  # (V_in, H)
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = norm  # (H,)
+        self.lm_head = lm_head  # (V, H) linear, dense or quantized
+        self.dtype = embed.dtype
+        self.hidden = config.hidden_size
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
+        self.eps = float(config.rms_norm_eps)
+        theta = _rope_theta(config)
+        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim)
+        self.vocab_size = lm_head.out_features
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def from_hf(cls, model: nn.Module, quant: str = "none", quant_head: bool = False,
+                keep_dense: bool = True, group_size: int = 64) -> "NativeModel":
+        """Share the weights of a transformers ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``.
+
+        quant: weight-only quantization of every decoder linear (and the output layer with
+        ``quant_head``); the quantized copies are new, the dense tensors stay shared.
+        keep_dense: quantized layers keep (a reference to) the dense weight for inputs of many
+        rows; it costs nothing here, the transformers model holds it anyway.
+        """
+        cfg = model.config.get_text_config()
+        _check_config(cfg)
+        _check_quant(quant, next(model.parameters()).dtype)
+        decoder = model.get_decoder()
+        q = lambda lin: lin if quant == "none" else quantize_linear(lin, quant, group_size, keep_dense)
+        blocks = []
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            proj = {n: q(getattr(attn if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else mlp, n))
+                    for n in _PROJ}
+            blocks.append(NativeBlock(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, proj))
+        head = model.get_output_embeddings()
+        head = q(head) if quant_head else head
+        return cls(cfg, decoder.embed_tokens.weight, blocks, decoder.norm.weight, head,
+                   getattr(model, "generation_config", None), quant)
+
+    @classmethod
+    def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, quant: str = "none",
+                 quant_head: bool = False, group_size: int = 64, keep_dense: bool = False) -> "NativeModel":
+        """Read a transformers model directory (config.json + *.safetensors) tensor by tensor.
+
+        With ``quant``, each linear is quantized right after it is read and, unless
+        ``keep_dense``, its dense weight dropped (inputs of many rows then dequantize per call),
+        so the peak memory is the quantized model plus one dense tensor.
+        """
+        from safetensors import safe_open
+        from transformers import AutoConfig, GenerationConfig
+
+        path = Path(path)
+        _check_quant(quant, dtype)
+        try:
+            cfg = AutoConfig.from_pretrained(str(path)).get_text_config()
+        except Exception as e:
+            raise ModelLoadError(f"cannot read the config of {path}: {type(e).__name__}: {e}") from e
+        _check_config(cfg)
+        try:
+            gen = GenerationConfig.from_pretrained(str(path))
+        except Exception:
+            gen = None
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            files = [p.name for p in sorted(path.glob("*.safetensors"))]
+        if not files:
+            raise ModelLoadError(f"no safetensors weights in {path}")
+        where: dict[str, Path] = {}  # tensor name -> file
+        for f in files:
+            with safe_open(str(path / f), framework="pt") as h:
+                where.update({k: path / f for k in h.keys()})
+        prefix = "model." if any(k.startswith("model.layers.") for k in where) else ""
+
+        def get(name: str) -> torch.Tensor:
+            if name not in where:
+                raise ModelLoadError(f"{path} lacks the tensor {name!r}")
+            # the file is mapped for this one tensor only (a mapping held open would count every
+            # page read so far in RSS), and the tensor is a private copy, not a view of the map
+            with safe_open(str(where[name]), framework="pt") as h:
+                t = h.get_tensor(name)
+            return t.to(dtype) if t.dtype != dtype else t.clone()
+
+        def linear(name: str, do_quant: bool) -> nn.Module:
+            w = get(name + ".weight")
+            b = get(name + ".bias") if name + ".bias" in where else None
+            lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+            lin.weight = nn.Parameter(w, requires_grad=False)
+            if b is not None:
+                lin.bias = nn.Parameter(b, requires_grad=False)
+            if do_quant and quant != "none":
+                return quantize_linear(lin, quant, group_size, keep_dense=keep_dense)
+            return lin
+
+        blocks = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"{prefix}layers.{i}."
+            proj = {n: linear(p + ("self_attn." if n in _PROJ[:4] else "mlp.") + n, True) for n in _PROJ}
+            blocks.append(NativeBlock(get(p + "input_layernorm.weight"), get(p + "post_attention_layernorm.weight"),
+                                      proj))
+        embed = get(f"{prefix}embed_tokens.weight")
+        if "lm_head.weight" in where and not getattr(cfg, "tie_word_embeddings", False):
+            head = linear("lm_head", quant_head)
+        else:  # tied: the output layer is the embedding matrix
+            head = nn.Linear(embed.shape[1], embed.shape[0], bias=False, device="meta")
+            head.weight = nn.Parameter(embed, requires_grad=False)
+            if quant_head and quant != "none":
+                head = quantize_linear(head, quant, group_size, keep_dense=True)  # embed stays anyway
+        norm = get(f"{prefix}norm.weight")
+        model = cls(cfg, embed, blocks, norm, head, gen, quant)
+        model.requires_grad_(False)
+        return model.eval()
+
+
+def _check_quant(quant: str, dtype: torch.dtype) -> None:
+    if quant not in QUANT_MODES:
+        raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
+    if quant == "int4" and dtype != torch.bfloat16:
+        raise ConfigError("int4 weights need a bfloat16 model: load it with dtype='bfloat16'")
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32, scaled in the model dtype (as transformers' Llama / Qwen2 do)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x (n, heads, D); cos, sin (n, 1, D) in x's dtype."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class NativeBackend:
+    """A NativeModel and its static KV cache for one sequence (the Backend protocol)."""
+
+    def __init__(self, model: NativeModel | nn.Module, name: str = "native", capacity: int = 1024):
+        self.model = model if isinstance(model, NativeModel) else NativeModel.from_hf(model)
+        self.name = name
+        self.vocab_size = self.model.vocab_size
+        self.dtype = self.model.dtype
+        m = self.model
+        self.cache = StaticKVCache(len(m.blocks), m.kv_heads, m.head_dim, m.dtype, capacity)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.length
+
+    def _mask(self, n: int, past: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """(n, T) bool, True = may attend; columns before the tree window are committed context."""
+        T = past + n
+        if tree_mask is None:
+            return torch.ones(n, T, dtype=torch.bool).tril_(diagonal=past)
+        allowed = torch.ones(n, T, dtype=torch.bool)
+        allowed[:, T - tree_mask.shape[1]:] = tree_mask
+        return allowed
+
+    @torch.no_grad()
+    def forward(self, tokens, positions=None, tree_mask=None, rows=None, want_hidden=False) -> ForwardOut:
+        m, cache = self.model, self.cache
+        n = tokens.shape[0]
+        past = cache.length
+        if positions is None:
+            positions = torch.arange(past, past + n)
+        cache.reserve(past + n)
+        Hq, Hkv, D = m.heads, m.kv_heads, m.head_dim
+        g = Hq // Hkv
+        # (Hkv, g*n, T): query row j*n + i is head (kv, j) of token i; the mask is shared by heads
+        mask = self._mask(n, past, tree_mask).repeat(g, 1)
+        freqs = positions.float()[:, None] * m.inv_freq[None, :]  # (n, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (n, 1, D)
+        cos, sin = emb.cos().to(m.dtype), emb.sin().to(m.dtype)
+        x = m.embed[tokens]  # (n, H)
+        for i, blk in enumerate(m.blocks):
+            h = _rms_norm(x, blk.in_norm, m.eps)
+            q = _rotate(blk.q_proj(h).view(n, Hq, D), cos, sin)
+            k = _rotate(blk.k_proj(h).view(n, Hkv, D), cos, sin)
+            v = blk.v_proj(h).view(n, Hkv, D)
+            keys, values = cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)  # (Hkv, T, D)
+            q = q.view(n, Hkv, g, D).permute(1, 2, 0, 3).reshape(Hkv, g * n, D)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (Hkv, g*n, D)
+            o = o.view(Hkv, g, n, D).permute(2, 0, 1, 3).reshape(n, Hq * D)
+            x = x + blk.o_proj(o)
+            h = _rms_norm(x, blk.post_norm, m.eps)
+            x = x + blk.down_proj(F.silu(blk.gate_proj(h)) * blk.up_proj(h))
+        cache.advance(n)
+        if rows is not None:
+            x = x.index_select(0, rows)
+        h = _rms_norm(x, m.norm, m.eps)  # (m, H)
+        logits = m.lm_head(h).float()  # (m, V)
+        return ForwardOut(logits, h if want_hidden else None)
+
+    def rollback(self, length: int) -> None:
+        self.cache.rollback(length)
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        self.cache.compact(start, keep)
+
+    def reset(self) -> None:
+        self.cache.reset()

@@ -1,0 +1,309 @@
+"""The native Llama / Qwen2 backend: same logits as the transformers backend on the same weights,
+same cache semantics, and every decoding method's greedy output identical to plain decoding on it.
+
+Tolerance: float32 logits of the two backends agree to LOGIT_TOL (absolute; logits of these tiny
+models are O(1-10)). They cannot be bit-identical: the two run the same math with different kernels
+(e.g. grouped-query attention by reshaping vs by repeating keys).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speculant.api import SpeculativeDecoder
+from speculant.backends.base import Backend
+from speculant.backends.hf import HFBackend
+from speculant.backends.native import NativeBackend, NativeModel
+from speculant.backends.native_cache import StaticKVCache
+from speculant.config import SamplingConfig
+from speculant.decoding import decode
+from speculant.drafters.base import NoDrafter
+from speculant.drafters.draft_model import DraftModelDrafter
+from speculant.drafters.lookup import LookupDrafter
+from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
+from speculant.errors import ConfigError
+from speculant.heads import HeadsConfig, MedusaHeads
+from speculant.quant import Int4Linear, Int8Linear
+from speculant.tree import build_tree, chain
+
+from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2
+
+LOGIT_TOL = 1e-4
+GREEDY = SamplingConfig()
+V = 64
+
+MODELS = {
+    "llama": lambda: tiny_llama(seed=0, scale=4.0),
+    "qwen2": lambda: tiny_qwen2(seed=0, scale=4.0),
+    "qwen2-tied": lambda: tiny_qwen2(seed=1, tied=True),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model(request):
+    return MODELS[request.param]()
+
+
+def close(a, b, tol=LOGIT_TOL):
+    assert a.shape == b.shape
+    err = (a - b).abs().max().item()
+    assert err <= tol, f"max abs difference {err:.2e} > {tol:.0e}"
+
+
+def test_protocol(model):
+    assert isinstance(NativeBackend(model), Backend)
+
+
+def test_logits_match_hf(model):
+    hf, nat = HFBackend(model), NativeBackend(model)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, V, (11,), generator=g)
+    # prefill, all rows
+    close(hf.forward(prompt).logits, nat.forward(prompt).logits)
+    # incremental, one and three tokens, selected rows and hidden states
+    step = torch.randint(0, V, (1,), generator=g)
+    close(hf.forward(step).logits, nat.forward(step).logits)
+    three = torch.randint(0, V, (3,), generator=g)
+    a = hf.forward(three, rows=torch.tensor([0, 2]), want_hidden=True)
+    b = nat.forward(three, rows=torch.tensor([0, 2]), want_hidden=True)
+    close(a.logits, b.logits)
+    close(a.hidden, b.hidden)
+    assert b.logits.dtype == torch.float32 and b.logits.shape == (2, V)
+    # a tree with explicit positions whose mask window also covers the last 2 cached entries
+    tree = build_tree("3x2x1")
+    L = nat.cache_length
+    assert hf.cache_length == L
+    tokens = torch.randint(0, V, (tree.size,), generator=g)
+    c = 2
+    mask = torch.cat([torch.ones(tree.size, c, dtype=torch.bool), tree.mask], dim=1)
+    mask[1:, 1] = False  # all nodes but the root skip cached entry L-1
+    positions = L + tree.depths
+    close(hf.forward(tokens, positions, mask).logits, nat.forward(tokens, positions, mask).logits)
+    assert nat.cache_length == L + tree.size
+
+
+def test_from_dir_equals_from_hf(tmp_path):
+    path = tiny_model_dir(tmp_path / "m", seed=2)
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(path).eval()
+    a, b = NativeBackend(NativeModel.from_hf(hf_model)), NativeBackend(NativeModel.from_dir(path, torch.float32))
+    ids = torch.arange(1, 12)
+    assert torch.equal(a.forward(ids).logits, b.forward(ids).logits)
+
+
+def test_weights_are_shared_not_copied(model):
+    nat = NativeModel.from_hf(model)
+    assert nat.embed.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert nat.blocks[0].q_proj.weight.data_ptr() == model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    assert nat.lm_head.weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+
+
+def test_cache_rollback_and_compact_semantics():
+    cache = StaticKVCache(2, 1, 2, torch.float32, capacity=4)
+    for step in range(3):  # 9 entries: grows past the capacity twice
+        k = torch.arange(3 * step, 3 * step + 3, dtype=torch.float32).view(1, 3, 1).expand(1, 3, 2)
+        cache.reserve(cache.length + 3)
+        for layer in range(2):
+            cache.write(layer, k + 100 * layer, -k, cache.length)
+        cache.advance(3)
+    assert cache.length == 9 and cache.capacity >= 9
+    assert cache.kv[1, 0, 0, :9, 0].tolist() == [100.0 + i for i in range(9)]
+    cache.compact(4, torch.tensor([0, 2, 3]))  # entries 4, 6, 7 -> 4, 5, 6
+    assert cache.length == 7
+    assert cache.kv[0, 0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
+    assert cache.kv[0, 1, 0, :7, 1].tolist() == [0, -1, -2, -3, -4, -6, -7]
+    cache.rollback(5)
+    assert cache.length == 5
+    with pytest.raises(ValueError):
+        cache.rollback(6)
+
+
+def test_rollback_and_compact_match_hf(model):
+    """After a tree pass, compaction of a side branch, and a rollback, the next logits agree."""
+    hf, nat = HFBackend(model), NativeBackend(model)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, V, (7,), generator=g)
+    tree = build_tree("2x2x1")  # nodes: root, 2 at depth 1, 4 at depth 2, 4 at depth 3
+    tokens = torch.randint(0, V, (tree.size,), generator=g)
+    keep = torch.tensor([0, 2, 5])  # root -> second child -> one of its children
+    assert tree.parents[5] == 2 and tree.parents[2] == 0
+    for b in (hf, nat):
+        b.forward(prompt)
+        L = b.cache_length
+        b.forward(tokens, L + tree.depths, tree.mask)
+        b.compact(L, keep)
+        assert b.cache_length == L + 3
+    nxt = torch.randint(0, V, (2,), generator=g)
+    after = nat.forward(nxt).logits
+    close(hf.forward(nxt).logits, after)
+    # the compacted cache equals feeding the accepted path sequentially
+    seq = NativeBackend(model)
+    seq.forward(torch.cat([prompt, tokens[keep]]))
+    close(seq.forward(nxt).logits, after)
+    for b in (hf, nat):
+        b.rollback(5)
+    close(hf.forward(nxt).logits, nat.forward(nxt).logits)
+
+
+def test_tree_verification_equals_sequential(model):
+    nat = NativeBackend(model)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, V, (6,), generator=g)
+    tree = build_tree("3x2x1")
+    tokens = torch.randint(0, V, (tree.size,), generator=g)
+    nat.forward(prompt)
+    tree_logits = nat.forward(tokens, 6 + tree.depths, tree.mask).logits
+    for node in range(tree.size):
+        path = [node]
+        while path[-1] != 0:
+            path.append(int(tree.parents[path[-1]]))
+        seq = NativeBackend(model)
+        out = seq.forward(torch.cat([prompt, tokens[list(reversed(path))]]), rows=torch.tensor([5 + len(path)]))
+        close(out.logits, tree_logits[node:node + 1])
+
+
+# ------------------------------------------------------------------ every method, greedy
+
+def run(backend, drafter, prompt, n=30):
+    state = None
+    for state, _ in decode(backend, drafter, prompt, max_new_tokens=n, sampling=GREEDY):
+        pass
+    return state
+
+
+def prompts():
+    g = torch.Generator().manual_seed(3)
+    rep = torch.randint(0, V, (6,), generator=g).repeat(3)
+    return [torch.randint(0, V, (9,), generator=g), rep, torch.tensor([5])]
+
+
+def random_heads(hidden):
+    heads = MedusaHeads(HeadsConfig(3, 1, hidden, V, shared_lm_head=False))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return heads.eval()
+
+
+def drafters(target_model, draft_model):
+    hidden = target_model.config.hidden_size
+    heads = random_heads(hidden)
+    return {
+        "sd": lambda: DraftModelDrafter(NativeBackend(draft_model), chain(3), GREEDY, V),
+        "sd-self": lambda: DraftModelDrafter(NativeBackend(target_model), chain(4), GREEDY, V),
+        "mcsd": lambda: DraftModelDrafter(NativeBackend(draft_model), build_tree("3x2x1"), GREEDY, V),
+        "lookup": lambda: LookupDrafter(3),
+        "medusa": lambda: MedusaDrafter(heads, build_tree("[[0],[1],[0,0],[0,1]]"), V),
+        "bpd": lambda: BlockwiseDrafter(heads, V, 2),
+    }
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen2"])
+def test_every_method_greedy_identical(which):
+    target = MODELS[which]()
+    draft = perturbed(target, noise=0.3)
+    backend = NativeBackend(target)
+    plain = [run(backend, NoDrafter(), p).generated for p in prompts()]
+    # the native plain output is the transformers backend's plain output (fp32)
+    assert plain == [run(HFBackend(target), NoDrafter(), p).generated for p in prompts()]
+    for name, make in drafters(target, draft).items():
+        for p, ref in zip(prompts(), plain):
+            state = run(backend, make(), p)
+            assert state.generated == ref, name
+            if name == "sd-self":
+                assert state.stats.tokens_per_call > 3
+
+
+# ------------------------------------------------------------------ quantized
+
+def test_dequantized_large_inputs_match_kernel():
+    """Without a dense weight, inputs of > max_kernel_rows rows use the dequantized weight: the
+    same quantized weights as the kernel, up to rounding."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 192).to(torch.bfloat16)
+    for q in (Int8Linear(lin, keep_dense=False), Int4Linear(lin, keep_dense=False)):
+        assert q.weight is None
+        x = torch.randn(q.max_kernel_rows + 8, 128, dtype=torch.bfloat16)
+        big = q(x).float()  # dequantized path
+        small = torch.cat([q(x[i:i + 4]) for i in range(0, x.shape[0], 4)]).float()  # kernel
+        assert (big - small).abs().max().item() <= 0.05 * small.abs().max().item()
+
+
+@pytest.mark.parametrize("quant,dtype", [("int8", torch.float32), ("int8", torch.bfloat16), ("int4", torch.bfloat16)])
+def test_quantized_native_sd_equals_ar(quant, dtype):
+    target = tiny_qwen2(seed=0, scale=4.0, dtype=dtype)
+    backend = NativeBackend(NativeModel.from_hf(target, quant, quant_head=True, keep_dense=False))
+    assert isinstance(backend.model.blocks[0].q_proj, Int8Linear if quant == "int8" else Int4Linear)
+    draft = NativeBackend(perturbed(target, noise=0.3))
+    for p in prompts():
+        plain = run(backend, NoDrafter(), p).generated
+        assert len(plain) == 30
+        for drafter in (DraftModelDrafter(draft, chain(3), GREEDY, V), LookupDrafter(3),
+                        DraftModelDrafter(draft, build_tree("2x2"), GREEDY, V)):
+            assert run(backend, drafter, p).generated == plain
+
+
+def test_api_native_backend(tmp_path):
+    tdir = tiny_model_dir(tmp_path / "t", seed=0)
+    from transformers import AutoModelForCausalLM
+
+    ddir = tmp_path / "d"
+    tiny_model_dir(ddir, base=AutoModelForCausalLM.from_pretrained(tdir), noise=0.3, seed=4)
+    kw = dict(dtype="float32", draft_quant="none")
+    hf = SpeculativeDecoder(str(tdir), method="ar", **kw).generate("w1 w2 w3", 20)
+    for method in ("ar", "sd", "mcsd", "lookup"):
+        dec = SpeculativeDecoder(str(tdir), str(ddir) if method in ("sd", "mcsd") else None, method=method,
+                                 backend="native", tree="2x1", **kw)
+        assert isinstance(dec.target_backend, NativeBackend)
+        assert dec.generate("w1 w2 w3", 20).token_ids == hf.token_ids, method
+    q = SpeculativeDecoder(str(tdir), method="ar", backend="native", target_quant="int8", **kw)
+    assert q.target.model.blocks[0].q_proj.weight is None  # the quantized target keeps no dense copy
+    assert len(q.generate("w1 w2 w3", 10).token_ids) == 10
+    with pytest.raises(ConfigError, match="native"):
+        SpeculativeDecoder(str(tdir), method="ar", target_quant="int8", **kw)
+    with pytest.raises(ConfigError, match="backend"):
+        SpeculativeDecoder(str(tdir), method="ar", backend="onnx", **kw)
+
+
+def test_unsupported_architecture_is_refused():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with pytest.raises(ConfigError, match="native backend"):
+        NativeBackend(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=V)))
+
+
+@pytest.mark.real
+def test_real_smollm2_fp32_matches_hf():
+    from speculant.models import load
+
+    lm = load("smollm2-135m-instruct", "float32")
+    hf, nat = HFBackend(lm.model), NativeBackend(lm.model)
+    ids = lm.tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                       return_tensors="pt").input_ids[0]
+    with torch.inference_mode():
+        close(hf.forward(ids).logits, nat.forward(ids).logits, tol=2e-3)
+        tree = build_tree("3x2x1")
+        tokens = torch.randint(0, 49152, (tree.size,), generator=torch.Generator().manual_seed(0))
+        L = hf.cache_length
+        close(hf.forward(tokens, L + tree.depths, tree.mask).logits,
+              nat.forward(tokens, L + tree.depths, tree.mask).logits, tol=2e-3)
+
+
+def test_quality_scoring_on_tiny_model():
+    """quant-eval's pieces: a model agrees with its own greedy output at every position, and the
+    first difference found by scoring is where its quantized copy's greedy decoding departs."""
+    from speculant.bench.quality import greedy, perplexity, teacher_forced
+
+    target = tiny_qwen2(seed=0, scale=4.0)
+    backend = NativeBackend(target)
+    prompt = prompts()[0]
+    ref = greedy(backend, prompt, 20, set())
+    assert teacher_forced(backend, prompt, ref) == (20, 20, 20)
+    q = NativeBackend(NativeModel.from_hf(target, "int8", quant_head=True, keep_dense=False))
+    same, n, first = teacher_forced(q, prompt, ref)
+    assert greedy(q, prompt, 20, set())[:first] == ref[:first]
+    ppl = perplexity(backend, torch.arange(40) % V)
+    assert 1.0 < ppl < 10 * V
