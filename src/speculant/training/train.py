@@ -126,6 +126,7 @@ class _FeatureTable:
 
     def __init__(self, hidden: torch.Tensor, targets: torch.Tensor):
         self.hidden, self.targets = hidden, targets
+        self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation)
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
@@ -166,8 +167,10 @@ class _FeatureTable:
         """Row indices of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
         per_epoch = math.ceil(len(self) / per_batch)
         epoch, i = divmod(m * world + rank, per_epoch)
-        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        return torch.randperm(len(self), generator=g)[i * per_batch:(i + 1) * per_batch]
+        if self._perm is None or self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            self._perm = (epoch, torch.randperm(len(self), generator=g))
+        return self._perm[1][i * per_batch:(i + 1) * per_batch]
 
 
 @torch.no_grad()
@@ -186,15 +189,15 @@ def _evaluate(trainable: _Trainable, batches: list[list[int]], items: list, cfg:
                                                  cfg.lam, top5=True)
             n = n.double()
             loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
-        batches = []
-    for idx in batches:
-        ids, attn, mask = (t.to(device) for t in collate([items[j] for j in idx]))
-        lm, hl = trainable(ids, attn, joint=joint)
-        _, per, t1, t5 = medusa_loss(hl, ids, mask, cfg.lam)
-        n = head_valid_counts(mask, K).cpu().double()
-        loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
-        if lm is not None:
-            lm_s += float(lm_loss(lm, ids, mask)) * int(mask[:, 1:].sum()); lm_n += int(mask[:, 1:].sum())
+    else:
+        for idx in batches:
+            ids, attn, mask = (t.to(device) for t in collate([items[j] for j in idx]))
+            lm, hl = trainable(ids, attn, joint=joint)
+            _, per, t1, t5 = medusa_loss(hl, ids, mask, cfg.lam)
+            n = head_valid_counts(mask, K).cpu().double()
+            loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
+            if lm is not None:
+                lm_s += float(lm_loss(lm, ids, mask)) * int(mask[:, 1:].sum()); lm_n += int(mask[:, 1:].sum())
     n_s = n_s.clamp(min=1)
     per_loss = (loss_s / n_s).tolist()
     out = {"loss": sum(cfg.lam ** k * per_loss[k] for k in range(K)), "per_head_loss": per_loss,
@@ -346,12 +349,10 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
                     else:
                         ids, attn, mask = (t.to(device) for t in batches[m])
                         lm, hl = trainable(ids, attn, joint=joint)
-                    if train_table is not None:
-                        pass
-                    elif joint:
-                        loss, _, _, per, t1, _ = combined_loss(lm, hl, ids, mask, cfg.lam, cfg.heads_weight)
-                    else:
-                        loss, per, t1, _ = medusa_loss(hl, ids, mask, cfg.lam)
+                        if joint:
+                            loss, _, _, per, t1, _ = combined_loss(lm, hl, ids, mask, cfg.lam, cfg.heads_weight)
+                        else:
+                            loss, per, t1, _ = medusa_loss(hl, ids, mask, cfg.lam)
                     accelerator.backward(loss / cfg.grad_accum)
             if cfg.max_grad_norm:
                 accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
