@@ -15,7 +15,7 @@ from speculant.drafters.lookup import LookupDrafter
 from speculant.errors import ConfigError
 from speculant.tree import build_tree, chain
 
-from tiny import perturbed, tiny_llama
+from tiny import perturbed, tiny_llama, fixed_prompts
 
 GREEDY = SamplingConfig()
 
@@ -39,10 +39,7 @@ def run(model, drafter, prompt, n=40, eos=frozenset(), sampling=GREEDY, generato
 
 
 def prompts():
-    g = torch.Generator().manual_seed(3)
-    # a repetitive prompt gives the n-gram drafter something to find
-    rep = torch.randint(0, 64, (6,), generator=g).repeat(3)
-    return [torch.randint(0, 64, (9,), generator=g), rep, torch.tensor([5])]
+    return fixed_prompts(64)
 
 
 def test_plain_matches_transformers_generate(target):

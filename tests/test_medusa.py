@@ -21,7 +21,7 @@ from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.tree import build_tree, chain
 
-from tiny import tiny_llama
+from tiny import tiny_llama, fixed_prompts
 
 V, H, K = 64, 48, 3
 GREEDY = SamplingConfig()
@@ -66,9 +66,7 @@ def run(model, drafter, prompt, n=40, eos=frozenset(), sampling=GREEDY, generato
 
 
 def prompts():
-    g = torch.Generator().manual_seed(3)
-    rep = torch.randint(0, V, (6,), generator=g).repeat(3)
-    return [torch.randint(0, V, (9,), generator=g), rep, torch.tensor([5])]
+    return fixed_prompts(V)
 
 
 @pytest.fixture(scope="module")

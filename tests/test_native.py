@@ -27,7 +27,7 @@ from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
 from speculant.tree import build_tree, chain
 
-from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2
+from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2, fixed_prompts
 
 LOGIT_TOL = 1e-4
 GREEDY = SamplingConfig()
@@ -174,9 +174,7 @@ def run(backend, drafter, prompt, n=30):
 
 
 def prompts():
-    g = torch.Generator().manual_seed(3)
-    rep = torch.randint(0, V, (6,), generator=g).repeat(3)
-    return [torch.randint(0, V, (9,), generator=g), rep, torch.tensor([5])]
+    return fixed_prompts(V)
 
 
 def random_heads(hidden):

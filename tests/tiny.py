@@ -68,3 +68,11 @@ def tiny_qwen2(seed: int = 0, vocab: int = 64, hidden: int = 64, layers: int = 2
         if not tied:
             model.lm_head.weight.mul_(scale)
     return model.to(dtype)
+
+
+def fixed_prompts(vocab: int = 64) -> list[torch.Tensor]:
+    """Three fixed prompts: random tokens, a repetitive one (something for the n-gram drafter to
+    find), and a single token (no prefill)."""
+    g = torch.Generator().manual_seed(3)
+    rep = torch.randint(0, vocab, (6,), generator=g).repeat(3)
+    return [torch.randint(0, vocab, (9,), generator=g), rep, torch.tensor([5])]
