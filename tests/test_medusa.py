@@ -269,3 +269,45 @@ def test_min_block_forces_the_first_tokens(target, partial_heads):
                 acceptance=parse_acceptance("min=2"))
     assert all(a >= 2 for a in state.stats.accepted_per_call[1:-1])  # step 1 has no hidden state yet
     assert state.stats.acceptance == "exact+min2"
+
+
+def repetitive_prompts():
+    """Prompts that repeat a phrase, so the prompt-lookup branch finds n-gram matches."""
+    return [torch.tensor([5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]), *prompts()[:2]]
+
+
+@pytest.mark.parametrize("which", ["random_heads", "partial_heads"])
+def test_lookup_branch_greedy_identical(target, which, request):
+    """A prompt-lookup chain beside the heads' tree: output identical to plain greedy, and the
+    branch's nodes are unfilled (-1) where there is no match."""
+    from speculant.drafters.lookup import LookupDrafter
+    heads = request.getfixturevalue(which)
+    for prompt in repetitive_prompts():
+        ref = run(target, NoDrafter(), prompt).generated
+        drafter = MedusaDrafter(heads, build_tree("3x2x1"), V, LookupDrafter(4))
+        assert drafter.tree.size == build_tree("3x2x1").size + 4 and drafter.depth == 3
+        assert run(target, drafter, prompt).generated == ref
+
+
+def test_lookup_branch_is_filled_and_accepted():
+    from speculant.drafters.lookup import LookupDrafter
+    drafter = MedusaDrafter(FakeHeads(), build_tree("[[0],[1],[0,0]]"), V, LookupDrafter(3))
+    drafter.observe([0], 4, hidden=torch.zeros(H))
+    ctx = torch.tensor([1, 2, 3, 50, 51, 3])  # "3" occurred before, followed by 50, 51, 3
+    d = drafter.propose(ctx)
+    paths = {p: int(d.tokens[i]) for i, p in enumerate(d.tree.paths)}
+    assert paths == {(): 3, (0,): 10, (1,): 11, (2,): 50, (0, 0): 20, (2, 0): 51, (2, 0, 0): 3}
+    d = drafter.propose(torch.tensor([1, 2, 60]))  # no match: the branch is unfilled
+    assert [int(d.tokens[d.tree.paths.index(p)]) for p in [(2,), (2, 0), (2, 0, 0)]] == [-1, -1, -1]
+
+
+def test_greedy_walk_takes_the_deepest_of_equal_siblings():
+    """Two siblings carry the same token: the walk follows the one whose subtree accepts more."""
+    from speculant.decoding import accept_tree
+    from speculant.drafters.base import Draft
+    tree = build_tree("[[0],[1],[1,0]]")  # nodes: root, (0,), (1,), (1,0)
+    tokens = torch.tensor([1, 7, 7, 9])
+    logits = torch.full((4, V), -5.0)
+    logits[0, 7] = logits[1, 3] = logits[2, 9] = logits[3, 4] = 5.0
+    path, nxt = accept_tree(Draft(tree, tokens), logits, GREEDY)
+    assert path == [0, 2, 3] and nxt == 4

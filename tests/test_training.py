@@ -233,6 +233,37 @@ def test_stdlib_prompts_deterministic_and_clean():
     assert any("json.dumps" in p for p in a)
 
 
+def test_training_on_several_files_and_from_given_heads(target, trained, tmp_path):
+    """Records of several files are trained on together; --init-from starts from given heads
+    (its initial held-out score is theirs, not a fresh init's) and refuses heads of another shape."""
+    d, report = trained
+    recs = synthetic_records()
+    a, b = write_jsonl(tmp_path / "a.jsonl", recs[:6]), write_jsonl(tmp_path / "b.jsonl", recs[6:])
+    kw = dict(steps=2, save_every=100, **FAST)
+    split = train_heads(target, heads_cfg(), [a, b], tmp_path / "split", **kw)
+    whole = train_heads(target, heads_cfg(), write_jsonl(tmp_path / "all.jsonl", recs), tmp_path / "whole", **kw)
+    assert split["initial"] == whole["initial"] and split["train_rows"] == whole["train_rows"]
+    warm = train_heads(target, heads_cfg(), [a, b], tmp_path / "warm", init_from=d / "heads", **kw)
+    assert warm["initial"]["top1"][0] > split["initial"]["top1"][0] + 0.3
+    with pytest.raises(ConfigError, match="init-from"):
+        train_heads(target, heads_cfg(num_layers=2), [a, b], tmp_path / "bad", init_from=d / "heads", **kw)
+
+
+def test_english_prompts_deterministic_balanced_and_not_spec_bench():
+    from speculant.training.data import _norm, _spec_bench_text
+    from speculant.training.prompts import english_prompt_families, english_prompts
+    german = ["Das ist ein Test .", "Guten Morgen ."]
+    fams = english_prompt_families(german)
+    assert english_prompts(german) == english_prompts(german) and len(fams) == 8
+    assert all(len(f) >= 2 for f in fams.values()) and fams["de-en"][0] == "Translate German to English: Das ist ein Test ."
+    first = english_prompts(german)[:8]
+    assert [next(k for k, f in fams.items() if p in f) for p in first] == list(fams)  # every family early
+    blocked = english_prompts(german, block=4)
+    assert sorted(blocked) == sorted(english_prompts(german)) and blocked[:4] == fams["write"][:4]
+    eval_text = _spec_bench_text()
+    assert not any(_norm(p) in eval_text for f in fams.values() for p in f)
+
+
 def test_wmt_prompts_load_without_spec_bench_overlap():
     allp, kept = wmt_prompts(exclude_eval=False), wmt_prompts()
     assert len(allp) == 1000 and 900 < len(kept) < 1000

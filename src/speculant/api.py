@@ -114,6 +114,8 @@ class SpeculativeDecoder:
     "medusa" (``heads`` on the target's last hidden state propose a static sparse ``tree``; one
     target call per step), "bpd" (blockwise parallel decoding: the heads' top-1 tokens as a chain
     of ``gamma`` <= K). ``heads``: a directory in the Medusa checkpoint layout, or MedusaHeads.
+    lookup_branch: medusa only, N > 0 adds a prompt-lookup chain of N tokens as one more branch of
+    the tree (drafters/medusa.py).
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
     draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
     quantization of the draft (a private copy).
@@ -132,7 +134,11 @@ class SpeculativeDecoder:
                  replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
                  draft_quant: str = "auto", heads: str | MedusaHeads | None = None,
                  acceptance: str | AcceptanceConfig = "exact",
-                 backend: str = "hf", target_quant: str = "none", quant_head: bool = False):
+                 backend: str = "hf", target_quant: str = "none", quant_head: bool = False,
+                 lookup_branch: int = 0):
+        if lookup_branch < 0 or (lookup_branch and method != "medusa"):
+            raise ConfigError(f"lookup_branch={lookup_branch}: a prompt-lookup branch of N >= 1 tokens is an option "
+                              "of method 'medusa' only (0 = none)")
         if backend not in BACKENDS:
             raise ConfigError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         if target_quant != "none" and backend != "native":
@@ -146,6 +152,7 @@ class SpeculativeDecoder:
         if gamma < 1:
             raise ConfigError(f"gamma (draft length) must be >= 1, got {gamma}")
         self.method, self.gamma, self.replacement, self.chat = method, gamma, replacement, chat
+        self.lookup_branch = lookup_branch
         self.acceptance = parse_acceptance(acceptance)
         if tree is not None:
             build_tree(tree)  # a bad tree spec fails before any model is loaded
@@ -210,7 +217,8 @@ class SpeculativeDecoder:
         if self.method == "lookup":
             return LookupDrafter(self.gamma)
         if self.method == "medusa":
-            return MedusaDrafter(self.heads, self.tree, self.vocab_size)
+            lookup = LookupDrafter(self.lookup_branch) if self.lookup_branch else None
+            return MedusaDrafter(self.heads, self.tree, self.vocab_size, lookup)
         if self.method == "bpd":
             return BlockwiseDrafter(self.heads, self.vocab_size, self.gamma)
         return DraftModelDrafter(self.draft_backend, self.tree, sampling, self.vocab_size,

@@ -28,6 +28,9 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                         "output: typical[=EPS[/DELTA]] (Medusa), topk[=K], dist=EPS (BPD), each optionally "
                         "+min=M (BPD minimum block)")
     p.add_argument("--no-replacement", action="store_true", help="mcsd: draw candidates without replacement")
+    p.add_argument("--lookup-branch", type=int, default=0,
+                   help="medusa: add a prompt-lookup (n-gram) chain of N tokens to the tree as one more branch "
+                        "(default: 0, none; bench: method medusa+lookup uses --gamma)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
@@ -63,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
     b.add_argument("--methods", default="ar,sd,mcsd,lookup,medusa,bpd,hf-assisted",
-                   help="comma-separated: ar, sd, mcsd, lookup, medusa, bpd, hf-assisted, llamacpp (llama.cpp's "
+                   help="comma-separated: ar, sd, mcsd, lookup, medusa, medusa+lookup, bpd, hf-assisted, llamacpp (llama.cpp's "
                         "plain greedy decoding of the target's GGUF; needs `make install-llamacpp`); each of ours "
                         "optionally NAME:RULE with an approximate acceptance rule, e.g. medusa:typical, "
                         "bpd:topk=2+min=1 (default: %(default)s)")
@@ -87,16 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-heads", help="self-distil the target on non-eval prompts and train Medusa heads")
     t.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     t.add_argument("--out", required=True, help="output directory: heads (Medusa layout), report, checkpoints")
-    t.add_argument("--data", default=None, help="distillation JSONL (default: OUT/distill.jsonl; made or extended first)")
+    t.add_argument("--data", nargs="+", default=None,
+                   help="distillation JSONL file(s) to train on (default: OUT/distill.jsonl); the first is made "
+                        "or extended first")
     t.add_argument("--skip-distill", action="store_true", help="train on --data as it is")
     t.add_argument("--n-stdlib", type=int, default=None, help="stdlib-docstring prompts to answer (default: all)")
     t.add_argument("--n-wmt", type=int, default=None, help="MCSD WMT en->de prompts to answer (default: all)")
+    t.add_argument("--prompts", choices=["code-wmt", "english"], default="code-wmt",
+                   help="prompts to distil: stdlib-docstring coding + WMT en->de (code-wmt), or general English "
+                        "chat, QA, maths, summaries and de->en (english; see speculant.training.prompts)")
+    t.add_argument("--german-from", default=None,
+                   help="with --prompts english: a distillation JSONL whose en->de answers become de->en prompts")
     t.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt (default: %(default)s)")
     t.add_argument("--distill-batch", type=int, default=1,
                    help="answer this many prompts per batched target pass (transformers generate; ~N x "
                         "faster on AMX) instead of one at a time with our engine (default: %(default)s)")
     t.add_argument("--distill-method", choices=["lookup", "ar"], default="lookup",
                    help="engine used to answer (both greedy and lossless; default: %(default)s)")
+    t.add_argument("--init-from", default=None,
+                   help="heads directory to start from (fine-tune), e.g. the shipped heads; default: fresh heads")
     t.add_argument("--num-heads", type=int, default=4)
     t.add_argument("--num-layers", type=int, default=1, help="residual blocks per head (default: %(default)s)")
     t.add_argument("--per-head-projection", action="store_true",
@@ -165,7 +177,8 @@ def cmd_generate(args) -> int:
     dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=_tree(args),
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
                              draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept,
-                             backend=args.backend, target_quant=args.target_quant, quant_head=args.quant_head)
+                             backend=args.backend, target_quant=args.target_quant, quant_head=args.quant_head,
+                             lookup_branch=args.lookup_branch)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.json:
         result = dec.generate(prompt, args.max_new_tokens, **kw)
@@ -222,20 +235,24 @@ def cmd_train_heads(args) -> int:
 
     from .api import SpeculativeDecoder
     from .heads import HeadsConfig
-    from .training.data import distill, mixed_prompts
+    from .training.data import distill, german_answers, mixed_prompts
+    from .training.prompts import english_prompts
     from .training.train import train_heads
 
     out = Path(args.out)
-    data = Path(args.data) if args.data else out / "distill.jsonl"
+    data = [Path(d) for d in args.data] if args.data else [out / "distill.jsonl"]
     dec = SpeculativeDecoder(args.target, method=args.distill_method, dtype=args.dtype, chat=True)
     if not args.skip_distill:
-        distill(dec, mixed_prompts(args.n_stdlib, args.n_wmt), args.max_new_tokens, data,
-                batch_size=args.distill_batch)
+        if args.prompts == "english":
+            prompts = english_prompts(german_answers(args.german_from, dec.tokenizer) if args.german_from else ())
+        else:
+            prompts = mixed_prompts(args.n_stdlib, args.n_wmt)
+        distill(dec, prompts, args.max_new_tokens, data[0], batch_size=args.distill_batch)
     model = dec.target.model
     cfg = HeadsConfig(args.num_heads, args.num_layers, model.config.get_text_config().hidden_size,
                       dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
                       base_model=dec.target.name)
-    report = train_heads(dec.target, cfg, data, out, mode=args.mode, steps=args.steps, epochs=args.epochs,
+    report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
                          batch_size=args.batch_size, rows_per_batch=args.rows_per_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
                          lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,

@@ -105,12 +105,20 @@ def accept_tree(draft: Draft, target_logits: torch.Tensor, sampling: SamplingCon
     if sampling.greedy:
         best = target_logits.argmax(-1).tolist()  # (N,) target argmax after each node
         toks, kids = tokens.tolist(), children.tolist()
-        while True:
-            nxt = next((c for c in kids[node] if c >= 0 and toks[c] == best[node]), None)
-            if nxt is None:
-                return path, best[node]
-            node = nxt
-            path.append(node)
+
+        def longest(i: int) -> list[int]:  # the longest accepted path from node i (first of equals)
+            out = [i]
+            for c in kids[i]:
+                if c >= 0 and toks[c] == best[i]:
+                    sub = longest(c)
+                    if len(sub) + 1 > len(out):
+                        out = [i] + sub
+            return out
+
+        # Siblings may repeat a token (e.g. a lookup branch beside the heads' candidates): any
+        # matching child gives the same output; the deepest match gives it in fewer steps.
+        path = longest(0)
+        return path, best[path[-1]]
     p = logits_to_probs(target_logits, sampling)  # (N, V)
     while True:
         kids = children[node]

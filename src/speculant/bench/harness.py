@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
 from .llamacpp import LlamaCppPlain, llamacpp_unavailable
 
-OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "bpd")
+OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "bpd")
 PEERS = ("hf-assisted", "llamacpp")
 CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -152,9 +152,10 @@ def run_bench(cfg: BenchConfig) -> dict:
         if name == "llamacpp":
             runners[m] = LlamaCppPlain(cfg.target, target.tokenizer)
             continue
-        tree = cfg.medusa_tree if name == "medusa" else cfg.tree if name == "mcsd" else None
+        tree = cfg.medusa_tree if name.startswith("medusa") else cfg.tree if name == "mcsd" else None
         dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if name in ("sd", "mcsd") else None,
-                                 method=name, gamma=cfg.gamma, tree=tree, replacement=cfg.replacement,
+                                 method="medusa" if name == "medusa+lookup" else name, gamma=cfg.gamma,
+                                 lookup_branch=cfg.gamma if name == "medusa+lookup" else 0, tree=tree, replacement=cfg.replacement,
                                  heads=cfg.heads, acceptance=rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head)

@@ -14,6 +14,11 @@ The loop hands the hidden state over through ``observe(path, next_token, hidden=
 drafter with ``needs_hidden = True`` asks for it. Without a hidden state (the first step, or a
 loop that does not pass it) the drafter proposes the root alone: plain decoding for one step.
 Proposals are deterministic (``Draft.q is None``).
+
+Optionally (``lookup``) the tree gets one more branch under the root: a chain of the tokens that
+followed the latest earlier occurrence of the context's last n-gram (prompt lookup), unfilled
+(-1, never accepted) where there is no match. It costs ``lookup.gamma`` tree rows and pays on
+text that copies its context (summaries, retrieval-augmented answers, code edits).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from typing import Protocol
 import torch
 
 from ..errors import ConfigError
-from ..tree import TreeBuffers, chain
+from ..tree import TreeBuffers, chain, compile_paths
 from .base import Draft
+from .lookup import LookupDrafter
 
 __all__ = ["BlockwiseDrafter", "HeadsLike", "MedusaDrafter"]
 
@@ -43,11 +49,13 @@ class MedusaDrafter:
     heads: K heads, ``heads(hidden (H,)) -> (K, V')`` logits (V' >= vocab_size; cut to it).
     tree: compiled static tree; its depth must be <= K, its widest rank < vocab_size.
     vocab_size: the target vocabulary the loop verifies against.
+    lookup: optional n-gram drafter whose chain (``lookup.gamma`` nodes) becomes one more branch
+    under the root (rank = the heads' tree width); ``self.tree`` is then the combined tree.
     """
 
     needs_hidden = True  # the loop passes hidden=out.hidden[path[-1]] to observe()
 
-    def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int):
+    def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int, lookup: LookupDrafter | None = None):
         K = int(heads.num_heads)
         if tree.depth > K:
             raise ConfigError(
@@ -60,6 +68,15 @@ class MedusaDrafter:
         self.width = width  # top-k taken from every head
         self._head_of = (tree.depths[1:] - 1).clamp(min=0)  # (N-1,) head drafting each non-root node
         self._rank_of = tree.ranks[1:]  # (N-1,)
+        self.depth = tree.depth  # heads drafting: 0 .. depth-1
+        self.lookup = lookup
+        if lookup is not None:  # the combined tree; where the heads' nodes and the chain's nodes are in it
+            r = int(tree.children[0].ge(0).sum())
+            branch = [(r,) + (0,) * d for d in range(lookup.gamma)]
+            both = compile_paths(list(tree.paths[1:]) + branch)
+            self._heads_nodes = torch.tensor([both.paths.index(p) for p in tree.paths[1:]], dtype=torch.long)
+            self._branch = torch.tensor([both.paths.index(p) for p in branch], dtype=torch.long)
+            self.tree = both
         self.hidden: torch.Tensor | None = None  # (H,) target hidden state before the next root
         self.head_calls = 0
 
@@ -73,16 +90,23 @@ class MedusaDrafter:
         """hidden (H,) -> (K', width) long: the top-``width`` tokens of the first K' = depth heads,
         by decreasing logit (``topk``, O(V); the order of exact ties is unspecified, which only
         affects speed: the target verifies every token)."""
-        logits = self.heads(hidden)[: self.tree.depth, : self.V]  # (K', V)
+        logits = self.heads(hidden)[: self.depth, : self.V]  # (K', V)
         return logits.topk(self.width, dim=-1, sorted=True).indices
 
     def propose(self, context: torch.Tensor) -> Draft:
         root = context[-1:]
-        if self.hidden is None or self.tree.depth == 0:
+        if self.hidden is None or self.depth == 0:
             return Draft(chain(0), root.clone())
         cands = self.candidates(self.hidden)  # (D, width)
         self.head_calls += 1
-        tokens = torch.cat([root, cands[self._head_of, self._rank_of]])  # (N,)
+        heads_tokens = cands[self._head_of, self._rank_of]  # (N_heads - 1,)
+        if self.lookup is None:
+            return Draft(self.tree, torch.cat([root, heads_tokens]))
+        tokens = torch.full((self.tree.size,), -1, dtype=torch.long)
+        tokens[0] = root[0]
+        tokens[self._heads_nodes] = heads_tokens
+        cont = self.lookup.find(context)
+        tokens[self._branch[: cont.shape[0]]] = cont
         return Draft(self.tree, tokens)
 
     def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:

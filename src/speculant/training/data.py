@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "load_records", "mixed_prompts", "stdlib_prompts",
+__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "german_answers", "load_records", "mixed_prompts", "stdlib_prompts",
            "windows", "wmt_prompts"]
 
 STDLIB_MODULES = (
@@ -180,6 +180,18 @@ def mixed_prompts(n_stdlib: int | None = None, n_wmt: int | None = None) -> list
     out = [p for pair in zip(a, b) for p in pair]
     n = min(len(a), len(b))
     return out + a[n:] + b[n:]
+
+
+def german_answers(path: str | os.PathLike, tokenizer) -> list[str]:
+    """The German answers (decoded, one line each) of the WMT en->de records of a distillation file,
+    in file order: sources for German->English prompts that are the target's own German."""
+    out = []
+    for rec in load_records(path):
+        if rec["prompt"].startswith("Translate the input English sentence into German"):
+            text = tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True).strip()
+            if text and "\n" not in text:
+                out.append(text)
+    return out
 
 
 def load_records(path: str | os.PathLike) -> list[dict]:

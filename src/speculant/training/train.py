@@ -36,13 +36,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
 from ..models import LoadedModel
-from ..heads import HeadsConfig, MedusaHeads, save_heads
+from ..heads import HeadsConfig, MedusaHeads, load_heads, save_heads
 from .data import Batches, collate, load_records, windows
 from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows, row_targets
 
@@ -237,10 +238,13 @@ def _save(ckpt_root: Path, step: int, heads: MedusaHeads, peft_model, state: dic
         shutil.rmtree(old, ignore_errors=True)
 
 
-def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, out_dir: str | os.PathLike,
-                cfg: TrainConfig | None = None, *, accelerator=None, **overrides) -> dict:
+def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | Sequence[str | os.PathLike],
+                out_dir: str | os.PathLike, cfg: TrainConfig | None = None, *, accelerator=None,
+                init_from: str | os.PathLike | None = None, **overrides) -> dict:
     """Train ``heads_cfg`` heads for ``target`` (a ``LoadedModel`` or transformers causal LM) on the
-    distillation JSONL ``data_path``; write heads, report and checkpoints to ``out_dir``.
+    distillation JSONL ``data_path`` (one path or several, concatenated); write heads, report and
+    checkpoints to ``out_dir``. ``init_from``: a heads directory (Medusa layout, same configuration)
+    whose weights the heads start from instead of a fresh initialisation (fine-tuning on new data).
 
     ``cfg`` fields may be given as keyword arguments (``train_heads(..., mode="medusa2", steps=100)``).
     Returns the report (also ``out_dir/training_report.json``).
@@ -253,15 +257,17 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
     model = target.model if isinstance(target, LoadedModel) else target
     out, t0 = Path(out_dir), time.perf_counter()
     ckpt_root = out / "checkpoints"
-    records = load_records(data_path)
+    paths = [Path(data_path)] if isinstance(data_path, (str, os.PathLike)) else [Path(p) for p in data_path]
+    records = [r for p in paths for r in load_records(p)]
     if len(records) < 1:
-        raise ConfigError(f"no training records in {data_path}: make them first (speculant.training.data.distill)")
+        raise ConfigError(f"no training records in {', '.join(map(str, paths))}: make them first "
+                          "(speculant.training.data.distill)")
     perm = torch.randperm(len(records), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     n_held = min(len(records) - 1, math.ceil(cfg.held_out_fraction * len(records))) if cfg.held_out_fraction else 0
     held = windows([records[i] for i in perm[:n_held]], cfg.seq_len, cfg.train_on_prompt)
     train = windows([records[i] for i in perm[n_held:]], cfg.seq_len, cfg.train_on_prompt)
     if not train:
-        raise ConfigError(f"{data_path} yields no training window (answers of >= 3 tokens needed)")
+        raise ConfigError(f"{', '.join(map(str, paths))} yields no training window (answers of >= 3 tokens needed)")
     if accelerator is None:
         kw = [DistributedDataParallelKwargs(find_unused_parameters=True)] if cfg.mode == "medusa2" else []
         accelerator = Accelerator(kwargs_handlers=kw)
@@ -269,6 +275,13 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
     flat = cfg.cache_features and cfg.mode == "medusa1"
     torch.manual_seed(cfg.seed)
     heads = MedusaHeads(heads_cfg, model.get_output_embeddings()).float()
+    if init_from is not None:
+        start = load_heads(init_from, model, dtype=torch.float32)
+        shape = dataclasses.replace(start.config, base_model=heads_cfg.base_model)
+        if shape != heads_cfg:
+            raise ConfigError(f"--init-from {init_from}: its heads ({shape}) are not the ones being trained "
+                              f"({heads_cfg}); match --num-heads, --num-layers and --per-head-projection")
+        heads.heads.load_state_dict(start.heads.state_dict())
     train_table = held_table = None
     if flat:  # the frozen backbone runs once, here; training then reads the table
         feat = _Trainable(model, heads).to(accelerator.device)
@@ -285,7 +298,8 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike, ou
     fingerprint = {"mode": cfg.mode, "heads": heads_cfg.to_json(), "seed": cfg.seed, "steps": total,
                    "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
                    "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
-                   "world": world, "data_sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest()}
+                   "world": world, "data_sha256": [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths],
+                   "init_from": str(init_from) if init_from is not None else None}
     if accelerator.is_main_process:
         if not cfg.resume:
             shutil.rmtree(ckpt_root, ignore_errors=True)

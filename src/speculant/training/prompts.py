@@ -1,0 +1,179 @@
+"""General English prompts for self-distillation, written here (never taken from Spec-Bench).
+
+The stdlib/WMT prompts of :mod:`speculant.training.data` teach heads code and German; heads used
+on chat-style English (Spec-Bench's writing, QA, summaries, maths, German→English translation)
+need the target's English prose too. :func:`english_prompts` builds, deterministically, seven
+families of instructions from hand-written topic lists, templated arithmetic word problems and
+passages of the Python reference manual that ships with every Python (``pydoc_data.topics``):
+
+* ``write``  – blog posts, emails, speeches, stories, persuasive paragraphs on everyday topics;
+* ``explain`` – science/humanities explanations and comparisons;
+* ``role``   – answer a question in the voice of a named character type;
+* ``qa``     – short general-knowledge questions;
+* ``math``   – multi-step arithmetic word problems with fresh numbers (seeded);
+* ``summarize`` / ``rag`` – a reference-manual passage to summarise, or to answer a question from;
+* ``de-en``  – German→English translation of given German sentences (e.g. the target's own German
+  translations of the WMT prompts, so no evaluation sentence is used).
+
+Families are interleaved so that any prefix of the list (an interrupted distillation) is balanced.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Sequence
+
+__all__ = ["english_prompt_families", "english_prompts", "manual_passages"]
+
+TOPICS = (
+    "learning a second language as an adult", "working from home", "a weekend trip to the mountains",
+    "starting a vegetable garden", "saving money on groceries", "the first day at a new job",
+    "adopting a rescue dog", "training for a first marathon", "cooking for a large family dinner",
+    "moving to a new city", "volunteering at a local library", "planning a wedding on a budget",
+    "reducing plastic waste at home", "visiting Japan in spring", "learning to play the guitar",
+    "a small bakery opening in the neighbourhood", "public transport in big cities", "online privacy",
+    "the benefits of reading fiction", "getting enough sleep", "team sports for children",
+    "renewable energy for households", "a museum of modern art", "electric cars",
+    "the history of the bicycle", "camping with children", "remote-controlled drones",
+    "a school science fair", "healthy breakfast habits", "the importance of friendship",
+    "smartphones in classrooms", "a rainy day in London", "street food in Mexico City",
+    "keeping a journal", "climbing an active volcano", "a career change at forty",
+    "the four-day work week", "city parks", "board games", "a long train journey across Canada",
+)
+
+CONCEPTS = (
+    "photosynthesis", "inflation", "the water cycle", "plate tectonics", "natural selection",
+    "supply and demand", "the greenhouse effect", "compound interest", "vaccination", "black holes",
+    "the French Revolution", "the Renaissance", "democracy", "the Industrial Revolution",
+    "machine learning", "the immune system", "ocean tides", "the theory of relativity",
+    "the placebo effect", "opportunity cost", "the Roman Empire", "DNA replication", "electric circuits",
+    "the Cold War", "cognitive biases", "the printing press", "antibiotic resistance", "gravity",
+    "the scientific method", "globalization", "nuclear fusion", "the human heart", "volcanoes",
+    "the stock market", "climate and weather", "the Silk Road", "impressionist painting",
+    "the separation of powers", "entropy", "urbanization",
+)
+
+PERSONAS = (
+    "a pirate captain", "a medieval knight", "a famous detective", "a friendly robot", "a wise old wizard",
+    "a professional chef", "an astronaut on the Moon", "a tour guide in Rome", "a grumpy cat",
+    "a sports commentator", "a Shakespearean actor", "a time traveller from the year 3000",
+)
+
+QUESTIONS = (
+    "What do you think about modern technology?", "How should a person spend a perfect Sunday?",
+    "What is the secret of a happy life?", "What advice would you give to a young student?",
+    "Why do people like to travel?", "What is your favourite food, and why?",
+    "How do you deal with a difficult day?", "What makes a good leader?",
+)
+
+QA = (
+    "Who wrote the novel Pride and Prejudice?", "What is the capital of Australia?",
+    "How many planets are there in the solar system?", "Who painted the Mona Lisa?",
+    "What is the longest river in Africa?", "When did the Second World War end?",
+    "Who was the first person to walk on the Moon?", "What is the chemical symbol for gold?",
+    "Which ocean is the largest?", "Who discovered penicillin?", "What language is spoken in Brazil?",
+    "How many bones are there in the adult human body?", "Who composed the Four Seasons?",
+    "What is the tallest mountain in the world?", "In which country are the pyramids of Giza?",
+    "Who developed the theory of general relativity?", "What is the currency of Japan?",
+    "Which planet is known as the Red Planet?", "Who was the first president of the United States?",
+    "What is the boiling point of water at sea level?", "Where are the Olympic Games of 2012 held?",
+    "Who wrote Romeo and Juliet?", "What is the largest desert in the world?",
+    "Which element has the atomic number 1?", "Who invented the telephone?",
+    "What is the smallest country in the world?", "When did the Berlin Wall fall?",
+    "Who played the lead role in the film Titanic?", "What is the speed of light?",
+    "Which animal is the largest mammal?", "Who wrote One Hundred Years of Solitude?",
+    "What is the capital city of Canada?", "How long does the Earth take to orbit the Sun?",
+    "Who was Cleopatra?", "What does a thermometer measure?", "Which country has the largest population?",
+    "Who is the author of the Harry Potter books?", "What is the main gas in the Earth's atmosphere?",
+    "Where is the Great Barrier Reef?", "What sport is played at Wimbledon?",
+)
+
+WRITE = (
+    "Write an engaging blog post about {t}.",
+    "Draft a short, professional email to your manager about {t}.",
+    "Write a persuasive paragraph arguing for {t}.",
+    "Write a short story that involves {t}.",
+    "Give me five practical tips about {t}, with one sentence of explanation each.",
+    "Write a short speech for a community event on the topic of {t}.",
+)
+
+EXPLAIN = (
+    "Explain {c} in simple terms, as if to a high-school student.",
+    "What is {c}, and why does it matter?",
+    "Describe the main causes and effects of {c}.",
+    "Give a short overview of {c} and one real-world example.",
+)
+
+MATH = (
+    "{a} friends share a bill of ${b}. Each also leaves a tip of ${c}. How much does each friend pay "
+        "in total?",
+    "A shop sells notebooks for ${a} each. Maria buys {b} notebooks and pays with a ${c}0 note. How much "
+        "change does she get?",
+    "Tom reads {a} pages on Monday and twice as many on Tuesday. On Wednesday he reads {b} pages fewer "
+        "than on Tuesday. How many pages did he read in the three days?",
+    "A farmer has {a} chickens and {b} cows. How many legs do the animals have altogether?",
+    "A train travels at {a} miles per hour for {b} hours and then at {c} miles per hour for 2 hours. "
+        "How far does it travel?",
+    "Lisa earns ${a} an hour. She works {b} hours a week and spends ${c} a week on rent. How much "
+        "money is left after 4 weeks?",
+    "A box holds {a} apples. A store receives {b} boxes and sells {c} apples. How many apples are left?",
+    "John is {a} years old. His sister is {b} years younger, and their father is three times as old "
+        "as John. What is the sum of their ages?",
+)
+
+
+def manual_passages(min_words: int = 80, max_words: int = 220, limit: int | None = None) -> list[tuple[str, str]]:
+    """(topic, passage) pairs: prose paragraphs of the Python reference manual shipped with Python
+    ``pydoc_data.topics``), joined up to ``max_words``; code-like paragraphs dropped."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # a minimal Python build without pydoc data
+        return []
+    out: list[tuple[str, str]] = []
+    for name in sorted(topics):
+        paras = [" ".join(p.split()) for p in topics[name].split("\n\n")]
+        prose = [p for p in paras if len(p.split()) >= 12 and not re.search(r"[{}=]|>>>|\*\*\*|^\W", p)]
+        chunk: list[str] = []
+        for p in prose:
+            chunk.append(p)
+            words = sum(len(c.split()) for c in chunk)
+            if words >= min_words:
+                text = " ".join(chunk)
+                out.append((name, " ".join(text.split()[:max_words])))
+                chunk = []
+    return out[:limit]
+
+
+def english_prompt_families(german: Sequence[str] = (), seed: int = 0) -> dict[str, list[str]]:
+    """Every prompt family (see the module docstring) by name; deterministic for ``seed``."""
+    rng = random.Random(seed)
+    math = []
+    for i in range(120):
+        text = MATH[i % len(MATH)]
+        a, b, c = rng.randint(3, 12), rng.randint(2, 9), rng.randint(4, 30)
+        math.append(text.format(a=a, b=b * a if "bill" in text else b, c=c))
+    passages = manual_passages()
+    return {
+        "write": [tpl.format(t=t) for i, t in enumerate(TOPICS) for j, tpl in enumerate(WRITE) if (i + j) % 3 == 0],
+        "explain": [tpl.format(c=c) for i, c in enumerate(CONCEPTS) for j, tpl in enumerate(EXPLAIN) if (i + j) % 2 == 0],
+        "role": [f"Pretend to be {p} for the rest of this conversation and speak like one. {q}"
+                 for i, p in enumerate(PERSONAS) for j, q in enumerate(QUESTIONS) if (i + j) % 3 == 0],
+        "qa": list(QA),
+        "math": math,
+        "summarize": [f"Summarize: {p}" for _, p in passages[0::2]],
+        "rag": [f"{p}\n\nBased on the passage above, what does it say about {topic.replace('-', ' ')}, and why is "
+                "it important?" for topic, p in passages[1::2]],
+        "de-en": [f"Translate German to English: {g.strip()}" for g in german if g.strip()],
+    }
+
+
+def english_prompts(german: Sequence[str] = (), seed: int = 0, block: int = 1) -> list[str]:
+    """The families interleaved ``block`` prompts at a time (so that any prefix of the list, e.g. an
+    interrupted distillation, is balanced; a batched distillation wants ``block`` = its batch size,
+    so that one batch holds answers of similar length)."""
+    families = list(english_prompt_families(german, seed).values())
+    out: list[str] = []
+    for i in range(0, max(map(len, families)), block):
+        out += [p for f in families for p in f[i:i + block]]
+    return list(dict.fromkeys(out))
