@@ -22,6 +22,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
+from speculant.kernels import int4_kernel
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
@@ -235,12 +236,15 @@ def test_quantized_native_sd_equals_ar(quant, dtype):
     target = tiny_qwen2(seed=0, scale=4.0, dtype=dtype)
     backend = NativeBackend(NativeModel.from_hf(target, quant, quant_head=True, keep_dense=False))
     assert isinstance(backend.model.blocks[0].q_proj, Int8Linear if quant == "int8" else Int4Linear)
+    if quant == "int4" and int4_kernel() is not None:  # speculant's AMX kernel, not PyTorch's
+        assert backend.model.blocks[0].q_proj._kernel is not None
     draft = NativeBackend(perturbed(target, noise=0.3))
     for p in prompts():
         plain = run(backend, NoDrafter(), p).generated
         assert len(plain) == 30
         for drafter in (DraftModelDrafter(draft, chain(3), GREEDY, V), LookupDrafter(3),
-                        DraftModelDrafter(draft, build_tree("2x2"), GREEDY, V)):
+                        DraftModelDrafter(draft, build_tree("2x2"), GREEDY, V),
+                        DraftModelDrafter(draft, build_tree("4x2x2"), GREEDY, V)):  # 29 rows: > 16
             assert run(backend, drafter, p).generated == plain
 
 

@@ -10,7 +10,7 @@ from speculant.decoding import decode
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.errors import ConfigError
-from speculant.quant import DENSE_ABOVE_ROWS, Int4Linear, Int8Linear, quantize_linears
+from speculant.quant import Int4Linear, Int8Linear, quantize_linears
 from speculant.tree import build_tree, chain
 
 from tiny import perturbed, tiny_llama
@@ -21,11 +21,11 @@ def test_quantized_linear_is_close_and_dense_path_exact(cls, tol):
     torch.manual_seed(0)
     lin = nn.Linear(128, 48, bias=True).to(torch.bfloat16)
     q = cls(lin)
-    few = torch.randn(2, DENSE_ABOVE_ROWS // 2, 128, dtype=torch.bfloat16)  # quantized kernel
+    few = torch.randn(2, q.dense_above_rows // 2, 128, dtype=torch.bfloat16)  # quantized kernel
     ref = lin(few).float()
     rel = ((q(few).float() - ref).norm() / ref.norm()).item()
     assert 0 < rel < tol
-    many = torch.randn(DENSE_ABOVE_ROWS + 1, 128, dtype=torch.bfloat16)  # dense path
+    many = torch.randn(q.dense_above_rows + 1, 128, dtype=torch.bfloat16)  # dense path
     assert torch.equal(q(many), lin(many))
 
 

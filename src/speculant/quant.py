@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
+from .kernels import GROUP, dequantize_int4, int4_kernel, pack_int4
 
 QUANT_MODES = ("none", "int8", "int4")
 DENSE_ABOVE_ROWS = 4
@@ -36,6 +37,7 @@ class _WeightOnly(nn.Module):
     """Shared forward: quantized kernel for few rows, the dense weight for many."""
 
     max_kernel_rows = 32  # without a dense weight: above this many rows, dequantize for the call
+    dense_above_rows = DENSE_ABOVE_ROWS  # with a dense weight: above this many rows, use it
 
     def __init__(self, linear: nn.Linear, keep_dense: bool = True):
         super().__init__()
@@ -54,7 +56,7 @@ class _WeightOnly(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self.weight is not None and x2.shape[0] > DENSE_ABOVE_ROWS:
+        if self.weight is not None and x2.shape[0] > self.dense_above_rows:
             return nn.functional.linear(x, self.weight, self.bias)
         if self.weight is None and x2.shape[0] > self.max_kernel_rows:
             return nn.functional.linear(x, self.dequantize(), self.bias)
@@ -80,8 +82,16 @@ class Int8Linear(_WeightOnly):
 
 
 class Int4Linear(_WeightOnly):
-    """Asymmetric int4 with one (scale, zero) per ``group_size`` input channels:
-    w ≈ (q - 8) * scale + zero, q in [0, 15]."""
+    """Asymmetric int4 with one (scale, offset) per ``group_size`` input channels:
+    w ≈ q * scale + offset, q in [0, 15].
+
+    Where speculant's own kernel runs (``speculant.kernels``: AMX-INT8, groups of 64), the
+    weight is packed in its layout: its cost is about flat from 1 to 16 rows, so a tree
+    verification pass costs about what one token does, and each row's result does not depend on
+    the others; activations are then quantized to int8 per row and 64 inputs (as llama.cpp does).
+    Elsewhere PyTorch's ``_weight_int4pack_mm_for_cpu`` is used (bf16 activations; cost linear
+    in the rows).
+    """
 
     max_kernel_rows = 192
 
@@ -94,16 +104,26 @@ class Int4Linear(_WeightOnly):
         lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
         scale = ((hi - lo) / 15).clamp(min=1e-8)  # (N, G, 1)
         q = ((w - lo) / scale).round().clamp(0, 15).to(torch.int32).view(n, k)
-        zero = lo + 8 * scale
-        self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-        sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
-        self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))
         self.group_size = group_size
+        self._kernel = int4_kernel() if n % 16 == 0 and group_size == GROUP else None
+        if self._kernel is not None:  # speculant's layout
+            qpack, scales = pack_int4(q, scale[..., 0], lo[..., 0])
+            self.register_buffer("qweight", qpack)
+            self.register_buffer("scales_zeros", scales)
+            self.dense_above_rows = 16  # flat up to 16 rows: the dense bf16 path only pays beyond
+        else:  # PyTorch's layout: w = (q - 8) * scale + zero
+            self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            sz = torch.cat([scale, lo + 8 * scale], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
+            self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))
 
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
+        if self._kernel is not None:
+            return self._kernel.int4_mm(x2.contiguous(), self.qweight, self.scales_zeros)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scales_zeros)
 
     def dequantize(self) -> torch.Tensor:
+        if self._kernel is not None:
+            return dequantize_int4(self.qweight, self.scales_zeros, self.scales_zeros.dtype)
         n, k = self.out_features, self.in_features
         q = unpack_int4(self.qweight, n, k).view(n, k // self.group_size, self.group_size)
         scale, zero = self.scales_zeros.transpose(0, 1).contiguous().unbind(-1)  # (N, G) each
