@@ -6,7 +6,8 @@
 // Why: PyTorch's CPU int4 kernel costs ~linearly in M, so verifying a tree of 8-16 tokens costs
 // 3-4x one token. Here the 4-bit codes are only unpacked to bytes (no arithmetic) into one AMX
 // tile per 16 channels x 64 inputs, and one tdpbsud multiplies them with up to 16 rows of
-// activations at once, so the cost stays that of reading the weights from 1 to 16 rows.
+// activations at once (two tiles for up to 32 rows), so the cost stays about that of reading the
+// weights from 1 to 16 rows and grows slowly to 32.
 //
 // Activations are quantized per row and per group of 64 inputs to int8 (absmax; what llama.cpp
 // does for its Q4 x Q8 dot products): x[m, k] ~ a[m, g] * xq[m, k]. Then, per group,
@@ -77,15 +78,17 @@ void quantize_rows(const at::BFloat16* x, int64_t M, int64_t K, int8_t* xq, floa
   }
 }
 
-// One block of 16 output channels for rows m0 .. m0 + rows - 1 (tiles: 0 = A, 1 = B, 2 = C).
+// One block of 16 output channels for up to 32 rows: tiles 0/3 = A (rows 0-15 / 16-31), 1 = B,
+// 2/4 = C. The codes are unpacked once for both halves.
 void block(const uint8_t* q, const at::BFloat16* sz, const int8_t* xq, const float* a, const int32_t* xsum,
            int rows, int64_t K, at::BFloat16* y, int64_t ldy) {
   alignas(64) uint8_t b[16 * 64];
-  alignas(64) int32_t c[16 * 16];
-  __m512 acc[16];
+  alignas(64) int32_t c[32 * 16];
+  __m512 acc[32];
   for (int m = 0; m < rows; ++m) acc[m] = _mm512_setzero_ps();
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const int64_t groups = K / kGroup;
+  const bool two = rows > 16;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* gq = q + g * 16 * 32;
     for (int r = 0; r < 16; ++r) {
@@ -99,6 +102,12 @@ void block(const uint8_t* q, const at::BFloat16* sz, const int8_t* xq, const flo
     _tile_zero(2);
     _tile_dpbsud(2, 0, 1);
     _tile_stored(2, c, 64);
+    if (two) {
+      _tile_loadd(3, xq + 16 * K + g * kGroup, K);
+      _tile_zero(4);
+      _tile_dpbsud(4, 3, 1);
+      _tile_stored(4, c + 16 * 16, 64);
+    }
     asm volatile("" ::: "memory");
     const __m512 s = bf16x16_to_fp32(sz + g * 32), o = bf16x16_to_fp32(sz + g * 32 + 16);
     for (int m = 0; m < rows; ++m) {
@@ -136,12 +145,16 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   const int64_t qstride = (K / 4) * 32, sstride = groups * 32;
   at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t m0 = 0; m0 < M; m0 += 16) {
-      const int rows = (int)std::min<int64_t>(16, M - m0);
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+      const int rows = (int)std::min<int64_t>(32, M - m0), r0 = std::min(rows, 16), r1 = rows - r0;
       TileConfig cfg;  // tile state is per thread: configure it here
-      cfg.rows[0] = rows, cfg.colsb[0] = 64;  // A: rows x 64 int8 activations
-      cfg.rows[1] = 16, cfg.colsb[1] = 64;    // B: 16 quads of inputs x 16 channels x 4 bytes
-      cfg.rows[2] = rows, cfg.colsb[2] = 64;  // C: rows x 16 int32
+      cfg.rows[0] = r0, cfg.colsb[0] = 64;  // A: rows 0-15 x 64 int8 activations
+      cfg.rows[1] = 16, cfg.colsb[1] = 64;  // B: 16 quads of inputs x 16 channels x 4 bytes
+      cfg.rows[2] = r0, cfg.colsb[2] = 64;  // C: rows 0-15 x 16 int32
+      if (r1 > 0) {
+        cfg.rows[3] = r1, cfg.colsb[3] = 64;  // A, rows 16-31
+        cfg.rows[4] = r1, cfg.colsb[4] = 64;  // C, rows 16-31
+      }
       _tile_loadconfig(&cfg);
       for (int64_t nb = b0; nb < b1; ++nb)
         block(q + nb * qstride, sz + nb * sstride, xqp + m0 * K, ap + m0 * groups, sp + m0 * groups, rows, K,
