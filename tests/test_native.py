@@ -242,9 +242,16 @@ def test_quantized_native_sd_equals_ar(quant, dtype):
     for p in prompts():
         plain = run(backend, NoDrafter(), p).generated
         assert len(plain) == 30
+        # heads sharing the quantized output layer (no dense weight: called as a module)
+        shared = MedusaHeads(HeadsConfig(3, 1, 64, V, shared_lm_head=True), backend.model.get_output_embeddings())
+        with torch.no_grad():
+            for prm in shared.parameters():
+                prm.copy_(0.2 * torch.randn(prm.shape, generator=torch.Generator().manual_seed(1)))
+        shared = shared.to(dtype).eval()
         for drafter in (DraftModelDrafter(draft, chain(3), GREEDY, V), LookupDrafter(3),
                         DraftModelDrafter(draft, build_tree("2x2"), GREEDY, V),
-                        DraftModelDrafter(draft, build_tree("4x2x2"), GREEDY, V)):  # 29 rows: > 16
+                        DraftModelDrafter(draft, build_tree("4x2x2"), GREEDY, V),  # 29 rows: > 16
+                        MedusaDrafter(shared, build_tree("3x2x1"), V, LookupDrafter(4))):
             assert run(backend, drafter, p).generated == plain
 
 

@@ -115,8 +115,12 @@ class MedusaHeads(nn.Module):
         return self.config.num_heads
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
-        """Frozen shared projection (..., H) -> (..., V); gradients reach x, never the layer."""
+        """Frozen shared projection (..., H) -> (..., V); gradients reach x, never the layer. A
+        quantized output layer (the native backend's ``--quant-head``) is called as it is
+        (inference only)."""
         layer = self._shared[0]
+        if getattr(layer, "weight", None) is None:
+            return layer(x.to(layer.dtype))
         weight = layer.weight.detach()
         bias = layer.bias.detach() if getattr(layer, "bias", None) is not None else None
         return F.linear(x.to(weight.dtype), weight, bias)
@@ -133,18 +137,33 @@ class MedusaHeads(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         p = next(self.parameters(), None)
-        return p.dtype if p is not None else self._shared[0].weight.dtype
+        return p.dtype if p is not None else _layer_dtype(self._shared[0])
 
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under Medusa's names (contiguous copies, ready for safetensors)."""
         return {name: t.detach().contiguous().clone() for name, t in self.heads.state_dict().items()}
 
 
+def _layer_shape(layer: nn.Module) -> tuple[int, int] | None:
+    """(V, H) of an output layer: a Linear's weight, or a quantized layer's (out, in) features."""
+    weight = getattr(layer, "weight", None)
+    if weight is not None and weight.dim() == 2:
+        return tuple(weight.shape)
+    if isinstance(getattr(layer, "out_features", None), int) and isinstance(getattr(layer, "in_features", None), int):
+        return layer.out_features, layer.in_features
+    return None
+
+
+def _layer_dtype(layer: nn.Module) -> torch.dtype:
+    weight = getattr(layer, "weight", None)
+    return weight.dtype if weight is not None else layer.dtype  # quantized layers: their activation dtype
+
+
 def _check_lm_head(lm_head: nn.Module, config: HeadsConfig) -> None:
-    weight = getattr(lm_head, "weight", None)
-    if weight is None or weight.dim() != 2:
+    shape = _layer_shape(lm_head)
+    if shape is None:
         raise ConfigError("lm_head must be the target's output layer (a module with a (V, H) weight)")
-    V, H = weight.shape
+    V, H = shape
     if H != config.hidden_size:
         raise ModelLoadError(
             f"the heads read hidden states of size {config.hidden_size} but the target's hidden size is {H}: "
@@ -213,7 +232,10 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
     raw = _read_config(directory)
     state = _read_weights(directory)
     lm_head = target_model.get_output_embeddings()
-    V_t, H_t = lm_head.weight.shape
+    shape = _layer_shape(lm_head)
+    if shape is None:
+        raise ModelLoadError("the target has no output layer with a (V, H) weight to check the heads against")
+    V_t, H_t = shape
     K, n = raw["medusa_num_heads"], raw["medusa_num_layers"]
     has_proj = f"0.{n}.weight" in state
     shared = raw.get("speculant_shared_lm_head", not has_proj)
@@ -245,7 +267,7 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
             raise ModelLoadError(f"tensor {name} in {directory} has shape {tuple(state[name].shape)}, "
                                  f"expected {tuple(t.shape)} from its config: the checkpoint is corrupt")
     heads.heads.load_state_dict(state, assign=True)
-    return heads.to(dtype or lm_head.weight.dtype).eval()
+    return heads.to(dtype or _layer_dtype(lm_head)).eval()
 
 
 SHIPPED_TREE_NAME = "tree.json"  # the default sparse tree shipped next to a heads checkpoint

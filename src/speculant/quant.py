@@ -45,6 +45,7 @@ class _WeightOnly(nn.Module):
         self.weight = linear.weight if keep_dense else None
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = linear.weight.dtype  # of the activations it takes and returns
 
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -37,7 +37,7 @@ from ..decoding import decode
 from ..drafters.lookup import LookupDrafter
 from ..models import chat_prompt, load
 
-CHUNK = 256
+CHUNK = 128  # <= Int4Linear.max_kernel_rows: the text is scored through the kernel that decodes
 PROMPTS = (
     "Write a Python function that merges overlapping intervals.",
     "Explain the difference between a process and a thread in a few sentences.",
