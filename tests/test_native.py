@@ -316,3 +316,25 @@ def test_quality_scoring_on_tiny_model():
     assert greedy(q, prompt, 20, set())[:first] == ref[:first]
     ppl = perplexity(backend, torch.arange(40) % V)
     assert 1.0 < ppl < 10 * V
+
+
+@pytest.mark.skipif(int4_kernel() is None, reason="needs speculant's AMX int4 kernel")
+@pytest.mark.parametrize("context", [3, 40, 509])  # 509 + tree: the keys cross a 512 padding block
+def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context):
+    """With the int4 kernel (row-independent) and the padded attention calls, every node of a tree
+    pass gets exactly the logits a one-token pass over its own path gives: bf16/int4 speculative
+    decoding reproduces plain decoding bit for bit, not just in float32."""
+    model = NativeModel.from_hf(tiny_qwen2(seed=2, dtype=torch.bfloat16), "int4", quant_head=True, keep_dense=False)
+    tree = build_tree("3x2x2x1")  # 3 + 6 + 12 + 12 = 33 nodes + root: several attention calls
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, V, (context,), generator=g)
+    tokens = torch.randint(0, V, (tree.size,), generator=g)
+    b = NativeBackend(model)
+    b.forward(ctx, rows=torch.empty(0, dtype=torch.long))
+    wide = b.forward(tokens, context + tree.depths, tree.mask).logits
+    for node in range(tree.size):
+        path = [i for i in range(tree.size) if tree.mask[node, i]]  # its ancestors and itself, in order
+        b.rollback(context)
+        for j in path:
+            out = b.forward(tokens[j:j + 1]).logits[0]
+        assert torch.equal(out, wide[node]), node

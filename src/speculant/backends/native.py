@@ -38,6 +38,8 @@ from .base import ForwardOut
 from .native_cache import StaticKVCache
 
 SUPPORTED = ("llama", "qwen2")
+INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _attention_plan)
+Q_BLOCK, KV_BLOCK = 32, 512  # PyTorch's CPU flash attention blocks for short queries / long keys
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -253,6 +255,52 @@ class NativeBackend:
         allowed[:, T - tree_mask.shape[1]:] = tree_mask
         return allowed
 
+    def _attention_plan(self, n: int, past: int, tree_mask: torch.Tensor | None, g: int):
+        """``attend(q (n, Hkv, g, D), layer) -> (n, Hkv, g, D)``: attention of the n new tokens
+        over the cache (positions 0 .. past+n-1) under the causal or tree mask.
+
+        Passes of up to ``INVARIANT_ROWS`` tokens (decoding, tree verification) are row-invariant:
+        each token's output is bit-identical to what a one-token pass at its position computes,
+        so verifying a tree reproduces plain decoding exactly (in bf16 too). PyTorch's fused CPU
+        attention gives that when every call has the same shape class: queries padded to one
+        block of ``Q_BLOCK`` rows (g query heads x Q_BLOCK // g tokens), keys padded with masked
+        entries to a multiple of ``KV_BLOCK``. Longer passes (prefill: the prompt, the same for
+        every method) take one call; query row j*n + i is head j of token i."""
+        m, cache = self.model, self.cache
+        Hkv, D, T = m.kv_heads, m.head_dim, past + n
+        allowed = self._mask(n, past, tree_mask)  # (n, T)
+        if n > INVARIANT_ROWS:
+            mask = torch.zeros(n, T, dtype=m.dtype).masked_fill_(~allowed, float("-inf")).repeat(g, 1)[None, None]
+
+            def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+                keys, values = cache.kv[layer, 0, :, :T], cache.kv[layer, 1, :, :T]
+                q = q.permute(1, 2, 0, 3).reshape(1, Hkv, g * n, D)
+                o = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask)
+                return o.view(Hkv, g, n, D).permute(2, 0, 1, 3)
+            return attend
+        per = max(1, Q_BLOCK // g)  # tokens per call
+        Tp = -(-T // KV_BLOCK) * KV_BLOCK
+        cache.reserve(Tp)  # the padding keys are cache slots past the end: finite, and masked out
+        masks = []
+        for s in range(0, n, per):
+            c = min(per, n - s)
+            al = torch.zeros(per, Tp, dtype=torch.bool)
+            al[:c, :T] = allowed[s:s + c]
+            al[c:, 0] = True  # padding query rows attend to something (their output is dropped)
+            masks.append((s, c, torch.zeros(g * per, Tp, dtype=m.dtype).masked_fill_(~al.repeat(g, 1),
+                                                                                       float("-inf"))[None, None]))
+
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            keys, values = cache.kv[layer, 0, :, :Tp][None], cache.kv[layer, 1, :, :Tp][None]
+            out = torch.empty_like(q)
+            for s, c, mask in masks:
+                qp = q.new_zeros(1, Hkv, g, per, D)
+                qp[0, :, :, :c] = q[s:s + c].permute(1, 2, 0, 3)
+                o = F.scaled_dot_product_attention(qp.view(1, Hkv, g * per, D), keys, values, attn_mask=mask)
+                out[s:s + c] = o.view(Hkv, g, per, D)[:, :, :c].permute(2, 0, 1, 3)
+            return out
+        return attend
+
     @torch.no_grad()
     def forward(self, tokens, positions=None, tree_mask=None, rows=None, want_hidden=False) -> ForwardOut:
         m, cache = self.model, self.cache
@@ -263,10 +311,7 @@ class NativeBackend:
         cache.reserve(past + n)
         Hq, Hkv, D = m.heads, m.kv_heads, m.head_dim
         g = Hq // Hkv
-        # (1, 1, g*n, T) additive: query row j*n + i is head (kv, j) of token i; shared by the heads.
-        # 4-D inputs with a float mask take PyTorch's fused CPU attention (~4x the math path here).
-        allowed = self._mask(n, past, tree_mask).repeat(g, 1)
-        mask = torch.zeros(allowed.shape, dtype=m.dtype).masked_fill_(~allowed, float("-inf"))[None, None]
+        attend = self._attention_plan(n, past, tree_mask, g)
         freqs = positions.float()[:, None] * m.inv_freq[None, :]  # (n, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (n, 1, D)
         cos, sin = emb.cos().to(m.dtype), emb.sin().to(m.dtype)
@@ -276,10 +321,8 @@ class NativeBackend:
             q = _rotate(blk.q_proj(h).view(n, Hq, D), cos, sin)
             k = _rotate(blk.k_proj(h).view(n, Hkv, D), cos, sin)
             v = blk.v_proj(h).view(n, Hkv, D)
-            keys, values = cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)  # (Hkv, T, D)
-            q = q.view(n, Hkv, g, D).permute(1, 2, 0, 3).reshape(1, Hkv, g * n, D)
-            o = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask)  # (1, Hkv, g*n, D)
-            o = o.view(Hkv, g, n, D).permute(2, 0, 1, 3).reshape(n, Hq * D)
+            cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
+            o = attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D)
             x = x + blk.o_proj(o)
             h = _rms_norm(x, blk.post_norm, m.eps)
             x = x + blk.down_proj(F.silu(blk.gate_proj(h)) * blk.up_proj(h))
