@@ -4,9 +4,9 @@ dequantized matrix, and row independence (a row's output never depends on the ot
 import pytest
 import torch
 
-from speculant.kernels import dequantize_int4, int4_kernel, pack_int4
+from speculant.kernels import dequantize_int4, cpu_kernels, pack_int4
 
-kernel = int4_kernel()
+kernel = cpu_kernels()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="needs AMX-INT8 and a C++ toolchain")
 
 
@@ -68,3 +68,29 @@ def test_int4_linear_uses_the_kernel_and_is_row_independent():
     assert all(torch.equal(q(x[i:i + 1])[0], y[i]) for i in range(12))
     ref = x.float() @ q.dequantize().float().T
     assert ((y.float() - ref).norm() / ref.norm()) < 0.015
+
+
+@needs_kernel
+def test_attention_matches_reference_and_is_row_invariant():
+    """kernels.attend over a tree-like mask equals float32 attention (bf16 rounding), and a row's
+    output is bit-identical whether computed alone or with others (over the same visible keys)."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    n, H, grp, D, T = 6, 2, 3, 64, 90
+    q = torch.randn(n, H, grp, D, generator=g).bfloat16()
+    keys, values = (torch.randn(H, 128, D, generator=g).bfloat16() for _ in range(2))
+    allowed = torch.ones(n, T, dtype=torch.bool).tril_(diagonal=T - n)
+    allowed[3, T - n + 1:T - n + 3] = False  # a tree: node 3 does not see nodes 1, 2
+    out = kernel.attend(q, keys, values, allowed)
+    mask = torch.zeros(n, T).masked_fill_(~allowed, float("-inf"))
+    ref = F.scaled_dot_product_attention(q.float().permute(1, 2, 0, 3), keys[:, None, :T].float(),
+                                         values[:, None, :T].float(), attn_mask=mask).permute(2, 0, 1, 3)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+    for i in range(n):
+        assert torch.equal(kernel.attend(q[i:i + 1].contiguous(), keys, values, allowed[i:i + 1].contiguous())[0], out[i])
+    # the same visible keys at other slots in the same order (a compacted path) give the same output
+    seen = allowed[3].nonzero().flatten()
+    k2, v2 = keys.clone(), values.clone()
+    k2[:, :seen.numel()], v2[:, :seen.numel()] = keys[:, seen], values[:, seen]
+    alone = kernel.attend(q[3:4].contiguous(), k2, v2, torch.ones(1, seen.numel(), dtype=torch.bool))
+    assert torch.equal(alone[0], out[3])

@@ -22,7 +22,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
-from speculant.kernels import int4_kernel
+from speculant.kernels import cpu_kernels
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
@@ -236,7 +236,7 @@ def test_quantized_native_sd_equals_ar(quant, dtype):
     target = tiny_qwen2(seed=0, scale=4.0, dtype=dtype)
     backend = NativeBackend(NativeModel.from_hf(target, quant, quant_head=True, keep_dense=False))
     assert isinstance(backend.model.blocks[0].q_proj, Int8Linear if quant == "int8" else Int4Linear)
-    if quant == "int4" and int4_kernel() is not None:  # speculant's AMX kernel, not PyTorch's
+    if quant == "int4" and cpu_kernels() is not None:  # speculant's AMX kernel, not PyTorch's
         assert backend.model.blocks[0].q_proj._kernel is not None
     draft = NativeBackend(perturbed(target, noise=0.3))
     for p in prompts():
@@ -318,13 +318,17 @@ def test_quality_scoring_on_tiny_model():
     assert 1.0 < ppl < 10 * V
 
 
-@pytest.mark.skipif(int4_kernel() is None, reason="needs speculant's AMX int4 kernel")
+@pytest.mark.skipif(cpu_kernels() is None, reason="needs speculant's AMX int4 kernel")
+@pytest.mark.parametrize("own_attention", [True, False])  # False: PyTorch's fused attention, padded calls
 @pytest.mark.parametrize("context", [3, 40, 509])  # 509 + tree: the keys cross a 512 padding block
-def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context):
+def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context, own_attention, monkeypatch):
     """With the int4 kernel (row-independent) and the padded attention calls, every node of a tree
     pass gets exactly the logits a one-token pass over its own path gives: bf16/int4 speculative
     decoding reproduces plain decoding bit for bit, not just in float32."""
     model = NativeModel.from_hf(tiny_qwen2(seed=2, dtype=torch.bfloat16), "int4", quant_head=True, keep_dense=False)
+    if not own_attention:
+        import speculant.backends.native as native
+        monkeypatch.setattr(native, "cpu_kernels", lambda: None)
     tree = build_tree("3x2x2x1")  # 3 + 6 + 12 + 12 = 33 nodes + root: several attention calls
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, V, (context,), generator=g)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
-from .kernels import GROUP, dequantize_int4, int4_kernel, pack_int4
+from .kernels import GROUP, dequantize_int4, cpu_kernels, pack_int4
 
 QUANT_MODES = ("none", "int8", "int4")
 DENSE_ABOVE_ROWS = 4
@@ -106,7 +106,7 @@ class Int4Linear(_WeightOnly):
         scale = ((hi - lo) / 15).clamp(min=1e-8)  # (N, G, 1)
         q = ((w - lo) / scale).round().clamp(0, 15).to(torch.int32).view(n, k)
         self.group_size = group_size
-        self._kernel = int4_kernel() if n % 16 == 0 and group_size == GROUP else None
+        self._kernel = cpu_kernels() if n % 16 == 0 and group_size == GROUP else None
         if self._kernel is not None:  # speculant's layout
             qpack, scales = pack_int4(q, scale[..., 0], lo[..., 0])
             self.register_buffer("qweight", qpack)

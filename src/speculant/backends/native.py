@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
+from ..kernels import cpu_kernels
 from ..quant import QUANT_MODES, quantize_linear
 from .base import ForwardOut
 from .native_cache import StaticKVCache
@@ -261,8 +262,9 @@ class NativeBackend:
 
         Passes of up to ``INVARIANT_ROWS`` tokens (decoding, tree verification) are row-invariant:
         each token's output is bit-identical to what a one-token pass at its position computes,
-        so verifying a tree reproduces plain decoding exactly (in bf16 too). PyTorch's fused CPU
-        attention gives that when every call has the same shape class: queries padded to one
+        so verifying a tree reproduces plain decoding exactly (in bf16 too). In bf16, where
+        speculant's kernels run, ``kernels.attend`` does this by construction (and fastest).
+        Otherwise PyTorch's fused CPU attention gives it when every call has the same shape class: queries padded to one
         block of ``Q_BLOCK`` rows (g query heads x Q_BLOCK // g tokens), keys padded with masked
         entries to a multiple of ``KV_BLOCK``. Longer passes (prefill: the prompt, the same for
         every method) take one call; query row j*n + i is head j of token i."""
@@ -277,6 +279,12 @@ class NativeBackend:
                 q = q.permute(1, 2, 0, 3).reshape(1, Hkv, g * n, D)
                 o = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask)
                 return o.view(Hkv, g, n, D).permute(2, 0, 1, 3)
+            return attend
+        kernels = cpu_kernels() if m.dtype == torch.bfloat16 else None
+        if kernels is not None:  # speculant's own: row-invariant by construction, no padding
+
+            def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+                return kernels.attend(q.contiguous(), cache.kv[layer, 0], cache.kv[layer, 1], allowed)
             return attend
         per = max(1, Q_BLOCK // g)  # tokens per call
         Tp = -(-T // KV_BLOCK) * KV_BLOCK

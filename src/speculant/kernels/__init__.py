@@ -1,11 +1,16 @@
-"""speculant's own CPU kernels, compiled on first use with PyTorch's C++ extension builder.
+"""speculant's own CPU kernels, compiled on first use with PyTorch's C++ extension builder
+(one module, :func:`cpu_kernels`).
 
 ``int4_amx.cpp``: an int4-weight matmul for a few rows whose cost stays about that of reading the
 weights from 1 to 16 rows (AMX-INT8 tiles; activations quantized per row and per 64 inputs to
 int8, as llama.cpp does), and whose rows are computed independently of each other (a tree
 verification pass gives each row exactly what a one-row pass gives). Needs AMX-INT8 and AVX-512
 BF16 (Intel Sapphire Rapids and later) on Linux. Without them, or if the build fails,
-:func:`int4_kernel` returns None and callers use PyTorch's own int4 kernel.
+:func:`cpu_kernels` returns None and callers use PyTorch's own kernels.
+
+``attention.cpp``: attention of a few new tokens over the bf16 KV cache, each (token, head)
+computed on its own over the keys it may see, in key order, so a tree verification pass is
+row-invariant there too (PyTorch's fused attention blocks rows and keys by the call's shape).
 
 The build (g++ and ninja, ~30 s) is cached by PyTorch under ``$TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``); later loads take well under a second.
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["GROUP", "cpu_has_amx_int8", "dequantize_int4", "int4_kernel", "pack_int4"]
+__all__ = ["GROUP", "cpu_has_amx_int8", "cpu_kernels", "dequantize_int4", "pack_int4"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step
 
@@ -35,9 +40,10 @@ def cpu_has_amx_int8() -> bool:
     return {"amx_int8", "amx_tile", "avx512_bf16", "avx512bw"} <= flags
 
 
-def int4_kernel():
-    """The compiled extension module (``.int4_mm(x, qpack, scales)``), or None where it cannot
-    run. ``SPECULANT_NO_KERNELS=1`` disables it (PyTorch's kernels are used instead)."""
+def cpu_kernels():
+    """The compiled extension module (``.int4_mm(x, qpack, scales)``, ``.attend(q, keys, values,
+    allowed)``), or None where it cannot run. ``SPECULANT_NO_KERNELS=1`` disables it (PyTorch's
+    kernels are used instead)."""
     global _KERNEL, _TRIED
     if _TRIED:
         return _KERNEL
@@ -47,7 +53,8 @@ def int4_kernel():
     try:
         from torch.utils.cpp_extension import load
 
-        module = load(name="speculant_int4_amx", sources=[str(Path(__file__).with_name("int4_amx.cpp"))],
+        here = Path(__file__).parent
+        module = load(name="speculant_cpu_kernels", sources=[str(here / "int4_amx.cpp"), str(here / "attention.cpp")],
                       extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile",
                                     "-mamx-int8", "-fopenmp"],
                       extra_ldflags=["-fopenmp"], verbose=False)
@@ -55,8 +62,8 @@ def int4_kernel():
             raise RuntimeError("the operating system refused AMX tile data to this process")
         _KERNEL = module
     except Exception as e:  # noqa: BLE001 - no compiler / ninja / AMX: fall back, say why once
-        warnings.warn(f"speculant's int4 kernel is not available ({type(e).__name__}: {e}); using PyTorch's "
-                      "int4 kernel instead (its cost grows with the rows verified)", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"speculant's CPU kernels are not available ({type(e).__name__}: {e}); using PyTorch's "
+                      "instead (int4: its cost grows with the rows verified)", RuntimeWarning, stacklevel=2)
         _KERNEL = None
     return _KERNEL
 

@@ -165,7 +165,10 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales
   return y;
 }
 
+torch::Tensor attend(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed);  // attention.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend", &attend, "row-invariant attention of a few tokens over a bf16 KV cache (AVX-512)");
   m.def("int4_mm", &int4_mm, "int4 weight x int8 activation matmul for few rows on AMX");
   m.def("amx_available", &amx_permitted, "can this process use AMX tiles (kernel permission granted)");
 }
