@@ -7,7 +7,7 @@ n tokens, measured on the project machine): ``bf16`` the transformers bf16 Qwen2
 native int4 pass (steptime: 67 ms at 1 token, 82 at 8, 98 at 16, 114 at 20) plus ~8 ms for the
 heads. Writes ``tree.json`` and ``calibration.json`` unless ``--dry-run``.
 
-    python tools/pick_tree.py HEADS_DIR [--only FILE] [--cost bf16|native] [--dry-run]
+    python tools/pick_tree.py HEADS_DIR [--only FILE] [--cost bf16|native] [--budget N] [--dry-run]
 """
 import argparse, json, sys, torch
 from speculant.models import load
@@ -19,6 +19,7 @@ from speculant.tree_search import greedy_tree, expected_length
 ap = argparse.ArgumentParser()
 ap.add_argument("heads_dir"); ap.add_argument("--only"); ap.add_argument("--cost", default="bf16")
 ap.add_argument("--dry-run", action="store_true")
+ap.add_argument("--budget", type=int, default=None, help="ship this budget instead of the cost model's best")
 args = ap.parse_args()
 heads_dir = args.heads_dir
 base = json.load(open(f"{heads_dir}/config.json"))["base_model_name_or_path"]
@@ -52,6 +53,9 @@ for b in (4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40):
     if best is None or est > best[0]:
         best = (est, b, paths)
 print("best", best[:2])
+if args.budget:
+    best = (None, args.budget, greedy_tree(acc, args.budget))
+    print("shipping budget", args.budget, best[2])
 if args.dry_run:
     sys.exit()
 json.dump({"accuracies": acc, "positions": counts, "best_budget": best[1]}, open(f"{heads_dir}/calibration.json", "w"), indent=1)
