@@ -120,6 +120,58 @@ void block(const uint8_t* q, const at::BFloat16* sz, const int8_t* xq, const flo
     _mm256_storeu_si256((__m256i*)(y + m * ldy), (__m256i)_mm512_cvtneps_pbh(acc[m]));
 }
 
+// Three consecutive blocks of 16 output channels for up to 16 rows: their unpacking and tile
+// operations interleave (one A tile shared; B tiles 1, 5, 7; C tiles 2, 6, 3), so the AMX unit and
+// the unpacking overlap instead of waiting on each other group after group.
+inline void unpack_tile(const uint8_t* gq, uint8_t* b) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (int r = 0; r < 16; ++r) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(gq + r * 32));
+    const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    _mm512_store_si512((__m512i*)(b + r * 64), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  }
+}
+
+void block3(const uint8_t* q, int64_t qstride, const at::BFloat16* sz, int64_t sstride, const int8_t* xq,
+            const float* a, const int32_t* xsum, int rows, int64_t K, at::BFloat16* y, int64_t ldy) {
+  alignas(64) uint8_t b[3][16 * 64];
+  alignas(64) int32_t c[3][16 * 16];
+  __m512 acc[3][16];
+  for (int j = 0; j < 3; ++j)
+    for (int m = 0; m < rows; ++m) acc[j][m] = _mm512_setzero_ps();
+  const int64_t groups = K / kGroup;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int j = 0; j < 3; ++j) unpack_tile(q + j * qstride + g * 16 * 32, b[j]);
+    asm volatile("" ::: "memory");  // GCC's tile intrinsics are asm without memory operands
+    _tile_loadd(0, xq + g * kGroup, K);
+    _tile_loadd(1, b[0], 64);
+    _tile_loadd(5, b[1], 64);
+    _tile_loadd(7, b[2], 64);
+    _tile_zero(2);
+    _tile_zero(6);
+    _tile_zero(3);
+    _tile_dpbsud(2, 0, 1);
+    _tile_dpbsud(6, 0, 5);
+    _tile_dpbsud(3, 0, 7);
+    _tile_stored(2, c[0], 64);
+    _tile_stored(6, c[1], 64);
+    _tile_stored(3, c[2], 64);
+    asm volatile("" ::: "memory");
+    for (int j = 0; j < 3; ++j) {
+      const at::BFloat16* gs = sz + j * sstride + g * 32;
+      const __m512 s = bf16x16_to_fp32(gs), o = bf16x16_to_fp32(gs + 16);
+      for (int m = 0; m < rows; ++m) {
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i*)(c[j] + m * 16)));
+        const __m512 t = _mm512_fmadd_ps(dot, s, _mm512_mul_ps(o, _mm512_set1_ps((float)xsum[m * groups + g])));
+        acc[j][m] = _mm512_fmadd_ps(t, _mm512_set1_ps(a[m * groups + g]), acc[j][m]);
+      }
+    }
+  }
+  for (int j = 0; j < 3; ++j)
+    for (int m = 0; m < rows; ++m)
+      _mm256_storeu_si256((__m256i*)(y + j * 16 + m * ldy), (__m256i)_mm512_cvtneps_pbh(acc[j][m]));
+}
+
 }  // namespace
 
 // x (M, K) bf16 contiguous; qpack (N/16, K/4, 32) uint8; scales (N/16, K/64, 2, 16) bf16 -> (M, N) bf16.
@@ -144,7 +196,7 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales
   const int32_t* sp = xsum.data_ptr<int32_t>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   const int64_t qstride = (K / 4) * 32, sstride = groups * 32;
-  at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
+  at::parallel_for(0, NB, 12, [&](int64_t b0, int64_t b1) {
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
       const int rows = (int)std::min<int64_t>(32, M - m0), r0 = std::min(rows, 16), r1 = rows - r0;
       TileConfig cfg;  // tile state is per thread: configure it here
@@ -154,9 +206,19 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales
       if (r1 > 0) {
         cfg.rows[3] = r1, cfg.colsb[3] = 64;  // A, rows 16-31
         cfg.rows[4] = r1, cfg.colsb[4] = 64;  // C, rows 16-31
+      } else {  // block3's extra tiles
+        cfg.rows[3] = r0, cfg.colsb[3] = 64;  // C
+        cfg.rows[5] = 16, cfg.colsb[5] = 64;  // B
+        cfg.rows[6] = r0, cfg.colsb[6] = 64;  // C
+        cfg.rows[7] = 16, cfg.colsb[7] = 64;  // B
       }
       _tile_loadconfig(&cfg);
-      for (int64_t nb = b0; nb < b1; ++nb)
+      int64_t nb = b0;
+      if (r1 == 0)
+        for (; nb + 3 <= b1; nb += 3)
+          block3(q + nb * qstride, qstride, sz + nb * sstride, sstride, xqp + m0 * K, ap + m0 * groups,
+                 sp + m0 * groups, rows, K, yp + m0 * N + nb * 16, N);
+      for (; nb < b1; ++nb)
         block(q + nb * qstride, sz + nb * sstride, xqp + m0 * K, ap + m0 * groups, sp + m0 * groups, rows, K,
               yp + m0 * N + nb * 16, N);
       _tile_release();
