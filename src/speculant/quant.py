@@ -112,6 +112,10 @@ class Int4Linear(_WeightOnly):
             self.register_buffer("qweight", qpack)
             self.register_buffer("scales_zeros", scales)
             self.dense_above_rows = 16  # flat up to 16 rows: the dense bf16 path only pays beyond
+            # without a dense weight, the kernel (32 rows per weight unpack) beats dequantizing for
+            # any width: a 600-token prefill of the 1.5B model takes 1.8 s through it, 6.6-7.5 s
+            # through a dequantized copy per layer
+            self.max_kernel_rows = 1 << 62
         else:  # PyTorch's layout: w = (q - 8) * scale + zero
             self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             sz = torch.cat([scale, lo + 8 * scale], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
