@@ -101,22 +101,22 @@ class Int4Linear(_WeightOnly):
         n, k = linear.weight.shape
         if k % group_size:
             raise ConfigError(f"int4 needs in_features divisible by {group_size}, got {k}")
-        w = linear.weight.detach().float().view(n, k // group_size, group_size)
-        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        scale = ((hi - lo) / 15).clamp(min=1e-8)  # (N, G, 1)
-        q = ((w - lo) / scale).round().clamp(0, 15).to(torch.int32).view(n, k)
         self.group_size = group_size
         self._kernel = cpu_kernels() if n % 16 == 0 and group_size == GROUP else None
-        if self._kernel is not None:  # speculant's layout
-            qpack, scales = pack_int4(q, scale[..., 0], lo[..., 0])
-            self.register_buffer("qweight", qpack)
-            self.register_buffer("scales_zeros", scales)
+        if self._kernel is not None:  # speculant's layout, made 4096 rows at a time (bounded memory:
+            packed = []               # a whole 152k x 1536 output layer in float32 would be 0.9 GB)
+            for r in range(0, n, 4096):
+                q, scale, lo = _int4_codes(linear.weight[r:r + 4096], group_size)
+                packed.append(pack_int4(q, scale[..., 0], lo[..., 0]))
+            self.register_buffer("qweight", torch.cat([p[0] for p in packed]))
+            self.register_buffer("scales_zeros", torch.cat([p[1] for p in packed]))
             self.dense_above_rows = 16  # flat up to 16 rows: the dense bf16 path only pays beyond
             # without a dense weight, the kernel (32 rows per weight unpack) beats dequantizing for
             # any width: a 600-token prefill of the 1.5B model takes 1.8 s through it, 6.6-7.5 s
             # through a dequantized copy per layer
             self.max_kernel_rows = 1 << 62
         else:  # PyTorch's layout: w = (q - 8) * scale + zero
+            q, scale, lo = _int4_codes(linear.weight, group_size)
             self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             sz = torch.cat([scale, lo + 8 * scale], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
             self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))
@@ -134,6 +134,17 @@ class Int4Linear(_WeightOnly):
         scale, zero = self.scales_zeros.transpose(0, 1).contiguous().unbind(-1)  # (N, G) each
         offset = (zero - 8 * scale).unsqueeze(-1)  # w = q * scale + (zero - 8 scale)
         return torch.addcmul(offset, q.to(scale.dtype), scale.unsqueeze(-1)).view(n, k)
+
+
+def _int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight (n, K) -> codes q (n, K) int32 in [0, 15], scale and lo (n, K / group, 1) float32
+    with w ~ q * scale + lo (asymmetric, per group of ``group_size`` inputs)."""
+    n, k = weight.shape
+    w = weight.detach().float().view(n, k // group_size, group_size)
+    lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp(min=1e-8)  # (n, G, 1)
+    q = ((w - lo) / scale).round().clamp(0, 15).to(torch.int32).view(n, k)
+    return q, scale, lo
 
 
 def _unpack_int4_blocked(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
