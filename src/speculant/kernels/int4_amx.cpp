@@ -78,6 +78,27 @@ void quantize_rows(const at::BFloat16* x, int64_t M, int64_t K, int8_t* xq, floa
   }
 }
 
+// One B tile (16 quads of inputs x 16 channels x 4 codes) from its 512 packed bytes.
+inline void unpack_tile(const uint8_t* gq, uint8_t* b) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (int r = 0; r < 16; ++r) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(gq + r * 32));
+    const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    _mm512_store_si512((__m512i*)(b + r * 64), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  }
+}
+
+// acc[m] += a[m, g] * (scale * C[m] + offset * xsum[m, g]) for one group's int32 tile C (rows x 16).
+inline void fold(const int32_t* c, const at::BFloat16* gs, const float* a, const int32_t* xsum, int64_t groups,
+                 int64_t g, int rows, __m512* acc) {
+  const __m512 s = bf16x16_to_fp32(gs), o = bf16x16_to_fp32(gs + 16);
+  for (int m = 0; m < rows; ++m) {
+    const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i*)(c + m * 16)));
+    const __m512 t = _mm512_fmadd_ps(dot, s, _mm512_mul_ps(o, _mm512_set1_ps((float)xsum[m * groups + g])));
+    acc[m] = _mm512_fmadd_ps(t, _mm512_set1_ps(a[m * groups + g]), acc[m]);
+  }
+}
+
 // One block of 16 output channels for up to 32 rows: tiles 0/3 = A (rows 0-15 / 16-31), 1 = B,
 // 2/4 = C. The codes are unpacked once for both halves.
 void block(const uint8_t* q, const at::BFloat16* sz, const int8_t* xq, const float* a, const int32_t* xsum,
@@ -86,16 +107,10 @@ void block(const uint8_t* q, const at::BFloat16* sz, const int8_t* xq, const flo
   alignas(64) int32_t c[32 * 16];
   __m512 acc[32];
   for (int m = 0; m < rows; ++m) acc[m] = _mm512_setzero_ps();
-  const __m256i nib = _mm256_set1_epi8(0x0F);
   const int64_t groups = K / kGroup;
   const bool two = rows > 16;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* gq = q + g * 16 * 32;
-    for (int r = 0; r < 16; ++r) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)(gq + r * 32));
-      const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-      _mm512_store_si512((__m512i*)(b + r * 64), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-    }
+    unpack_tile(q + g * 16 * 32, b);
     asm volatile("" ::: "memory");  // GCC's tile intrinsics are asm without memory operands
     _tile_loadd(1, b, 64);
     _tile_loadd(0, xq + g * kGroup, K);
@@ -109,12 +124,7 @@ void block(const uint8_t* q, const at::BFloat16* sz, const int8_t* xq, const flo
       _tile_stored(4, c + 16 * 16, 64);
     }
     asm volatile("" ::: "memory");
-    const __m512 s = bf16x16_to_fp32(sz + g * 32), o = bf16x16_to_fp32(sz + g * 32 + 16);
-    for (int m = 0; m < rows; ++m) {
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i*)(c + m * 16)));
-      const __m512 t = _mm512_fmadd_ps(dot, s, _mm512_mul_ps(o, _mm512_set1_ps((float)xsum[m * groups + g])));
-      acc[m] = _mm512_fmadd_ps(t, _mm512_set1_ps(a[m * groups + g]), acc[m]);
-    }
+    fold(c, sz + g * 32, a, xsum, groups, g, rows, acc);
   }
   for (int m = 0; m < rows; ++m)
     _mm256_storeu_si256((__m256i*)(y + m * ldy), (__m256i)_mm512_cvtneps_pbh(acc[m]));
@@ -123,15 +133,6 @@ void block(const uint8_t* q, const at::BFloat16* sz, const int8_t* xq, const flo
 // Three consecutive blocks of 16 output channels for up to 16 rows: their unpacking and tile
 // operations interleave (one A tile shared; B tiles 1, 5, 7; C tiles 2, 6, 3), so the AMX unit and
 // the unpacking overlap instead of waiting on each other group after group.
-inline void unpack_tile(const uint8_t* gq, uint8_t* b) {
-  const __m256i nib = _mm256_set1_epi8(0x0F);
-  for (int r = 0; r < 16; ++r) {
-    const __m256i v = _mm256_loadu_si256((const __m256i*)(gq + r * 32));
-    const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-    _mm512_store_si512((__m512i*)(b + r * 64), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-  }
-}
-
 void block3(const uint8_t* q, int64_t qstride, const at::BFloat16* sz, int64_t sstride, const int8_t* xq,
             const float* a, const int32_t* xsum, int rows, int64_t K, at::BFloat16* y, int64_t ldy) {
   alignas(64) uint8_t b[3][16 * 64];
@@ -157,15 +158,7 @@ void block3(const uint8_t* q, int64_t qstride, const at::BFloat16* sz, int64_t s
     _tile_stored(6, c[1], 64);
     _tile_stored(3, c[2], 64);
     asm volatile("" ::: "memory");
-    for (int j = 0; j < 3; ++j) {
-      const at::BFloat16* gs = sz + j * sstride + g * 32;
-      const __m512 s = bf16x16_to_fp32(gs), o = bf16x16_to_fp32(gs + 16);
-      for (int m = 0; m < rows; ++m) {
-        const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i*)(c[j] + m * 16)));
-        const __m512 t = _mm512_fmadd_ps(dot, s, _mm512_mul_ps(o, _mm512_set1_ps((float)xsum[m * groups + g])));
-        acc[j][m] = _mm512_fmadd_ps(t, _mm512_set1_ps(a[m * groups + g]), acc[j][m]);
-      }
-    }
+    for (int j = 0; j < 3; ++j) fold(c[j], sz + j * sstride + g * 32, a, xsum, groups, g, rows, acc[j]);
   }
   for (int j = 0; j < 3; ++j)
     for (int m = 0; m < rows; ++m)
