@@ -178,8 +178,9 @@ def prompts():
     return fixed_prompts(V)
 
 
-def random_heads(hidden):
-    heads = MedusaHeads(HeadsConfig(3, 1, hidden, V, shared_lm_head=False))
+def random_heads(hidden, lm_head=None):
+    """3 heads with random blocks; with ``lm_head``, projecting through it (shared), else their own."""
+    heads = MedusaHeads(HeadsConfig(3, 1, hidden, V, shared_lm_head=lm_head is not None), lm_head)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in heads.parameters():
@@ -243,15 +244,11 @@ def test_quantized_native_sd_equals_ar(quant, dtype):
     if quant == "int4" and cpu_kernels() is not None:  # speculant's AMX kernel, not PyTorch's
         assert backend.model.blocks[0].q_proj._kernel is not None
     draft = NativeBackend(perturbed(target, noise=0.3))
+    # heads sharing the quantized output layer (no dense weight: called as a module)
+    shared = random_heads(64, backend.model.get_output_embeddings()).to(dtype)
     for p in prompts():
         plain = run(backend, NoDrafter(), p).generated
         assert len(plain) == 30
-        # heads sharing the quantized output layer (no dense weight: called as a module)
-        shared = MedusaHeads(HeadsConfig(3, 1, 64, V, shared_lm_head=True), backend.model.get_output_embeddings())
-        with torch.no_grad():
-            for prm in shared.parameters():
-                prm.copy_(0.2 * torch.randn(prm.shape, generator=torch.Generator().manual_seed(1)))
-        shared = shared.to(dtype).eval()
         for drafter in (DraftModelDrafter(draft, chain(3), GREEDY, V), LookupDrafter(3),
                         DraftModelDrafter(draft, build_tree("2x2"), GREEDY, V),
                         DraftModelDrafter(draft, build_tree("4x2x2"), GREEDY, V),  # 29 rows: > 16

@@ -21,6 +21,31 @@ class ForwardOut:
     hidden: torch.Tensor | None = None  # (m, H) final normed hidden state, if requested
 
 
+class KVCacheLike(Protocol):
+    length: int
+
+    def rollback(self, length: int) -> None: ...
+
+    def compact(self, start: int, keep: torch.Tensor) -> None: ...
+
+
+class CacheBacked:
+    """The cache half of the protocol for a backend whose ``self.cache`` (``kv_cache.KVCache`` or
+    ``native_cache.StaticKVCache``) has ``length``, ``rollback`` and ``compact``."""
+
+    cache: KVCacheLike
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.length
+
+    def rollback(self, length: int) -> None:
+        self.cache.rollback(length)
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        self.cache.compact(start, keep)
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..kv_cache import KVCache
-from .base import ForwardOut
+from .base import CacheBacked, ForwardOut
 
 
-class HFBackend:
+class HFBackend(CacheBacked):
     """Wraps a transformers ``*ForCausalLM`` (eval mode, batch size 1).
 
     The decoder stack produces the final normed hidden state; the output layer is applied only to
@@ -25,10 +25,6 @@ class HFBackend:
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.num_layers = model.config.get_text_config().num_hidden_layers
         self.cache = KVCache(self.num_layers)
-
-    @property
-    def cache_length(self) -> int:
-        return self.cache.length
 
     @torch.no_grad()
     def forward(self, tokens, positions=None, tree_mask=None, rows=None, want_hidden=False) -> ForwardOut:
@@ -58,12 +54,6 @@ class HFBackend:
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return ForwardOut(logits, h if want_hidden else None)
-
-    def rollback(self, length: int) -> None:
-        self.cache.rollback(length)
-
-    def compact(self, start: int, keep: torch.Tensor) -> None:
-        self.cache.compact(start, keep)
 
     def reset(self) -> None:
         self.cache = KVCache(self.num_layers)

@@ -35,7 +35,7 @@ from torch import nn
 from ..errors import ConfigError, ModelLoadError
 from ..kernels import cpu_kernels
 from ..quant import QUANT_MODES, quantize_linear
-from .base import ForwardOut
+from .base import CacheBacked, ForwardOut
 from .native_cache import StaticKVCache
 
 SUPPORTED = ("llama", "qwen2")
@@ -232,7 +232,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-class NativeBackend:
+class NativeBackend(CacheBacked):
     """A NativeModel and its static KV cache for one sequence (the Backend protocol)."""
 
     def __init__(self, model: NativeModel | nn.Module, name: str = "native", capacity: int = 1024):
@@ -242,10 +242,6 @@ class NativeBackend:
         self.dtype = self.model.dtype
         m = self.model
         self.cache = StaticKVCache(len(m.blocks), m.kv_heads, m.head_dim, m.dtype, capacity)
-
-    @property
-    def cache_length(self) -> int:
-        return self.cache.length
 
     def _mask(self, n: int, past: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
         """(n, T) bool, True = may attend; columns before the tree window are committed context."""
@@ -340,12 +336,6 @@ class NativeBackend:
         h = _rms_norm(x, m.norm, m.eps)  # (m, H)
         logits = m.lm_head(h).float()  # (m, V)
         return ForwardOut(logits, h if want_hidden else None)
-
-    def rollback(self, length: int) -> None:
-        self.cache.rollback(length)
-
-    def compact(self, start: int, keep: torch.Tensor) -> None:
-        self.cache.compact(start, keep)
 
     def reset(self) -> None:
         self.cache.reset()

@@ -18,6 +18,7 @@ The build (g++ and ninja, ~30 s) is cached by PyTorch under ``$TORCH_EXTENSIONS_
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -28,10 +29,6 @@ __all__ = ["GROUP", "cpu_has_amx_int8", "cpu_kernels", "dequantize_int4", "pack_
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step
 
-_KERNEL: object | None = None
-_TRIED = False
-
-
 def cpu_has_amx_int8() -> bool:
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
@@ -40,14 +37,11 @@ def cpu_has_amx_int8() -> bool:
     return {"amx_int8", "amx_tile", "avx512_bf16", "avx512bw"} <= flags
 
 
+@functools.cache
 def cpu_kernels():
     """The compiled extension module (``.int4_mm(x, qpack, scales)``, ``.attend(q, keys, values,
     allowed)``), or None where it cannot run. ``SPECULANT_NO_KERNELS=1`` disables it (PyTorch's
-    kernels are used instead)."""
-    global _KERNEL, _TRIED
-    if _TRIED:
-        return _KERNEL
-    _TRIED = True
+    kernels are used instead). Built (or loaded) once per process."""
     if os.environ.get("SPECULANT_NO_KERNELS") or not cpu_has_amx_int8():
         return None
     try:
@@ -60,12 +54,11 @@ def cpu_kernels():
                       extra_ldflags=["-fopenmp"], verbose=False)
         if not module.amx_available():
             raise RuntimeError("the operating system refused AMX tile data to this process")
-        _KERNEL = module
+        return module
     except Exception as e:  # noqa: BLE001 - no compiler / ninja / AMX: fall back, say why once
         warnings.warn(f"speculant's CPU kernels are not available ({type(e).__name__}: {e}); using PyTorch's "
                       "instead (int4: its cost grows with the rows verified)", RuntimeWarning, stacklevel=2)
-        _KERNEL = None
-    return _KERNEL
+        return None
 
 
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
