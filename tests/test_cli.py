@@ -121,4 +121,17 @@ def test_train_heads_build_tree_and_medusa_generate(dirs, capsys, tmp_path):
                  str(heads), "--accept", "topk=zero", PROMPT]) == 2
     assert "cannot read acceptance rule" in capsys.readouterr().err
     assert main(["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "medusa", PROMPT]) == 2
-    assert "needs heads" in capsys.readouterr().err
+    assert "needs medusa heads" in capsys.readouterr().err
+    # sequential heads: trained by the same command on the same data, decoded with --method hydra
+    seq = tmp_path / "seq"
+    assert main(["train-heads", "--target", dirs["target"], "--out", str(seq), "--data", str(heads / "distill.jsonl"),
+                 "--skip-distill", "--head-kind", "sequential", "--steps", "3", "--num-heads", "2",
+                 "--held-out", "0.34", "--dtype", "float32"]) == 0
+    capsys.readouterr()
+    for extra in [[], ["--lookup-branch", "2"]]:
+        out = run_json(capsys, "--target", dirs["target"], "--method", "hydra", "--heads", str(seq), "--tree", "2x1",
+                       "--max-new-tokens", "16", *extra, PROMPT)
+        assert out["token_ids"] == plain["token_ids"]
+    assert main(["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "medusa", "--heads",
+                 str(seq), PROMPT]) == 2
+    assert "use --method hydra" in capsys.readouterr().err

@@ -216,3 +216,57 @@ def test_config_validation(target):
         MedusaHeads(cfg(True))
     with pytest.raises(ModelLoadError, match="hidden size"):
         MedusaHeads(HeadsConfig(2, 1, 32, V), target.get_output_embeddings())
+
+
+# ------------------------------------------------------------------ sequential heads
+
+def seq_cfg(K: int = 3, n: int = 2) -> HeadsConfig:
+    return HeadsConfig(K, n, H, V, base_model="tiny-llama", kind="sequential")
+
+
+def test_sequential_step_matches_the_formula_and_unrolls(target):
+    from speculant.heads import SequentialHeads
+    lm_head, emb = target.get_output_embeddings(), target.get_input_embeddings()
+    heads = randomize(SequentialHeads(seq_cfg(), lm_head, emb))
+    x, toks = torch.randn(4, H), torch.randint(0, V, (4, 3))
+    e = emb.weight[toks[:, 0]]
+    e = e / e.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * heads.embed_scale
+    y = heads.fc(torch.cat([x, e], -1))
+    for block in heads.blocks:
+        y = y + F.silu(block.linear(y))
+    torch.testing.assert_close(heads.step(x, toks[:, 0]), y)
+    s, want = x, []
+    for d in range(3):
+        s = heads.step(s, toks[:, d])
+        want.append(lm_head(s))
+    torch.testing.assert_close(heads(x, toks), torch.stack(want))
+    torch.testing.assert_close(heads(x, toks[:, :2]), torch.stack(want[:2]))  # a shorter unroll
+    with pytest.raises(ValueError, match="tokens"):
+        heads(x)  # no tokens: nothing to unroll from
+    fresh = SequentialHeads(seq_cfg(), lm_head, emb)  # W = [I, 0], blocks zero: the state passes through
+    torch.testing.assert_close(fresh.step(x, toks[:, 0]), x)
+
+
+def test_sequential_round_trip_and_errors(tmp_path, target):
+    from speculant.heads import SequentialHeads
+    heads = randomize(SequentialHeads(seq_cfg(), target.get_output_embeddings(), target.get_input_embeddings()))
+    save_heads(heads, tmp_path / "s")
+    raw = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert raw["speculant_head_kind"] == "sequential" and raw["medusa_num_heads"] == 3
+    loaded = load_heads(tmp_path / "s", target)
+    assert isinstance(loaded, SequentialHeads) and loaded.config == heads.config
+    x, toks = torch.randn(5, H), torch.randint(0, V, (5, 3))
+    torch.testing.assert_close(loaded(x, toks), heads(x, toks))
+    # a Medusa checkpoint relabelled as sequential: a clear error naming the missing tensors
+    save_heads(randomize(MedusaHeads(cfg(True), target.get_output_embeddings())), tmp_path / "m")
+    raw = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**raw, "speculant_head_kind": "sequential"}))
+    with pytest.raises(ModelLoadError, match="sequential heads of depth 3.*missing tensors"):
+        load_heads(tmp_path / "m", target)
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**raw, "speculant_head_kind": "hydra"}))
+    with pytest.raises(ModelLoadError, match="kind must be one of"):
+        load_heads(tmp_path / "m", target)
+    with pytest.raises(ConfigError, match="shared_lm_head"):
+        HeadsConfig(2, 1, H, V, shared_lm_head=False, kind="sequential")
+    with pytest.raises(ModelLoadError, match="input embeddings"):
+        SequentialHeads(seq_cfg(), target.get_output_embeddings(), torch.nn.Embedding(V, H + 1))

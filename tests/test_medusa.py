@@ -311,3 +311,90 @@ def test_greedy_walk_takes_the_deepest_of_equal_siblings():
     logits[0, 7] = logits[1, 3] = logits[2, 9] = logits[3, 4] = 5.0
     path, nxt = accept_tree(Draft(tree, tokens), logits, GREEDY)
     assert path == [0, 2, 3] and nxt == 4
+
+
+# ------------------------------------------------------------------ sequential (token-conditioned) heads
+
+def fit_sequential(target, plain, steps, seed=0):
+    """Sequential heads fitted for ``steps`` steps to the target's greedy continuations: from the
+    hidden state at t and the tokens t+1 .. t+d, depth d learns token t+d+1."""
+    from speculant.heads import SequentialHeads
+    torch.manual_seed(seed)
+    heads = SequentialHeads(HeadsConfig(K, 1, H, V, kind="sequential"), target.get_output_embeddings(),
+                            target.get_input_embeddings())
+    with torch.no_grad():  # a random start, so that even unfitted heads make non-trivial trees
+        for p in [*heads.blocks.parameters(), heads.fc.weight]:
+            p.add_(0.1 * torch.randn(p.shape))
+    seqs = [torch.cat([p, torch.tensor(g)]) for p, g in zip(prompts(), plain)]
+    with torch.no_grad():
+        hidden = [target.get_decoder()(input_ids=s.view(1, -1)).last_hidden_state[0] for s in seqs]
+    opt = torch.optim.Adam(heads.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = 0.0
+        for s, h in zip(seqs, hidden):
+            n = s.shape[0] - K - 1  # positions with all K + 1 following tokens
+            if n < 1:
+                continue
+            idx = torch.arange(n)[:, None] + torch.arange(1, K + 2)[None]  # (n, K+1): tokens t+1 .. t+K+1
+            logits = heads(h[:n], s[idx[:, :K]])  # (K, n, V)
+            loss = loss + F.cross_entropy(logits.reshape(-1, V), s[idx[:, 1:]].T.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return heads.eval()
+
+
+@pytest.fixture(scope="module")
+def seq_heads_random(target, plain):
+    return fit_sequential(target, plain, 0)
+
+
+@pytest.fixture(scope="module")
+def seq_heads_trained(target, plain):
+    return fit_sequential(target, plain, 100)
+
+
+def test_sequential_tree_children_follow_their_own_path(target, seq_heads_random):
+    """Every node holds the rank-r token of the heads' step along ITS path: recomputed here node by
+    node from the hidden state, the root and the path's tokens."""
+    heads, tree = seq_heads_random, build_tree("[[0],[1],[2],[0,0],[0,1],[1,0],[2,0],[0,0,0],[1,0,0]]")
+    drafter = MedusaDrafter(heads, tree, V)
+    hidden = torch.randn(H)
+    drafter.observe([0], 5, hidden=hidden)
+    d = drafter.propose(torch.tensor([3, 5]))
+    assert d.tokens[0] == 5 and d.tree is tree
+    with torch.no_grad():
+        for i, path in enumerate(tree.paths[1:], start=1):
+            state = heads.step(hidden[None], torch.tensor([5]))
+            node = 0
+            for r in path[:-1]:
+                node = int(tree.children[node, r])
+                state = heads.step(state, d.tokens[node].view(1))
+            order = heads.project(state)[0].topk(path[-1] + 1).indices
+            assert int(d.tokens[i]) == int(order[path[-1]]), path
+        # children really depend on the parent: the depth-1 siblings get different ranked child lists
+        root = heads.step(hidden[None], torch.tensor([5]))
+        kids = {tuple(heads.project(heads.step(root, d.tokens[n].view(1)))[0].topk(3).indices.tolist()) for n in (1, 2, 3)}
+    assert len(kids) > 1
+
+
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained"])
+def test_sequential_greedy_identical(request, target, plain, tree, which):
+    heads = request.getfixturevalue(which)
+    calls = 0
+    for prompt, ref in zip(prompts(), plain):
+        drafter = MedusaDrafter(heads, build_tree(tree), V)
+        state = run(target, drafter, prompt)
+        assert state.generated == ref
+        calls += state.stats.target_calls
+    if which == "seq_heads_trained":
+        assert calls < 0.6 * sum(len(r) for r in plain)
+
+
+def test_sequential_blockwise_and_lookup_branch_identical(target, plain, seq_heads_trained):
+    from speculant.drafters.lookup import LookupDrafter
+    for prompt, ref in zip(prompts(), plain):
+        assert run(target, BlockwiseDrafter(seq_heads_trained, V, 3), prompt).generated == ref
+        drafter = MedusaDrafter(seq_heads_trained, build_tree("3x2x1"), V, LookupDrafter(3))
+        assert run(target, drafter, prompt).generated == ref

@@ -4,6 +4,7 @@ accuracies + greedy tree, and the self-distillation data (prompt builders, resum
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -221,6 +222,52 @@ def test_accuracy_and_greedy_tree(target, trained, tmp_path):
     assert 0 < res["expected_accepted_per_step"] <= 8
     with pytest.raises(ConfigError, match="without any position"):
         head_topk_accuracy(target, heads, [[1, 2, 3]], 2)
+
+
+def test_sequential_heads_train_save_load_and_score(target, tmp_path):
+    """Sequential heads learn on the feature table, reload as the same function, and are scored
+    teacher-forced (rank-0 accuracy of depth k = top-1 of step k on the true tokens)."""
+    from speculant.heads import SequentialHeads
+    from speculant.training.losses import row_inputs, row_targets
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    cfg = HeadsConfig(K, 1, H, V, base_model="tiny-llama", kind="sequential")
+    report = train_heads(target, cfg, data, tmp_path / "seq", steps=40, save_every=100, rows_per_batch=64, **FAST)
+    assert report["final"]["loss"] < 0.5 * report["initial"]["loss"]
+    assert min(report["final"]["top1"]) > max(report["initial"]["top1"]) + 0.3
+    heads = load_heads(tmp_path / "seq", target).float()
+    assert isinstance(heads, SequentialHeads) and heads.num_heads == K
+    assert json.loads((tmp_path / "seq" / "config.json").read_text())["speculant_head_kind"] == "sequential"
+    ids = torch.tensor(synthetic_records(n=1, length=30)[0]["ids"])
+    with torch.no_grad():
+        hidden = target.get_decoder()(input_ids=ids[None]).last_hidden_state[0]  # (T, H)
+        logits = heads(hidden, row_inputs(ids, K))  # (K, T, V)
+    tgt = row_targets(ids, torch.arange(len(ids)) >= 4, K)  # (T, K)
+    acc = head_topk_accuracy(target, heads, [ids.tolist()], 1, prompt_lens=[4])
+    for k in range(K):
+        ok = tgt[:, k] >= 0
+        want = (logits[k][ok].argmax(-1) == tgt[ok, k]).double().mean()
+        assert abs(acc[k][0] - float(want)) < 1e-9
+    with pytest.raises(ConfigError, match="sequential heads train"):
+        train_heads(target, cfg, data, tmp_path / "m2", mode="medusa2", steps=1, **FAST)
+    with pytest.raises(ConfigError, match="init-from"):  # medusa heads cannot start sequential ones
+        train_heads(target, heads_cfg(), data, tmp_path / "bad", init_from=tmp_path / "seq", steps=1, **FAST)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "sequential"])
+def test_training_over_the_data_vocabulary(target, tmp_path, kind):
+    """train_vocab='data': the loss covers only the tokens in the records (11 here), yet the heads
+    learn and the held-out report still scores them over the whole vocabulary."""
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    cfg = dataclasses.replace(heads_cfg(), kind=kind)
+    kw = dict(steps=40, save_every=100, rows_per_batch=64, **FAST)
+    sub = train_heads(target, cfg, data, tmp_path / "sub", train_vocab="data", **kw)
+    assert sub["train_vocab_size"] == len(set(PATTERN)) and sub["config"]["train_vocab"] == "data"
+    assert sub["final"]["top1"][0] > sub["initial"]["top1"][0] + 0.3
+    full = train_heads(target, cfg, data, tmp_path / "full", **kw)
+    assert full["train_vocab_size"] == V and full["initial"] == sub["initial"]
+    if kind == "medusa":  # (sequential heads need the feature table anyway)
+        with pytest.raises(ConfigError, match="train_vocab"):
+            train_heads(target, cfg, data, tmp_path / "bad", train_vocab="data", cache_features=False, **kw)
 
 
 # ------------------------------------------------------------------------------------------ data

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
+from torch import nn
 
 from .backends.hf import HFBackend
 from .backends.native import NativeBackend, NativeModel
@@ -17,17 +18,18 @@ from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
 from .drafters.medusa import BlockwiseDrafter, MedusaDrafter
-from .heads import MedusaHeads, heads_tree, load_heads, shipped_heads
+from .heads import MedusaHeads, SequentialHeads, heads_tree, load_heads, shipped_heads
 from .errors import ConfigError
 from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load, resolve
 from .quant import QUANT_MODES, quantize_linears
 from .sampling import make_generator
 from .tree import build_tree, chain
 
-METHODS = ("ar", "sd", "mcsd", "lookup", "medusa", "bpd")
+METHODS = ("ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd")
 BACKENDS = ("hf", "native")
 NEEDS_DRAFT = {"sd", "mcsd"}
-NEEDS_HEADS = {"medusa", "bpd"}
+NEEDS_HEADS = {"medusa", "hydra", "bpd"}
+TREE_METHODS = {"medusa", "hydra"}  # heads verified as a static sparse tree
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,12 @@ class SpeculativeDecoder:
     "mcsd" (draft token tree, k-config ``tree`` like "4x2x2x1"; candidates sampled with or
     without ``replacement``), "lookup" (n-gram prompt lookup, chain of up to ``gamma`` tokens),
     "medusa" (``heads`` on the target's last hidden state propose a static sparse ``tree``; one
-    target call per step), "bpd" (blockwise parallel decoding: the heads' top-1 tokens as a chain
-    of ``gamma`` <= K). ``heads``: a directory in the Medusa checkpoint layout, or MedusaHeads.
-    lookup_branch: medusa only, N > 0 adds a prompt-lookup chain of N tokens as one more branch of
-    the tree (drafters/medusa.py).
+    target call per step), "hydra" (the same with sequential heads, which also read the tokens of
+    the path they extend: ``heads.SequentialHeads``), "bpd" (blockwise parallel decoding: the heads'
+    top-1 tokens as a chain of ``gamma`` <= K). ``heads``: a heads directory (``save_heads``; for
+    medusa/bpd the Medusa checkpoint layout), or the heads object; default: the heads shipped for
+    the target preset. lookup_branch: medusa/hydra only, N > 0 adds a prompt-lookup chain of N
+    tokens as one more branch of the tree (drafters/medusa.py).
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
     draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
     quantization of the draft (a private copy).
@@ -132,13 +136,13 @@ class SpeculativeDecoder:
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
                  method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] | None = None,
                  replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
-                 draft_quant: str = "auto", heads: str | MedusaHeads | None = None,
+                 draft_quant: str = "auto", heads: str | MedusaHeads | SequentialHeads | None = None,
                  acceptance: str | AcceptanceConfig = "exact",
                  backend: str = "hf", target_quant: str = "none", quant_head: bool = False,
                  lookup_branch: int = 0):
-        if lookup_branch < 0 or (lookup_branch and method != "medusa"):
+        if lookup_branch < 0 or (lookup_branch and method not in TREE_METHODS):
             raise ConfigError(f"lookup_branch={lookup_branch}: a prompt-lookup branch of N >= 1 tokens is an option "
-                              "of method 'medusa' only (0 = none)")
+                              "of methods 'medusa' and 'hydra' only (0 = none)")
         if backend not in BACKENDS:
             raise ConfigError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         if target_quant != "none" and backend != "native":
@@ -161,15 +165,16 @@ class SpeculativeDecoder:
             self.target = _native(target, dtype, target_quant, quant_head, keep_dense=False)
         else:
             self.target = _as_model(target, dtype)
+        kind = "sequential" if method == "hydra" else "medusa"
         if method in NEEDS_HEADS and heads is None:
-            heads = shipped_heads(self.target.name)
+            heads = shipped_heads(self.target.name, kind)
             if heads is None:
-                raise ConfigError(f"method {method!r} needs heads and none ship for {self.target.name!r}: pass "
-                                  "heads=DIR (--heads DIR), a directory in the Medusa checkpoint layout (train "
-                                  "some with `speculant train-heads`)")
-        if tree is None and method == "medusa":  # the tree built for the heads (tree.json next to them)
-            tree = heads_tree(heads) if not isinstance(heads, MedusaHeads) else None
-        self.tree = build_tree(tree or "2x1x1x1") if method in ("mcsd", "medusa") else chain(gamma)
+                raise ConfigError(f"method {method!r} needs {kind} heads and none ship for {self.target.name!r}: pass "
+                                  "heads=DIR (--heads DIR), a heads directory (train some with `speculant "
+                                  f"train-heads --head-kind {kind}`)")
+        if tree is None and method in TREE_METHODS:  # the tree built for the heads (tree.json next to them)
+            tree = heads_tree(heads) if not isinstance(heads, nn.Module) else None
+        self.tree = build_tree(tree or "2x1x1x1") if method in ("mcsd", *TREE_METHODS) else chain(gamma)
         if backend == "native":
             self.draft = _native(draft, dtype, draft_quant, False, keep_dense=True) if method in NEEDS_DRAFT else None
         else:
@@ -188,8 +193,12 @@ class SpeculativeDecoder:
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.heads = None
         if method in NEEDS_HEADS:
-            self.heads = heads if isinstance(heads, MedusaHeads) else load_heads(heads, self.target.model)
-            if method == "medusa" and tree is None:  # no tree given or shipped: 3x2x2x1 cut to the heads
+            self.heads = heads if isinstance(heads, nn.Module) else load_heads(heads, self.target.model)
+            if self.heads.config.kind != kind:
+                raise ConfigError(f"method {method!r} needs {kind} heads but these are {self.heads.config.kind} heads: "
+                                  f"use --method {'hydra' if self.heads.config.kind == 'sequential' else 'medusa'}"
+                                  f"{'' if method != 'bpd' else ' (bpd reads Medusa heads)'}")
+            if method in TREE_METHODS and tree is None:  # no tree given or shipped: 3x2x2x1 cut to the heads
                 self.tree = build_tree("x".join(map(str, ([3, 2, 2, 1] + [1] * 8)[: self.heads.num_heads])))
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
 
@@ -216,7 +225,7 @@ class SpeculativeDecoder:
             return NoDrafter()
         if self.method == "lookup":
             return LookupDrafter(self.gamma)
-        if self.method == "medusa":
+        if self.method in TREE_METHODS:
             lookup = LookupDrafter(self.lookup_branch) if self.lookup_branch else None
             return MedusaDrafter(self.heads, self.tree, self.vocab_size, lookup)
         if self.method == "bpd":

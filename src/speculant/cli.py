@@ -17,20 +17,20 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="draft model for sd/mcsd (directory, .gguf or preset)")
     p.add_argument("--gamma", type=int, default=4, help="draft length for sd and lookup (default: %(default)s)")
     p.add_argument("--tree", default=None,
-                   help="mcsd/medusa tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths (default: "
-                        "2x1x1x1 for mcsd; for medusa the tree shipped with the heads)")
-    p.add_argument("--tree-file", default=None, help="medusa/mcsd: a JSON file with a list of paths")
+                   help="mcsd/medusa/hydra tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths "
+                        "(default: 2x1x1x1 for mcsd; for medusa/hydra the tree shipped with the heads)")
+    p.add_argument("--tree-file", default=None, help="medusa/hydra/mcsd: a JSON file with a list of paths")
     p.add_argument("--heads", default=None,
-                   help="medusa/bpd: a heads directory in the Medusa checkpoint layout (default: the heads shipped "
-                        "for the target preset)")
+                   help="medusa/hydra/bpd: a heads directory (medusa/bpd: Medusa heads in the Medusa checkpoint "
+                        "layout; hydra: sequential heads) (default: the heads shipped for the target preset)")
     p.add_argument("--accept", default="exact",
                    help="acceptance rule: exact (lossless, default) or an approximate one that may change the "
                         "output: typical[=EPS[/DELTA]] (Medusa), topk[=K], dist=EPS (BPD), each optionally "
                         "+min=M (BPD minimum block)")
     p.add_argument("--no-replacement", action="store_true", help="mcsd: draw candidates without replacement")
     p.add_argument("--lookup-branch", type=int, default=0,
-                   help="medusa: add a prompt-lookup (n-gram) chain of N tokens to the tree as one more branch "
-                        "(default: 0, none; bench: method medusa+lookup uses --gamma)")
+                   help="medusa/hydra: add a prompt-lookup (n-gram) chain of N tokens to the tree as one more "
+                        "branch (default: 0, none; bench: methods medusa+lookup / hydra+lookup use --gamma)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text, streaming it (or one JSON object with --json)")
     _decoder_args(g)
-    g.add_argument("--method", choices=["ar", "sd", "mcsd", "lookup", "medusa", "bpd"], default="sd")
+    g.add_argument("--method", choices=["ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd"], default="sd")
     _sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
@@ -66,10 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
     b.add_argument("--methods", default="ar,sd,mcsd,lookup,medusa,bpd,hf-assisted",
-                   help="comma-separated: ar, sd, mcsd, lookup, medusa, medusa+lookup, bpd, hf-assisted, llamacpp (llama.cpp's "
+                   help="comma-separated: ar, sd, mcsd, lookup, medusa, medusa+lookup, hydra, hydra+lookup, bpd, "
+                        "hf-assisted, llamacpp (llama.cpp's "
                         "plain greedy decoding of the target's GGUF; needs `make install-llamacpp`); each of ours "
                         "optionally NAME:RULE with an approximate acceptance rule, e.g. medusa:typical, "
                         "bpd:topk=2+min=1 (default: %(default)s)")
+    b.add_argument("--hydra-heads", default=None,
+                   help="hydra: sequential heads directory (default: the ones shipped for the target preset)")
     b.add_argument("--per-category", type=int, default=1, help="prompts per Spec-Bench category")
     b.add_argument("--categories", default=None, help="comma-separated subset of categories")
     b.add_argument("--questions", default=None, help="a Spec-Bench-style JSONL file (default: the bundled one)")
@@ -109,8 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine used to answer (both greedy and lossless; default: %(default)s)")
     t.add_argument("--init-from", default=None,
                    help="heads directory to start from (fine-tune), e.g. the shipped heads; default: fresh heads")
-    t.add_argument("--num-heads", type=int, default=4)
+    t.add_argument("--num-heads", type=int, default=4, help="heads = deepest draft (default: %(default)s)")
     t.add_argument("--num-layers", type=int, default=1, help="residual blocks per head (default: %(default)s)")
+    t.add_argument("--head-kind", choices=["medusa", "sequential"], default="medusa",
+                   help="medusa: K independent heads on the hidden state (the Medusa paper; loadable by engines "
+                        "that read Medusa heads); sequential: one step shared by all depths that also reads the "
+                        "token each depth extends (Hydra-style; speculant only). Default: %(default)s")
     t.add_argument("--per-head-projection", action="store_true",
                    help="a Linear(H, V) per head (the Medusa paper) instead of the target's frozen output layer")
     t.add_argument("--mode", choices=["medusa1", "medusa2"], default="medusa1")
@@ -120,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rows-per-batch", type=int, default=512,
                    help="medusa1: positions per micro-batch, drawn from a table of the frozen backbone's hidden "
                         "states computed once (default: %(default)s)")
+    t.add_argument("--train-vocab", choices=["full", "data"], default="full",
+                   help="cross-entropy over the whole vocabulary (full) or only the tokens in the training records "
+                        "(data: ~20x cheaper for large vocabularies; held-out metrics stay full) (default: %(default)s)")
     t.add_argument("--grad-accum", type=int, default=1)
     t.add_argument("--seq-len", type=int, default=512)
     t.add_argument("--lr-heads", type=float, default=1e-3)
@@ -207,7 +217,7 @@ def cmd_bench(args) -> int:
     cfg = BenchConfig(target=args.target, draft=args.draft or DEFAULT_DRAFT, methods=tuple(args.methods.split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
-                      replacement=not args.no_replacement, dtype=args.dtype,
+                      hydra_heads=args.hydra_heads, replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
                       quant_head=args.quant_head,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
@@ -251,9 +261,10 @@ def cmd_train_heads(args) -> int:
     model = dec.target.model
     cfg = HeadsConfig(args.num_heads, args.num_layers, model.config.get_text_config().hidden_size,
                       dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
-                      base_model=dec.target.name)
+                      base_model=dec.target.name, kind=args.head_kind)
     report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
-                         batch_size=args.batch_size, rows_per_batch=args.rows_per_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                         batch_size=args.batch_size, rows_per_batch=args.rows_per_batch,
+                         train_vocab=args.train_vocab, grad_accum=args.grad_accum, seq_len=args.seq_len,
                          lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
                          lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,

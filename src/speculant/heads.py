@@ -33,7 +33,10 @@ from torch import nn
 
 from .errors import ConfigError, ModelLoadError
 
-__all__ = ["HeadsConfig", "MedusaHeads", "ResBlock", "load_heads", "save_heads"]
+__all__ = ["HEAD_KINDS", "HeadsConfig", "MedusaHeads", "ResBlock", "SequentialHeads", "load_heads", "make_heads",
+           "save_heads"]
+
+HEAD_KINDS = ("medusa", "sequential")
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -50,8 +53,13 @@ class HeadsConfig:
     vocab_size: int
     shared_lm_head: bool = True
     base_model: str = ""
+    kind: str = "medusa"  # "medusa" (MedusaHeads) or "sequential" (SequentialHeads)
 
     def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise ConfigError(f"heads kind must be one of {', '.join(HEAD_KINDS)}, got {self.kind!r}")
+        if self.kind == "sequential" and not self.shared_lm_head:
+            raise ConfigError("sequential heads project through the target's output layer: use shared_lm_head=True")
         for name in ("num_heads", "hidden_size", "vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -62,7 +70,8 @@ class HeadsConfig:
     def to_json(self) -> dict:
         return {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
                 "base_model_name_or_path": self.base_model, "hidden_size": self.hidden_size,
-                "vocab_size": self.vocab_size, "speculant_shared_lm_head": self.shared_lm_head}
+                "vocab_size": self.vocab_size, "speculant_shared_lm_head": self.shared_lm_head,
+                "speculant_head_kind": self.kind}
 
 
 class ResBlock(nn.Module):
@@ -85,6 +94,8 @@ class MedusaHeads(nn.Module):
     (it is used, detached, as every head's projection and is not a parameter of this module);
     otherwise optional, and when given each head's projection starts as a copy of it.
     """
+
+    conditioned = False  # the heads read the hidden state only (not the tokens of the path they extend)
 
     def __init__(self, config: HeadsConfig, lm_head: nn.Module | None = None):
         super().__init__()
@@ -114,25 +125,22 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return self.config.num_heads
 
-    def _project(self, x: torch.Tensor) -> torch.Tensor:
-        """Frozen shared projection (..., H) -> (..., V); gradients reach x, never the layer. A
-        quantized output layer (the native backend's ``--quant-head``) is called as it is
-        (inference only)."""
-        layer = self._shared[0]
-        if getattr(layer, "weight", None) is None:
-            return layer(x.to(layer.dtype))
-        weight = layer.weight.detach()
-        bias = layer.bias.detach() if getattr(layer, "bias", None) is not None else None
-        return F.linear(x.to(weight.dtype), weight, bias)
+    def _project(self, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        return _frozen_projection(self._shared[0], x, vocab)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (..., H) -> logits (K, ..., V) in the projection's dtype."""
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None,
+                vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden (..., H) -> logits (K, ..., V) in the projection's dtype. ``tokens`` is ignored
+        (the interface of :class:`SequentialHeads`). ``vocab`` (V',) long: only these tokens' logits
+        (K, ..., V') — a training shortcut, shared projection only."""
+        if vocab is not None and not self._shared:
+            raise ValueError("vocab= needs heads that project through the shared output layer")
         if hidden.shape[-1] != self.config.hidden_size:
             raise ValueError(f"hidden must have shape (..., {self.config.hidden_size}), got {tuple(hidden.shape)}")
         x = hidden.to(self.dtype)
         outs = torch.stack([head(x) for head in self.heads])  # (K, ..., V), or (K, ..., H) when shared
         # shared: one projection of all K heads at once, so the (V, H) layer is read once, not K times
-        return self._project(outs) if self._shared else outs
+        return self._project(outs, vocab) if self._shared else outs
 
     @property
     def dtype(self) -> torch.dtype:
@@ -142,6 +150,120 @@ class MedusaHeads(nn.Module):
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under Medusa's names (contiguous copies, ready for safetensors)."""
         return {name: t.detach().contiguous().clone() for name, t in self.heads.state_dict().items()}
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Load weights named as :meth:`medusa_state_dict` names them."""
+        self.heads.load_state_dict(state)
+
+
+class SequentialHeads(nn.Module):
+    """Sequentially dependent heads: each depth also reads the token it extends (after Hydra,
+    Ankner et al. 2024; the recurrent state is EAGLE's feature extrapolation without its attention).
+
+    One step function, shared by every depth, carries a state ``s`` (H,) down a path of tokens:
+
+        s_0 = h_t (the target's final hidden state at t),   e(y) = α · E[y] / rms(E[y])
+        s_d = blocks(W [s_{d-1}; e(y_d)] + b)                d = 1 .. K
+        logits_d = lm_head(s_d)                              predicts y_{d+1}
+
+    with y_1 = token t+1 (the target's own next token: the tree's root), y_d the path's tokens, E
+    the target's frozen input embeddings, ``blocks`` ``num_layers`` :class:`ResBlock` blocks and
+    ``lm_head`` the target's frozen output layer. So ``logits_1`` predicts token t+2, as Medusa head
+    0 does, but knowing token t+1; and in a tree each node's children depend on the node's own
+    path, not only on its depth. K = ``num_heads`` is the deepest draft. W starts as [I, 0] and the
+    blocks at zero.
+
+    Weights (safetensors): ``fc.weight`` (H, 2H), ``fc.bias`` (H,), ``embed_scale`` (),
+    ``blocks.{j}.linear.weight`` / ``.bias``. Not loadable by engines that read Medusa heads.
+    """
+
+    conditioned = True
+
+    def __init__(self, config: HeadsConfig, lm_head: nn.Module, embed: nn.Module):
+        super().__init__()
+        if config.kind != "sequential":
+            raise ConfigError(f"SequentialHeads needs a config of kind 'sequential', got {config.kind!r}")
+        _check_lm_head(lm_head, config)
+        H = config.hidden_size
+        weight = getattr(embed, "weight", None)
+        if weight is None or weight.dim() != 2 or weight.shape[1] != H:
+            raise ModelLoadError(f"sequential heads need the target's input embeddings (V, {H}); got "
+                                 f"{None if weight is None else tuple(weight.shape)}")
+        self.config = config
+        self.fc = nn.Linear(2 * H, H)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, :H].copy_(torch.eye(H))
+            self.fc.bias.zero_()
+        self.blocks = nn.Sequential(*[ResBlock(H) for _ in range(config.num_layers)])
+        self.embed_scale = nn.Parameter(torch.tensor(1.0))
+        self._shared: tuple[nn.Module, ...] = (lm_head, embed)  # frozen, not parameters, never saved
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (...,) long -> e(y) (..., H) in the heads' dtype (RMS-normalised, times α)."""
+        e = F.embedding(tokens, self._shared[1].weight.detach()).to(self.dtype)
+        return e * torch.rsqrt(e.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(self.dtype) * self.embed_scale
+
+    def step(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """state (..., H), tokens (...,) long -> next state (..., H)."""
+        return self.blocks(self.fc(torch.cat([state.to(self.dtype), self.embed(tokens)], -1)))
+
+    def project(self, state: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """state (..., H) -> logits (..., V) through the target's frozen output layer (only the
+        columns ``vocab`` (V',), when given)."""
+        return _frozen_projection(self._shared[0], state, vocab)
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None,
+                vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced unroll: hidden (..., H), tokens (..., K') long with ``tokens[..., d]`` =
+        y_{d+1} (K' <= K; negative entries are padding, read as token 0) -> logits (K', ..., V),
+        ``logits[d]`` predicting y_{d+2} (over ``vocab`` (V',) only, when given: a training shortcut)."""
+        if hidden.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"hidden must have shape (..., {self.config.hidden_size}), got {tuple(hidden.shape)}")
+        if tokens is None or tokens.shape[:-1] != hidden.shape[:-1] or not 1 <= tokens.shape[-1] <= self.num_heads:
+            raise ValueError(f"sequential heads need tokens (..., K') with K' in 1..{self.num_heads} along hidden "
+                             f"{tuple(hidden.shape)}: tokens[..., d] is the token at t+1+d")
+        s, states = hidden, []
+        for d in range(tokens.shape[-1]):
+            s = self.step(s, tokens[..., d].clamp(min=0))
+            states.append(s)
+        return self.project(torch.stack(states), vocab)
+
+    def medusa_state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach().contiguous().clone() for name, t in self.state_dict().items()}
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict(state)
+
+
+def make_heads(config: HeadsConfig, model: nn.Module) -> "MedusaHeads | SequentialHeads":
+    """Fresh heads of ``config`` for ``model`` (a transformers causal LM or NativeModel)."""
+    if config.kind == "sequential":
+        return SequentialHeads(config, model.get_output_embeddings(), model.get_input_embeddings())
+    return MedusaHeads(config, model.get_output_embeddings())
+
+
+def _frozen_projection(layer: nn.Module, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's output layer on x (..., H) -> (..., V), or (..., V') for the rows ``vocab``
+    (V',); gradients reach x, never the layer. A quantized output layer (the native backend's
+    ``--quant-head``) is called as it is (inference only)."""
+    if getattr(layer, "weight", None) is None:
+        if vocab is not None:
+            raise ValueError("vocab= needs a dense output layer (training runs on the transformers model)")
+        return layer(x.to(layer.dtype))
+    weight = layer.weight.detach()
+    bias = layer.bias.detach() if getattr(layer, "bias", None) is not None else None
+    if vocab is not None:
+        weight, bias = weight[vocab], (bias[vocab] if bias is not None else None)
+    return F.linear(x.to(weight.dtype), weight, bias)
 
 
 def _layer_shape(layer: nn.Module) -> tuple[int, int] | None:
@@ -176,7 +298,7 @@ def _check_lm_head(lm_head: nn.Module, config: HeadsConfig) -> None:
             "use heads trained for this target (speculant train-heads --target ...)")
 
 
-def save_heads(heads: MedusaHeads, path: str | Path) -> Path:
+def save_heads(heads: "MedusaHeads | SequentialHeads", path: str | Path) -> Path:
     """Write ``heads`` to the directory ``path`` (created) in the Medusa layout; returns it."""
     from safetensors.torch import save_file
 
@@ -218,12 +340,15 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
                          "in safetensors format")
 
 
-def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | None = None) -> MedusaHeads:
-    """Load heads saved in the Medusa layout for ``target_model`` (a transformers causal LM).
+def load_heads(path: str | Path, target_model: nn.Module,
+               dtype: torch.dtype | None = None) -> "MedusaHeads | SequentialHeads":
+    """Load heads saved by :func:`save_heads` (or Medusa's own layout) for ``target_model`` (a
+    transformers causal LM or NativeModel).
 
     Checks them against the target's output layer (hidden and vocabulary sizes). A checkpoint
     without ``speculant_shared_lm_head`` (e.g. from Medusa) is shared iff it has no projection
-    weights. ``dtype``: default the target output layer's dtype.
+    weights; one without ``speculant_head_kind`` holds Medusa heads. ``dtype``: default the target
+    output layer's dtype.
     """
     directory = Path(path)
     if not directory.is_dir():
@@ -237,6 +362,7 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
         raise ModelLoadError("the target has no output layer with a (V, H) weight to check the heads against")
     V_t, H_t = shape
     K, n = raw["medusa_num_heads"], raw["medusa_num_layers"]
+    kind = raw.get("speculant_head_kind", "medusa")
     has_proj = f"0.{n}.weight" in state
     shared = raw.get("speculant_shared_lm_head", not has_proj)
     # sizes the config does not state are read off the tensors (Medusa's own configs omit them)
@@ -245,20 +371,25 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
                                          proj.shape[1] if proj is not None and proj.dim() == 2 else H_t)
     vocab = raw.get("vocab_size") or (proj.shape[0] if proj is not None and proj.dim() == 2 else V_t)
     try:
-        config = HeadsConfig(K, n, hidden, vocab, bool(shared),
-                             str(raw.get("base_model_name_or_path") or ""))
+        config = HeadsConfig(K, n, hidden, vocab, bool(shared), str(raw.get("base_model_name_or_path") or ""), kind)
     except ConfigError as e:
         raise ModelLoadError(f"{directory / CONFIG_NAME} is invalid: {e}") from None
     _check_lm_head(lm_head, config)  # hidden / vocabulary mismatch with the target
     with torch.device("meta"):  # no time spent initialising (V, H) projections about to be replaced
-        heads = MedusaHeads(config, lm_head if shared else None)
-    expected = heads.heads.state_dict()
+        if kind == "sequential":
+            heads = SequentialHeads(config, lm_head, target_model.get_input_embeddings())
+            module = heads
+        else:
+            heads = MedusaHeads(config, lm_head if shared else None)
+            module = heads.heads
+    expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
+        what = (f"{K} heads x {n} blocks, {'shared' if shared else 'per-head'} projection" if kind == "medusa"
+                else f"sequential heads of depth {K}, {n} blocks")
         raise ModelLoadError(
-            f"{directory} does not match its config ({K} heads x {n} blocks, "
-            f"{'shared' if shared else 'per-head'} projection): "
+            f"{directory} does not match its config ({what}): "
             + (f"missing tensors {missing[:4]}{' ...' if len(missing) > 4 else ''}" if missing else "")
             + ("; " if missing and unexpected else "")
             + (f"unexpected tensors {unexpected[:4]}{' ...' if len(unexpected) > 4 else ''}" if unexpected else ""))
@@ -266,18 +397,20 @@ def load_heads(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
         if state[name].shape != t.shape:
             raise ModelLoadError(f"tensor {name} in {directory} has shape {tuple(state[name].shape)}, "
                                  f"expected {tuple(t.shape)} from its config: the checkpoint is corrupt")
-    heads.heads.load_state_dict(state, assign=True)
+    module.load_state_dict(state, assign=True)
     return heads.to(dtype or _layer_dtype(lm_head)).eval()
 
 
 SHIPPED_TREE_NAME = "tree.json"  # the default sparse tree shipped next to a heads checkpoint
 
 
-def shipped_heads(target_name: str) -> Path | None:
-    """The heads directory shipped in the package for a preset target (``data/heads/<preset>``), or None."""
+def shipped_heads(target_name: str, kind: str = "medusa") -> Path | None:
+    """The heads directory shipped in the package for a preset target, or None: ``data/heads/<preset>``
+    (Medusa heads) or ``data/heads/<preset>/sequential`` (``kind="sequential"``)."""
     from importlib import resources
 
     d = Path(str(resources.files("speculant").joinpath("data", "heads", target_name)))
+    d = d / "sequential" if kind == "sequential" else d
     return d if (d / CONFIG_NAME).is_file() else None
 
 

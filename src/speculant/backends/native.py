@@ -107,6 +107,10 @@ class NativeModel(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The input embeddings as an ``nn.Embedding`` sharing ``embed`` (read by sequential heads)."""
+        return nn.Embedding(*self.embed.shape, _weight=self.embed, _freeze=True)
+
     # ---------------------------------------------------------------- construction
 
     @classmethod

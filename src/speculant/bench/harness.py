@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
 from .llamacpp import LlamaCppPlain, llamacpp_unavailable
 
-OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "bpd")
+OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "bpd")
 PEERS = ("hf-assisted", "llamacpp")
 CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -43,6 +43,7 @@ class BenchConfig:
     tree: str | None = None  # mcsd: 2x1x1x1; medusa: the heads' tree
     medusa_tree: str | None = None  # medusa's tree when both run (default: the tree shipped with the heads)
     heads: str | None = None  # medusa/bpd heads directory (default: shipped for the target preset)
+    hydra_heads: str | None = None  # hydra's sequential heads directory (default: shipped for the target preset)
     replacement: bool = True
     dtype: str = "bfloat16"
     draft_quant: str = "auto"
@@ -152,11 +153,12 @@ def run_bench(cfg: BenchConfig) -> dict:
         if name == "llamacpp":
             runners[m] = LlamaCppPlain(cfg.target, target.tokenizer)
             continue
-        tree = cfg.medusa_tree if name.startswith("medusa") else cfg.tree if name == "mcsd" else None
+        base, lookup = name.removesuffix("+lookup"), name.endswith("+lookup")
+        tree = cfg.medusa_tree if base == "medusa" else cfg.tree if name == "mcsd" else None
         dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if name in ("sd", "mcsd") else None,
-                                 method="medusa" if name == "medusa+lookup" else name, gamma=cfg.gamma,
-                                 lookup_branch=cfg.gamma if name == "medusa+lookup" else 0, tree=tree, replacement=cfg.replacement,
-                                 heads=cfg.heads, acceptance=rule,
+                                 method=base, gamma=cfg.gamma,
+                                 lookup_branch=cfg.gamma if lookup else 0, tree=tree, replacement=cfg.replacement,
+                                 heads=cfg.hydra_heads if base == "hydra" else cfg.heads, acceptance=rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head)
         ours_draft = ours_draft or dec.draft

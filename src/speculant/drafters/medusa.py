@@ -15,6 +15,11 @@ drafter with ``needs_hidden = True`` asks for it. Without a hidden state (the fi
 loop that does not pass it) the drafter proposes the root alone: plain decoding for one step.
 Proposals are deterministic (``Draft.q is None``).
 
+Sequential heads (``heads.conditioned``, :class:`speculant.heads.SequentialHeads`) also read the
+tokens of the path they extend: the tree is then expanded depth by depth, a node's children being
+the top-ranked tokens of the heads' step from that node's own state (one projection per depth, over
+the nodes of that depth that have children). The same path lists describe both kinds of tree.
+
 Optionally (``lookup``) the tree gets one more branch under the root: a chain of the tokens that
 followed the latest earlier occurrence of the context's last n-gram (prompt lookup), unfilled
 (-1, never accepted) where there is no match. It costs ``lookup.gamma`` tree rows and pays on
@@ -36,7 +41,9 @@ __all__ = ["BlockwiseDrafter", "HeadsLike", "MedusaDrafter"]
 
 
 class HeadsLike(Protocol):
-    """Anything mapping a hidden state (H,) to head logits (K, V), e.g. ``MedusaHeads``."""
+    """Anything mapping a hidden state (H,) to head logits (K, V), e.g. ``MedusaHeads``; with
+    ``conditioned = True`` also ``step(state (n, H), tokens (n,)) -> (n, H)`` and
+    ``project(state (n, H)) -> (n, V)`` (``SequentialHeads``)."""
 
     num_heads: int
 
@@ -64,7 +71,8 @@ class MedusaDrafter:
         width = int(tree.ranks.max()) + 1
         if width > vocab_size:
             raise ConfigError(f"the tree asks for rank {width - 1} candidates but the vocabulary has {vocab_size} tokens")
-        self.heads, self.tree, self.V = heads, tree, vocab_size
+        self.heads, self.tree, self.heads_tree, self.V = heads, tree, tree, vocab_size
+        self.conditioned = bool(getattr(heads, "conditioned", False))
         self.width = width  # top-k taken from every head
         self._head_of = (tree.depths[1:] - 1).clamp(min=0)  # (N-1,) head drafting each non-root node
         self._rank_of = tree.ranks[1:]  # (N-1,)
@@ -93,13 +101,34 @@ class MedusaDrafter:
         logits = self.heads(hidden)[: self.depth, : self.V]  # (K', V)
         return logits.topk(self.width, dim=-1, sorted=True).indices
 
+    @torch.no_grad()
+    def expand(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        """Sequential heads: hidden (H,), root (1,) long -> (N_heads - 1,) long, the tokens of the
+        heads' tree below the root, depth by depth (see the module docstring)."""
+        tree, heads = self.heads_tree, self.heads
+        tokens = torch.empty(tree.size, dtype=torch.long)
+        state = heads.step(hidden[None], root.view(1))  # (n_{d-1}, H): states of the previous level
+        for d in range(1, tree.depth + 1):
+            nodes, start = tree.levels[d], int(tree.levels[d - 1][0])
+            parent_rows = tree.parents[nodes] - start  # (n_d,) rows in the previous level, non-decreasing
+            need, row = torch.unique_consecutive(parent_rows, return_inverse=True)
+            k = int(tree.ranks[nodes].max()) + 1
+            top = heads.project(state[need])[..., : self.V].topk(k, dim=-1, sorted=True).indices  # (|need|, k)
+            tokens[nodes] = top[row, tree.ranks[nodes]]
+            if d < tree.depth:
+                state = heads.step(state[parent_rows], tokens[nodes])
+        return tokens[1:]
+
     def propose(self, context: torch.Tensor) -> Draft:
         root = context[-1:]
         if self.hidden is None or self.depth == 0:
             return Draft(chain(0), root.clone())
-        cands = self.candidates(self.hidden)  # (D, width)
         self.head_calls += 1
-        heads_tokens = cands[self._head_of, self._rank_of]  # (N_heads - 1,)
+        if self.conditioned:
+            heads_tokens = self.expand(self.hidden, root)
+        else:
+            cands = self.candidates(self.hidden)  # (D, width)
+            heads_tokens = cands[self._head_of, self._rank_of]  # (N_heads - 1,)
         if self.lookup is None:
             return Draft(self.tree, torch.cat([root, heads_tokens]))
         tokens = torch.full((self.tree.size,), -1, dtype=torch.long)

@@ -6,6 +6,10 @@ target's final hidden state at position t, through head k (0-based), is scored a
 when ``prompt_lens`` is given). Ranks are ``topk`` order, as ``MedusaDrafter.candidates`` uses.
 These accuracies feed :func:`speculant.tree_search.greedy_tree` (the Medusa construction).
 
+Sequential heads (``heads.conditioned``) are scored teacher-forced: depth k+1 reads the true tokens
+t+1 .. t+k+1, so ``acc[k][i]`` is the accuracy of rank i *given a correct parent* — exactly the
+factor a tree node's probability needs.
+
 Use calibration sequences the heads were not trained on (e.g. the training run's held-out part, or
 a fresh ``distill`` of other prompts) and never Spec-Bench prompts.
 """
@@ -21,14 +25,15 @@ import torch
 
 from ..errors import ConfigError
 from ..models import LoadedModel
-from ..heads import MedusaHeads
+from ..heads import MedusaHeads, SequentialHeads
+from .losses import row_inputs
 from ..tree_search import expected_length, greedy_tree
 
 __all__ = ["build_tree", "head_topk_accuracy"]
 
 
 @torch.no_grad()
-def head_topk_accuracy(target, heads: MedusaHeads, sequences: Sequence[Sequence[int]], max_rank: int, *,
+def head_topk_accuracy(target, heads: MedusaHeads | SequentialHeads, sequences: Sequence[Sequence[int]], max_rank: int, *,
                        prompt_lens: Sequence[int] | None = None, chunk: int = 64,
                        return_counts: bool = False):
     """-> ``acc`` as a K x ``max_rank`` list of floats (and the (K,) counts with ``return_counts``).
@@ -55,9 +60,11 @@ def head_topk_accuracy(target, heads: MedusaHeads, sequences: Sequence[Sequence[
             continue
         start = int(prompt_lens[s]) if prompt_lens is not None else 0
         hidden = decoder(input_ids=ids[None]).last_hidden_state[0]  # (T, H)
+        inputs = row_inputs(ids.cpu(), K).to(device) if getattr(heads, "conditioned", False) else None  # (T, K)
         for a in range(0, T - 2, chunk):
             b = min(a + chunk, T - 2)  # positions t in [a, b): head 0 needs t + 2 < T
-            top = heads(hidden[a:b])[..., :V].topk(max_rank, dim=-1, sorted=True).indices  # (K, C, R)
+            tokens = inputs[a:b] if inputs is not None else None
+            top = heads(hidden[a:b], tokens)[..., :V].topk(max_rank, dim=-1, sorted=True).indices  # (K, C, R)
             t = torch.arange(a, b, device=device)
             for k in range(K):
                 j = t + k + 2  # (C,) positions of the true tokens
@@ -75,7 +82,7 @@ def head_topk_accuracy(target, heads: MedusaHeads, sequences: Sequence[Sequence[
     return (acc, counts.long().tolist()) if return_counts else acc
 
 
-def build_tree(target, heads: MedusaHeads, sequences: Sequence[Sequence[int]], budget: int, *,
+def build_tree(target, heads: MedusaHeads | SequentialHeads, sequences: Sequence[Sequence[int]], budget: int, *,
                max_rank: int = 10, prompt_lens: Sequence[int] | None = None,
                out_path: str | os.PathLike | None = None) -> dict:
     """Measure ``acc`` (K x ``max_rank``), grow the greedy tree of ``budget`` nodes and (with

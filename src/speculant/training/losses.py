@@ -110,6 +110,18 @@ def row_targets(tokens: torch.Tensor, mask: torch.Tensor, num_heads: int) -> tor
     return out
 
 
+def row_inputs(tokens: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """tokens (T,) of one sequence -> (T, K) long: the tokens ``t + 1 .. t + K`` that sequential
+    heads read at position t (``SequentialHeads``: step d reads token t + d), -1 past the end.
+    Unlike targets these are not masked: prompt tokens are read even where they are not learnt."""
+    T = tokens.shape[0]
+    out = torch.full((T, num_heads), -1, dtype=torch.long)
+    for d in range(num_heads):
+        if d + 1 < T:
+            out[: T - d - 1, d] = tokens[d + 1:]
+    return out
+
+
 def medusa_loss_rows(head_logits: torch.Tensor, targets: torch.Tensor, lam: float = 0.8, top5: bool = False,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ_k λ^k · CE_k over independent rows: head_logits (K, n, V), targets (n, K) long (-1 = no target).

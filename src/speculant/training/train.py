@@ -43,9 +43,9 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models import LoadedModel
-from ..heads import HeadsConfig, MedusaHeads, load_heads, save_heads
+from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, load_heads, make_heads, save_heads
 from .data import Batches, collate, load_records, windows
-from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows, row_targets
+from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows, row_inputs, row_targets
 
 __all__ = ["TrainConfig", "train_heads"]
 
@@ -82,10 +82,16 @@ class TrainConfig:
     progress: bool = True
     cache_features: bool = True  # medusa1: train on a table of the frozen backbone's hidden states
     rows_per_batch: int = 512  # medusa1 with cache_features: positions per micro-batch (batch_size is unused)
+    # "full": cross-entropy over the whole vocabulary; "data": over the tokens that occur in the
+    # training records only (~20x cheaper for a 152k vocabulary; shared projection + feature table
+    # only). Held-out metrics are always over the whole vocabulary.
+    train_vocab: str = "full"
 
     def __post_init__(self) -> None:
         if self.mode not in ("medusa1", "medusa2"):
             raise ConfigError(f"training mode must be medusa1 or medusa2, got {self.mode!r}")
+        if self.train_vocab not in ("full", "data"):
+            raise ConfigError(f"train_vocab must be 'full' or 'data', got {self.train_vocab!r}")
         for name in ("batch_size", "grad_accum", "seq_len", "save_every", "keep_checkpoints", "lora_r"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -102,15 +108,18 @@ class _Trainable(nn.Module):
     Without ``joint`` the backbone runs under no_grad (Medusa-1, and Medusa-2's warm-up); a given
     ``hidden`` (B, T, H) (the frozen backbone's, from a :class:`_FeatureStore`) skips the backbone."""
 
-    def __init__(self, model: nn.Module, heads: MedusaHeads):
+    def __init__(self, model: nn.Module, heads: MedusaHeads | SequentialHeads):
         super().__init__()
         self.model, self.heads = model, heads
 
-    def forward(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False, hidden: torch.Tensor | None = None):
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False, hidden: torch.Tensor | None = None,
+                tokens: torch.Tensor | None = None, vocab: torch.Tensor | None = None):
+        """``tokens`` (n, K): the inputs of sequential heads (``_FeatureTable.inputs``); ``vocab``
+        (V',): score only these tokens (``TrainConfig.train_vocab``)."""
         if hidden is None:
             hidden = self.backbone(ids, attn, joint)
         lm = self.model.get_output_embeddings()(hidden) if joint else None
-        return lm, self.heads(hidden)
+        return lm, (self.heads(hidden, tokens) if vocab is None else self.heads(hidden, tokens, vocab))
 
     def backbone(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False) -> torch.Tensor:
         with torch.set_grad_enabled(joint and torch.is_grad_enabled()):
@@ -123,10 +132,11 @@ class _FeatureTable:
     (heads act position by position, so rows need no padding and batches mix sequences freely).
 
     hidden (N, H) in the backbone's dtype; targets (N, K) long, head k's target token at that
-    position or -1 (``losses.row_targets``). ~3 KB a row for a 1.5B model in bf16."""
+    position or -1 (``losses.row_targets``); inputs (N, K) long, the tokens t+1 .. t+K that
+    sequential heads read (``losses.row_inputs``). ~3 KB a row for a 1.5B model in bf16."""
 
-    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor):
-        self.hidden, self.targets = hidden, targets
+    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor):
+        self.hidden, self.targets, self.inputs = hidden, targets, inputs
         self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation)
 
     def __len__(self) -> int:
@@ -149,7 +159,7 @@ class _FeatureTable:
             cur.append(j)
         if cur:
             groups.append(cur)
-        hs, ts = [], []
+        hs, ts, ins = [], [], []
         for g in tqdm(groups, desc=desc, unit="batch", disable=not progress):
             ids, attn, mask = collate([items[j] for j in g])
             hidden = trainable.backbone(ids.to(device), attn.to(device)).cpu()  # (B, T, H)
@@ -159,10 +169,12 @@ class _FeatureTable:
                 keep = (tgt >= 0).any(-1)
                 hs.append(hidden[r, :n][keep].clone())
                 ts.append(tgt[keep])
+                ins.append(row_inputs(ids[r, :n], num_heads)[keep])
         H = trainable.heads.config.hidden_size
         if not hs:
-            return cls(torch.zeros(0, H), torch.zeros(0, num_heads, dtype=torch.long))
-        return cls(torch.cat(hs), torch.cat(ts))
+            empty = torch.zeros(0, num_heads, dtype=torch.long)
+            return cls(torch.zeros(0, H), empty, empty.clone())
+        return cls(torch.cat(hs), torch.cat(ts), torch.cat(ins))
 
     def rows(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> torch.Tensor:
         """Row indices of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
@@ -185,7 +197,7 @@ def _evaluate(trainable: _Trainable, batches: list[list[int]], items: list, cfg:
     if table is not None and not joint:
         for a in range(0, len(table), cfg.rows_per_batch):
             h = table.hidden[a:a + cfg.rows_per_batch].to(device)
-            _, hl = trainable(None, None, hidden=h)
+            _, hl = trainable(None, None, hidden=h, tokens=table.inputs[a:a + cfg.rows_per_batch].to(device))
             _, per, t1, t5, n = medusa_loss_rows(hl, table.targets[a:a + cfg.rows_per_batch].to(device),
                                                  cfg.lam, top5=True)
             n = n.double()
@@ -225,7 +237,7 @@ def _latest(ckpt_root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _save(ckpt_root: Path, step: int, heads: MedusaHeads, peft_model, state: dict, keep: int) -> None:
+def _save(ckpt_root: Path, step: int, heads: MedusaHeads | SequentialHeads, peft_model, state: dict, keep: int) -> None:
     final, tmp = ckpt_root / f"step-{step:08d}", ckpt_root / f".tmp-step-{step:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
     save_heads(heads, tmp / "heads")
@@ -273,15 +285,28 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         accelerator = Accelerator(kwargs_handlers=kw)
     world, rank = accelerator.num_processes, accelerator.process_index
     flat = cfg.cache_features and cfg.mode == "medusa1"
+    if heads_cfg.kind == "sequential" and not flat:
+        raise ConfigError("sequential heads train on the frozen backbone's features only: use mode medusa1 "
+                          "with cache_features (the defaults)")
+    vocab = remap = None
+    if cfg.train_vocab == "data":
+        if not (flat and heads_cfg.shared_lm_head):
+            raise ConfigError("train_vocab='data' needs the feature table (mode medusa1, cache_features) and heads "
+                              "that project through the shared output layer")
+        vocab = torch.tensor(sorted({t for r in records for t in r["ids"]}), dtype=torch.long)
+        if int(vocab[-1]) >= heads_cfg.vocab_size:
+            raise ConfigError(f"the records hold token {int(vocab[-1])}, outside the {heads_cfg.vocab_size}-token vocabulary")
+        remap = torch.full((heads_cfg.vocab_size + 1,), -1, dtype=torch.long)  # remap[-1] == -1: no target
+        remap[vocab] = torch.arange(len(vocab))
     torch.manual_seed(cfg.seed)
-    heads = MedusaHeads(heads_cfg, model.get_output_embeddings()).float()
+    heads = make_heads(heads_cfg, model).float()
     if init_from is not None:
         start = load_heads(init_from, model, dtype=torch.float32)
         shape = dataclasses.replace(start.config, base_model=heads_cfg.base_model)
         if shape != heads_cfg:
             raise ConfigError(f"--init-from {init_from}: its heads ({shape}) are not the ones being trained "
-                              f"({heads_cfg}); match --num-heads, --num-layers and --per-head-projection")
-        heads.heads.load_state_dict(start.heads.state_dict())
+                              f"({heads_cfg}); match --num-heads, --num-layers, --head-kind and --per-head-projection")
+        heads.load_weights(start.medusa_state_dict())
     train_table = held_table = None
     if flat:  # the frozen backbone runs once, here; training then reads the table
         feat = _Trainable(model, heads).to(accelerator.device)
@@ -297,6 +322,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     total = cfg.steps or max(1, math.ceil(cfg.epochs * per_epoch / (world * cfg.grad_accum)))
     fingerprint = {"mode": cfg.mode, "heads": heads_cfg.to_json(), "seed": cfg.seed, "steps": total,
                    "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
+                   "train_vocab": cfg.train_vocab,
                    "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
                    "world": world, "data_sha256": [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths],
                    "init_from": str(init_from) if init_from is not None else None}
@@ -334,7 +360,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                 diff = sorted(k for k in fingerprint if state["fingerprint"].get(k) != fingerprint[k])
                 raise ConfigError(f"cannot resume from {latest}: it was made with other settings ({', '.join(diff)}); "
                                   "use another output directory, or resume=False (--no-resume) to start over")
-            core.heads.heads.load_state_dict(load_file(str(latest / "heads" / "model.safetensors")))
+            core.heads.load_weights(load_file(str(latest / "heads" / "model.safetensors")))
             if peft_model is not None:
                 from peft import set_peft_model_state_dict
                 set_peft_model_state_dict(peft_model, load_file(str(latest / "lora" / "adapter_model.safetensors")))
@@ -358,8 +384,11 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                 with sync:
                     if train_table is not None:
                         rows = train_table.rows(m, cfg.rows_per_batch, cfg.seed, rank, world)
-                        _, hl = trainable(None, None, hidden=train_table.hidden[rows].to(device))
-                        loss, per, t1, _, _ = medusa_loss_rows(hl, train_table.targets[rows].to(device), cfg.lam)
+                        _, hl = trainable(None, None, hidden=train_table.hidden[rows].to(device),
+                                          tokens=train_table.inputs[rows].to(device),
+                                          vocab=vocab.to(device) if vocab is not None else None)
+                        targets = train_table.targets[rows] if remap is None else remap[train_table.targets[rows]]
+                        loss, per, t1, _, _ = medusa_loss_rows(hl, targets.to(device), cfg.lam)
                     else:
                         ids, attn, mask = (t.to(device) for t in batches[m])
                         lm, hl = trainable(ids, attn, joint=joint)
@@ -386,6 +415,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         report = {"mode": cfg.mode, "step": step, "total_steps": total, "finished": step >= total,
                   "resumed_from": resumed_from,
                   "train_rows": len(train_table) if train_table is not None else None,
+                  "train_vocab_size": len(vocab) if vocab is not None else heads_cfg.vocab_size,
                   "train_windows": len(train), "held_out_windows": len(held), "processes": world,
                   "seconds_this_run": round(time.perf_counter() - t0, 1), "initial": initial,
                   "config": dataclasses.asdict(cfg), "heads": heads_cfg.to_json()}
