@@ -270,3 +270,34 @@ def test_sequential_round_trip_and_errors(tmp_path, target):
         HeadsConfig(2, 1, H, V, shared_lm_head=False, kind="sequential")
     with pytest.raises(ModelLoadError, match="input embeddings"):
         SequentialHeads(seq_cfg(), target.get_output_embeddings(), torch.nn.Embedding(V, H + 1))
+
+
+def test_sequential_draft_vocabulary(tmp_path, target):
+    """With a draft vocabulary the heads rank only those tokens (the same order as the full logits
+    restricted to them); it is saved, reloaded, and a corrupt one is a clear error."""
+    from speculant.heads import SequentialHeads
+    cfg = HeadsConfig(3, 1, H, V, base_model="tiny-llama", kind="sequential", draft_vocab=16)
+    heads = randomize(SequentialHeads(cfg, target.get_output_embeddings(), target.get_input_embeddings()))
+    vocab = torch.randperm(V, generator=torch.Generator().manual_seed(1))[:16]
+    heads.set_draft_vocab(vocab)
+    state = torch.randn(4, H)
+    with torch.no_grad():
+        top = heads.draft_topk(state, 5)
+        masked = heads.mask_to_draft_vocab(heads.project(state))
+        assert top.tolist() == masked.topk(5, dim=-1).indices.tolist()
+        assert set(top.flatten().tolist()) <= set(vocab.tolist())
+        limited = heads.draft_topk(state, 3, limit=32)  # a target vocabulary of 32: ids >= 32 never proposed
+        assert int(limited.max()) < 32
+    save_heads(heads, tmp_path / "dv")
+    assert json.loads((tmp_path / "dv" / "config.json").read_text())["speculant_draft_vocab"] == 16
+    loaded = load_heads(tmp_path / "dv", target)
+    assert loaded.draft_vocab.tolist() == sorted(vocab.tolist())
+    with torch.no_grad():
+        assert loaded.draft_topk(state, 5).tolist() == top.tolist()
+    weights = load_file(str(tmp_path / "dv" / "model.safetensors"))
+    weights["draft_vocab"] = torch.zeros(16, dtype=torch.long)  # 16 copies of token 0
+    save_file(weights, str(tmp_path / "dv" / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="draft vocabulary must be 16 distinct"):
+        load_heads(tmp_path / "dv", target)
+    with pytest.raises(ConfigError, match="option of sequential heads"):
+        HeadsConfig(3, 1, H, V, draft_vocab=16)

@@ -354,6 +354,18 @@ def seq_heads_trained(target, plain):
     return fit_sequential(target, plain, 100)
 
 
+@pytest.fixture(scope="module")
+def seq_heads_small_vocab(target, plain):
+    """Trained sequential heads that may only propose the 24 tokens of lowest id."""
+    import dataclasses
+    from speculant.heads import SequentialHeads
+    trained = fit_sequential(target, plain, 100)
+    cfg = dataclasses.replace(trained.config, draft_vocab=24)
+    heads = SequentialHeads(cfg, target.get_output_embeddings(), target.get_input_embeddings())
+    heads.load_state_dict({**trained.state_dict(), "draft_vocab": torch.arange(24)})
+    return heads.eval()
+
+
 def test_sequential_tree_children_follow_their_own_path(target, seq_heads_random):
     """Every node holds the rank-r token of the heads' step along ITS path: recomputed here node by
     node from the hidden state, the root and the path's tokens."""
@@ -379,15 +391,19 @@ def test_sequential_tree_children_follow_their_own_path(target, seq_heads_random
 
 
 @pytest.mark.parametrize("tree", TREES)
-@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained"])
+@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained", "seq_heads_small_vocab"])
 def test_sequential_greedy_identical(request, target, plain, tree, which):
     heads = request.getfixturevalue(which)
     calls = 0
     for prompt, ref in zip(prompts(), plain):
         drafter = MedusaDrafter(heads, build_tree(tree), V)
-        state = run(target, drafter, prompt)
+        state = PathLog(drafter) if which == "seq_heads_small_vocab" else drafter
+        state = run(target, state, prompt)
         assert state.generated == ref
         calls += state.stats.target_calls
+        if which == "seq_heads_small_vocab":  # only draft-vocabulary tokens are ever proposed
+            d = drafter.propose(torch.cat([prompt, torch.tensor(ref)]))
+            assert all(int(t) < 24 for t in d.tokens[1:])
     if which == "seq_heads_trained":
         assert calls < 0.6 * sum(len(r) for r in plain)
 

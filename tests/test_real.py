@@ -45,11 +45,11 @@ def test_qwen_pair_is_identical_to_plain(qwen, prompt):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_qwen_shipped_heads_medusa_and_bpd_identical_to_plain(qwen, prompt):
+def test_qwen_shipped_heads_medusa_hydra_and_bpd_identical_to_plain(qwen, prompt):
     """The heads shipped for the 1.5B target (no --heads given) decode losslessly in float32."""
     target, _ = qwen
     plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
-    for method in ("medusa", "bpd"):
+    for method in ("medusa", "hydra", "bpd"):
         spec = SpeculativeDecoder(target, method=method, chat=True).generate(prompt, 32)
         assert spec.token_ids == plain.token_ids, method
         assert spec.stats.target_calls < plain.stats.target_calls, method  # the heads do help

@@ -270,6 +270,66 @@ def test_training_over_the_data_vocabulary(target, tmp_path, kind):
             train_heads(target, cfg, data, tmp_path / "bad", train_vocab="data", cache_features=False, **kw)
 
 
+def test_feature_table_next_rows_and_feature_loss(target, tmp_path):
+    """next_rows[i, d] is the row of position t+1+d of the same window (checked through the tokens:
+    the inputs of that row start where row i's inputs continue, and its hidden state is the
+    backbone's at that position); the feature loss trains sequential heads (and only them)."""
+    from speculant.heads import make_heads
+    from speculant.training.data import windows
+    from speculant.training.train import _FeatureTable, _Trainable
+    recs = synthetic_records(n=4, length=40)
+    items = windows(recs, 64, False)
+    heads = make_heads(dataclasses.replace(heads_cfg(), kind="sequential"), target)
+    table = _FeatureTable.build(items, K, _Trainable(target, heads), "cpu", progress=False)
+    nxt = table.next_rows
+    assert nxt.shape == (len(table), K) and bool((nxt >= 0).any()) and bool((nxt < 0).any())
+    for i in range(len(table)):
+        for d in range(K - 1):
+            j = int(nxt[i, d])
+            if j >= 0:
+                assert int(table.inputs[j, 0]) == int(table.inputs[i, d + 1])
+    ids = torch.tensor(recs[0]["ids"])
+    with torch.no_grad():
+        h = target.get_decoder()(input_ids=ids[None]).last_hidden_state[0]
+    matches = [int(((table.hidden - h[p]).abs().amax(-1) < 1e-5).sum()) for p in (5, 10)]
+    assert all(m >= 1 for m in matches)
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    cfg = dataclasses.replace(heads_cfg(), kind="sequential")
+    kw = dict(steps=40, save_every=100, rows_per_batch=64, **FAST)
+    rep = train_heads(target, cfg, data, tmp_path / "f", feature_weight=1.0, **kw)
+    assert rep["final"]["top1"][0] > rep["initial"]["top1"][0] + 0.3 and rep["config"]["feature_weight"] == 1.0
+    with pytest.raises(ConfigError, match="feature_weight"):
+        train_heads(target, heads_cfg(), data, tmp_path / "m", feature_weight=1.0, **kw)
+
+
+def test_feature_cache_reused(target, tmp_path, monkeypatch):
+    """A second run on the same data reads the kept tables (the backbone does not run again) and
+    trains exactly as the first."""
+    from speculant.training import train as train_mod
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    kw = dict(steps=5, save_every=100, rows_per_batch=64, feature_cache=str(tmp_path / "cache"), **FAST)
+    first = train_heads(target, heads_cfg(), data, tmp_path / "a", **kw)
+    assert len(list((tmp_path / "cache").glob("features-*.pt"))) == 1
+
+    def no_backbone(*a, **k):
+        raise AssertionError("the backbone ran again")
+    monkeypatch.setattr(train_mod._FeatureTable, "build", no_backbone)
+    second = train_heads(target, heads_cfg(), data, tmp_path / "b", **kw)
+    assert second["initial"] == first["initial"] and second["final"] == first["final"]
+
+
+def test_draft_vocabulary_from_the_answers(target, tmp_path):
+    from speculant.training.train import draft_vocabulary
+    recs = [{"prompt_len": 2, "ids": [60, 61, 9, 9, 9, 7, 7, 30]}, {"prompt_len": 1, "ids": [62, 30, 7]}]
+    assert draft_vocabulary(recs, 2, V).tolist() == [7, 9]  # 7 and 9: three times each; 30 twice
+    assert draft_vocabulary(recs, 5, V).tolist() == [0, 1, 7, 9, 30]  # then the lowest free ids
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    cfg = dataclasses.replace(heads_cfg(), kind="sequential", draft_vocab=16)
+    train_heads(target, cfg, data, tmp_path / "dv", steps=2, save_every=100, rows_per_batch=64, **FAST)
+    heads = load_heads(tmp_path / "dv", target)
+    assert set(PATTERN) <= set(heads.draft_vocab.tolist()) and heads.draft_vocab.numel() == 16
+
+
 # ------------------------------------------------------------------------------------------ data
 
 def test_stdlib_prompts_deterministic_and_clean():

@@ -130,6 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--train-vocab", choices=["full", "data"], default="full",
                    help="cross-entropy over the whole vocabulary (full) or only the tokens in the training records "
                         "(data: ~20x cheaper for large vocabularies; held-out metrics stay full) (default: %(default)s)")
+    t.add_argument("--draft-vocab", type=int, default=0,
+                   help="sequential heads: propose only N tokens (the training answers' most frequent, then the "
+                        "lowest ids), so each depth reads N rows of the output layer instead of all "
+                        "(default: %(default)s, all)")
+    t.add_argument("--feature-weight", type=float, default=0.0,
+                   help="sequential heads: weight of an EAGLE-style loss pulling each step's state onto the "
+                        "target's hidden state at that position (default: %(default)s, off)")
+    t.add_argument("--feature-cache", default=None,
+                   help="medusa1: keep the frozen backbone's hidden-state table in this directory and reuse it in "
+                        "later runs on the same data, split and number of heads (default: not kept)")
     t.add_argument("--grad-accum", type=int, default=1)
     t.add_argument("--seq-len", type=int, default=512)
     t.add_argument("--lr-heads", type=float, default=1e-3)
@@ -261,10 +271,11 @@ def cmd_train_heads(args) -> int:
     model = dec.target.model
     cfg = HeadsConfig(args.num_heads, args.num_layers, model.config.get_text_config().hidden_size,
                       dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
-                      base_model=dec.target.name, kind=args.head_kind)
+                      base_model=dec.target.name, kind=args.head_kind, draft_vocab=args.draft_vocab)
     report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
                          batch_size=args.batch_size, rows_per_batch=args.rows_per_batch,
-                         train_vocab=args.train_vocab, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                         train_vocab=args.train_vocab, feature_weight=args.feature_weight,
+                         feature_cache=args.feature_cache, grad_accum=args.grad_accum, seq_len=args.seq_len,
                          lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
                          lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,

@@ -54,12 +54,17 @@ class HeadsConfig:
     shared_lm_head: bool = True
     base_model: str = ""
     kind: str = "medusa"  # "medusa" (MedusaHeads) or "sequential" (SequentialHeads)
+    draft_vocab: int = 0  # sequential: propose only these many tokens (a stored id list), 0 = all
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
             raise ConfigError(f"heads kind must be one of {', '.join(HEAD_KINDS)}, got {self.kind!r}")
         if self.kind == "sequential" and not self.shared_lm_head:
             raise ConfigError("sequential heads project through the target's output layer: use shared_lm_head=True")
+        if not isinstance(self.draft_vocab, int) or not 0 <= self.draft_vocab <= self.vocab_size:
+            raise ConfigError(f"draft_vocab must be an integer in [0, {self.vocab_size}], got {self.draft_vocab!r}")
+        if self.draft_vocab and self.kind != "sequential":
+            raise ConfigError("a draft vocabulary is an option of sequential heads")
         for name in ("num_heads", "hidden_size", "vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -71,7 +76,7 @@ class HeadsConfig:
         return {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
                 "base_model_name_or_path": self.base_model, "hidden_size": self.hidden_size,
                 "vocab_size": self.vocab_size, "speculant_shared_lm_head": self.shared_lm_head,
-                "speculant_head_kind": self.kind}
+                "speculant_head_kind": self.kind, "speculant_draft_vocab": self.draft_vocab}
 
 
 class ResBlock(nn.Module):
@@ -173,8 +178,14 @@ class SequentialHeads(nn.Module):
     path, not only on its depth. K = ``num_heads`` is the deepest draft. W starts as [I, 0] and the
     blocks at zero.
 
+    Draft vocabulary (``config.draft_vocab`` = V' > 0): drafting (:meth:`draft_topk`) ranks only
+    the V' token ids stored in ``draft_vocab``, so each depth reads V' rows of the output layer
+    instead of V (FR-Spec's observation: a frequent-token subset keeps nearly every accepted token;
+    the target still verifies every token, so this changes the speed only).
+
     Weights (safetensors): ``fc.weight`` (H, 2H), ``fc.bias`` (H,), ``embed_scale`` (),
-    ``blocks.{j}.linear.weight`` / ``.bias``. Not loadable by engines that read Medusa heads.
+    ``blocks.{j}.linear.weight`` / ``.bias``, ``draft_vocab`` (V',) int64 when V' > 0. Not
+    loadable by engines that read Medusa heads.
     """
 
     conditioned = True
@@ -197,7 +208,12 @@ class SequentialHeads(nn.Module):
             self.fc.bias.zero_()
         self.blocks = nn.Sequential(*[ResBlock(H) for _ in range(config.num_layers)])
         self.embed_scale = nn.Parameter(torch.tensor(1.0))
+        if config.draft_vocab:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab, dtype=torch.long))
+        else:
+            self.draft_vocab = None
         self._shared: tuple[nn.Module, ...] = (lm_head, embed)  # frozen, not parameters, never saved
+        self._draft_rows: tuple[tuple, torch.Tensor] | None = None  # cached output-layer rows of draft_vocab
 
     @property
     def num_heads(self) -> int:
@@ -231,11 +247,53 @@ class SequentialHeads(nn.Module):
         if tokens is None or tokens.shape[:-1] != hidden.shape[:-1] or not 1 <= tokens.shape[-1] <= self.num_heads:
             raise ValueError(f"sequential heads need tokens (..., K') with K' in 1..{self.num_heads} along hidden "
                              f"{tuple(hidden.shape)}: tokens[..., d] is the token at t+1+d")
+        return self.project(self.unroll(hidden, tokens), vocab)
+
+    def unroll(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The states of :meth:`forward`: hidden (..., H), tokens (..., K') -> s_1 .. s_K' (K', ..., H).
+        Trained, ``s_d`` approximates the target's own hidden state at t+d (``TrainConfig.feature_weight``)."""
         s, states = hidden, []
         for d in range(tokens.shape[-1]):
             s = self.step(s, tokens[..., d].clamp(min=0))
             states.append(s)
-        return self.project(torch.stack(states), vocab)
+        return torch.stack(states)
+
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        """Store the draft vocabulary: ``config.draft_vocab`` distinct token ids < V."""
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        V = self.config.vocab_size
+        if self.draft_vocab is None or ids.numel() != self.draft_vocab.numel() or ids.unique().numel() != ids.numel() \
+                or int(ids.min()) < 0 or int(ids.max()) >= V:
+            raise ConfigError(f"the draft vocabulary must be {self.config.draft_vocab} distinct token ids in [0, {V})")
+        self.draft_vocab.copy_(ids.sort().values)
+        self._draft_rows = None
+
+    @torch.no_grad()
+    def draft_topk(self, state: torch.Tensor, k: int, limit: int | None = None) -> torch.Tensor:
+        """state (n, H) -> (n, k) long: the k best-ranked tokens (< ``limit``) of each state's
+        logits, over the draft vocabulary when there is one. Ties: ``topk`` order."""
+        layer = self._shared[0]
+        if self.draft_vocab is None:
+            logits = self.project(state)
+            return logits[..., :limit].topk(k, dim=-1, sorted=True).indices
+        vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
+        weight = getattr(layer, "weight", None)
+        if weight is None:  # a quantized output layer: project everything, then keep the draft vocabulary
+            logits = self.project(state)[..., vocab]
+        else:  # read only the draft vocabulary's rows (a cached copy: slicing per call would cost as much)
+            key = (weight.data_ptr(), weight.dtype, vocab.data_ptr(), vocab.numel())
+            if self._draft_rows is None or self._draft_rows[0] != key:
+                self._draft_rows = (key, weight.detach()[vocab].contiguous())
+            logits = F.linear(state.to(weight.dtype), self._draft_rows[1])
+        return vocab[logits.topk(k, dim=-1, sorted=True).indices]
+
+    def mask_to_draft_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (..., V) with every token outside the draft vocabulary at -inf (as drafting sees them)."""
+        if self.draft_vocab is None:
+            return logits
+        keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        keep[self.draft_vocab[self.draft_vocab < logits.shape[-1]]] = True
+        return logits.masked_fill(~keep, float("-inf"))
 
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().contiguous().clone() for name, t in self.state_dict().items()}
@@ -371,7 +429,8 @@ def load_heads(path: str | Path, target_model: nn.Module,
                                          proj.shape[1] if proj is not None and proj.dim() == 2 else H_t)
     vocab = raw.get("vocab_size") or (proj.shape[0] if proj is not None and proj.dim() == 2 else V_t)
     try:
-        config = HeadsConfig(K, n, hidden, vocab, bool(shared), str(raw.get("base_model_name_or_path") or ""), kind)
+        config = HeadsConfig(K, n, hidden, vocab, bool(shared), str(raw.get("base_model_name_or_path") or ""), kind,
+                             int(raw.get("speculant_draft_vocab", 0) or 0))
     except ConfigError as e:
         raise ModelLoadError(f"{directory / CONFIG_NAME} is invalid: {e}") from None
     _check_lm_head(lm_head, config)  # hidden / vocabulary mismatch with the target
@@ -398,6 +457,11 @@ def load_heads(path: str | Path, target_model: nn.Module,
             raise ModelLoadError(f"tensor {name} in {directory} has shape {tuple(state[name].shape)}, "
                                  f"expected {tuple(t.shape)} from its config: the checkpoint is corrupt")
     module.load_state_dict(state, assign=True)
+    if kind == "sequential" and config.draft_vocab:
+        try:
+            heads.set_draft_vocab(heads.draft_vocab.clone())
+        except ConfigError as e:
+            raise ModelLoadError(f"{directory}: {e}: the checkpoint is corrupt") from None
     return heads.to(dtype or _layer_dtype(lm_head)).eval()
 
 

@@ -74,6 +74,10 @@ class MedusaDrafter:
         self.heads, self.tree, self.heads_tree, self.V = heads, tree, tree, vocab_size
         self.conditioned = bool(getattr(heads, "conditioned", False))
         self.width = width  # top-k taken from every head
+        dv = getattr(heads, "draft_vocab", None)
+        if self.conditioned and dv is not None and width > int((dv < vocab_size).sum()):
+            raise ConfigError(f"the tree asks for rank {width - 1} candidates but the heads' draft vocabulary has "
+                              f"{int((dv < vocab_size).sum())} tokens")
         self._head_of = (tree.depths[1:] - 1).clamp(min=0)  # (N-1,) head drafting each non-root node
         self._rank_of = tree.ranks[1:]  # (N-1,)
         self.depth = tree.depth  # heads drafting: 0 .. depth-1
@@ -113,7 +117,7 @@ class MedusaDrafter:
             parent_rows = tree.parents[nodes] - start  # (n_d,) rows in the previous level, non-decreasing
             need, row = torch.unique_consecutive(parent_rows, return_inverse=True)
             k = int(tree.ranks[nodes].max()) + 1
-            top = heads.project(state[need])[..., : self.V].topk(k, dim=-1, sorted=True).indices  # (|need|, k)
+            top = heads.draft_topk(state[need], k, self.V)  # (|need|, k)
             tokens[nodes] = top[row, tree.ranks[nodes]]
             if d < tree.depth:
                 state = heads.step(state[parent_rows], tokens[nodes])

@@ -64,7 +64,10 @@ def head_topk_accuracy(target, heads: MedusaHeads | SequentialHeads, sequences: 
         for a in range(0, T - 2, chunk):
             b = min(a + chunk, T - 2)  # positions t in [a, b): head 0 needs t + 2 < T
             tokens = inputs[a:b] if inputs is not None else None
-            top = heads(hidden[a:b], tokens)[..., :V].topk(max_rank, dim=-1, sorted=True).indices  # (K, C, R)
+            logits = heads(hidden[a:b], tokens)[..., :V]
+            if tokens is not None:  # sequential heads rank only their draft vocabulary, as drafting does
+                logits = heads.mask_to_draft_vocab(logits)
+            top = logits.topk(max_rank, dim=-1, sorted=True).indices  # (K, C, R)
             t = torch.arange(a, b, device=device)
             for k in range(K):
                 j = t + k + 2  # (C,) positions of the true tokens

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
@@ -86,10 +87,18 @@ class TrainConfig:
     # training records only (~20x cheaper for a 152k vocabulary; shared projection + feature table
     # only). Held-out metrics are always over the whole vocabulary.
     train_vocab: str = "full"
+    # sequential heads: weight w of an EAGLE-style feature loss, Σ_d λ^d · w · smooth-L1(s_d, h_{t+d}),
+    # pulling each step's state onto the target's own hidden state at that position (0: off)
+    feature_weight: float = 0.0
+    # medusa1 feature table: a directory where the frozen backbone's tables are kept and reused by
+    # later runs on the same data, split, window length, K and backbone (None: not kept)
+    feature_cache: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("medusa1", "medusa2"):
             raise ConfigError(f"training mode must be medusa1 or medusa2, got {self.mode!r}")
+        if self.feature_weight < 0:
+            raise ConfigError(f"feature_weight must be >= 0, got {self.feature_weight}")
         if self.train_vocab not in ("full", "data"):
             raise ConfigError(f"train_vocab must be 'full' or 'data', got {self.train_vocab!r}")
         for name in ("batch_size", "grad_accum", "seq_len", "save_every", "keep_checkpoints", "lora_r"):
@@ -113,12 +122,16 @@ class _Trainable(nn.Module):
         self.model, self.heads = model, heads
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False, hidden: torch.Tensor | None = None,
-                tokens: torch.Tensor | None = None, vocab: torch.Tensor | None = None):
+                tokens: torch.Tensor | None = None, vocab: torch.Tensor | None = None, want_states: bool = False):
         """``tokens`` (n, K): the inputs of sequential heads (``_FeatureTable.inputs``); ``vocab``
-        (V',): score only these tokens (``TrainConfig.train_vocab``)."""
+        (V',): score only these tokens (``TrainConfig.train_vocab``). ``want_states`` (sequential
+        heads): also return their states (K, n, H), as a third value."""
         if hidden is None:
             hidden = self.backbone(ids, attn, joint)
         lm = self.model.get_output_embeddings()(hidden) if joint else None
+        if want_states:
+            states = self.heads.unroll(hidden, tokens)
+            return lm, self.heads.project(states, vocab), states
         return lm, (self.heads(hidden, tokens) if vocab is None else self.heads(hidden, tokens, vocab))
 
     def backbone(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False) -> torch.Tensor:
@@ -133,10 +146,12 @@ class _FeatureTable:
 
     hidden (N, H) in the backbone's dtype; targets (N, K) long, head k's target token at that
     position or -1 (``losses.row_targets``); inputs (N, K) long, the tokens t+1 .. t+K that
-    sequential heads read (``losses.row_inputs``). ~3 KB a row for a 1.5B model in bf16."""
+    sequential heads read (``losses.row_inputs``); next_rows (N, K) long, the row holding the
+    hidden state of position t+1+d, or -1 (the feature loss's targets). ~3 KB a row for a 1.5B
+    model in bf16."""
 
-    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor):
-        self.hidden, self.targets, self.inputs = hidden, targets, inputs
+    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor, next_rows: torch.Tensor):
+        self.hidden, self.targets, self.inputs, self.next_rows = hidden, targets, inputs, next_rows
         self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation)
 
     def __len__(self) -> int:
@@ -159,7 +174,8 @@ class _FeatureTable:
             cur.append(j)
         if cur:
             groups.append(cur)
-        hs, ts, ins = [], [], []
+        hs, ts, ins, nxt = [], [], [], []
+        base = 0  # rows so far
         for g in tqdm(groups, desc=desc, unit="batch", disable=not progress):
             ids, attn, mask = collate([items[j] for j in g])
             hidden = trainable.backbone(ids.to(device), attn.to(device)).cpu()  # (B, T, H)
@@ -170,11 +186,16 @@ class _FeatureTable:
                 hs.append(hidden[r, :n][keep].clone())
                 ts.append(tgt[keep])
                 ins.append(row_inputs(ids[r, :n], num_heads)[keep])
+                row_of = torch.full((n + num_heads + 1,), -1, dtype=torch.long)  # position -> row (kept ones)
+                row_of[:n][keep] = base + torch.arange(int(keep.sum()))
+                pos = torch.arange(n)[keep]
+                nxt.append(row_of[pos[:, None] + torch.arange(1, num_heads + 1)[None]])  # (kept, K)
+                base += int(keep.sum())
         H = trainable.heads.config.hidden_size
         if not hs:
             empty = torch.zeros(0, num_heads, dtype=torch.long)
-            return cls(torch.zeros(0, H), empty, empty.clone())
-        return cls(torch.cat(hs), torch.cat(ts), torch.cat(ins))
+            return cls(torch.zeros(0, H), empty, empty.clone(), empty.clone())
+        return cls(torch.cat(hs), torch.cat(ts), torch.cat(ins), torch.cat(nxt))
 
     def rows(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> torch.Tensor:
         """Row indices of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
@@ -218,6 +239,33 @@ def _evaluate(trainable: _Trainable, batches: list[list[int]], items: list, cfg:
     if lm_n:
         out["lm_loss"] = lm_s / lm_n
     return out
+
+
+def draft_vocabulary(records: Sequence[dict], n: int, vocab_size: int) -> torch.Tensor:
+    """The ``n`` token ids sequential heads may propose: the answer tokens of ``records`` by
+    decreasing frequency, then the lowest ids not taken yet (byte-level BPE vocabularies number
+    tokens in merge order, so low ids are the frequent ones). Sorted (n,) long."""
+    from collections import Counter
+
+    counts = Counter(t for r in records for t in r["ids"][r["prompt_len"]:] if 0 <= t < vocab_size)
+    chosen = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+    taken = set(chosen)
+    fill = (i for i in range(vocab_size) if i not in taken)
+    chosen += [next(fill) for _ in range(n - len(chosen))]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def feature_loss(states: torch.Tensor, table: _FeatureTable, rows: torch.Tensor, lam: float, device) -> torch.Tensor:
+    """Σ_d λ^d · smooth-L1(s_d, h_{t+d}) over the rows whose position t+d has a hidden state in the
+    table: states (K, n, H) of sequential heads at the table's ``rows`` (n,)."""
+    nxt = table.next_rows[rows]  # (n, K)
+    loss = states.new_zeros((), dtype=torch.float32)
+    for d in range(states.shape[0]):
+        ok = nxt[:, d] >= 0
+        if bool(ok.any()):
+            want = table.hidden[nxt[ok, d]].to(device=device, dtype=torch.float32)
+            loss = loss + lam ** d * F.smooth_l1_loss(states[d][ok.to(device)].float(), want)
+    return loss
 
 
 def _lr_lambda(total: int, warmup: int, start: int = 0):
@@ -288,6 +336,9 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     if heads_cfg.kind == "sequential" and not flat:
         raise ConfigError("sequential heads train on the frozen backbone's features only: use mode medusa1 "
                           "with cache_features (the defaults)")
+    if cfg.feature_weight and heads_cfg.kind != "sequential":
+        raise ConfigError("feature_weight is a loss on the states of sequential heads: use kind='sequential' "
+                          "(--head-kind sequential) or feature_weight=0")
     vocab = remap = None
     if cfg.train_vocab == "data":
         if not (flat and heads_cfg.shared_lm_head):
@@ -307,14 +358,34 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
             raise ConfigError(f"--init-from {init_from}: its heads ({shape}) are not the ones being trained "
                               f"({heads_cfg}); match --num-heads, --num-layers, --head-kind and --per-head-projection")
         heads.load_weights(start.medusa_state_dict())
+    if heads_cfg.draft_vocab:
+        heads.set_draft_vocab(draft_vocabulary([records[i] for i in perm[n_held:]], heads_cfg.draft_vocab,
+                                               heads_cfg.vocab_size))
     train_table = held_table = None
     if flat:  # the frozen backbone runs once, here; training then reads the table
         feat = _Trainable(model, heads).to(accelerator.device)
         show = cfg.progress and accelerator.is_local_main_process
-        train_table = _FeatureTable.build(train, heads_cfg.num_heads, feat, accelerator.device,
-                                          desc="backbone features (train)", progress=show)
-        held_table = _FeatureTable.build(held, heads_cfg.num_heads, feat, accelerator.device,
-                                         desc="backbone features (held out)", progress=show)
+        cache = None
+        if cfg.feature_cache:  # same records, split, windows, K and backbone: the same tables
+            key = hashlib.sha256(json.dumps([[hashlib.sha256(p.read_bytes()).hexdigest() for p in paths],
+                                             cfg.seed, cfg.held_out_fraction, cfg.seq_len, cfg.train_on_prompt,
+                                             heads_cfg.num_heads, heads_cfg.base_model, heads_cfg.hidden_size,
+                                             str(next(model.parameters()).dtype)]).encode()).hexdigest()[:16]
+            cache = Path(cfg.feature_cache) / f"features-{key}.pt"
+        if cache is not None and cache.is_file():
+            saved = torch.load(cache, weights_only=True)
+            train_table, held_table = (_FeatureTable(*saved[k]) for k in ("train", "held"))
+        else:
+            train_table = _FeatureTable.build(train, heads_cfg.num_heads, feat, accelerator.device,
+                                              desc="backbone features (train)", progress=show)
+            held_table = _FeatureTable.build(held, heads_cfg.num_heads, feat, accelerator.device,
+                                             desc="backbone features (held out)", progress=show)
+            if cache is not None and accelerator.is_main_process:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_suffix(".tmp")
+                torch.save({k: (t.hidden, t.targets, t.inputs, t.next_rows)
+                            for k, t in (("train", train_table), ("held", held_table))}, tmp)
+                os.replace(tmp, cache)  # appears whole
         per_epoch = math.ceil(len(train_table) / cfg.rows_per_batch)
     else:
         batches = Batches(train, cfg.batch_size, cfg.seed, rank, world)
@@ -322,7 +393,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     total = cfg.steps or max(1, math.ceil(cfg.epochs * per_epoch / (world * cfg.grad_accum)))
     fingerprint = {"mode": cfg.mode, "heads": heads_cfg.to_json(), "seed": cfg.seed, "steps": total,
                    "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
-                   "train_vocab": cfg.train_vocab,
+                   "train_vocab": cfg.train_vocab, "feature_weight": cfg.feature_weight,
                    "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
                    "world": world, "data_sha256": [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths],
                    "init_from": str(init_from) if init_from is not None else None}
@@ -384,11 +455,15 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                 with sync:
                     if train_table is not None:
                         rows = train_table.rows(m, cfg.rows_per_batch, cfg.seed, rank, world)
-                        _, hl = trainable(None, None, hidden=train_table.hidden[rows].to(device),
-                                          tokens=train_table.inputs[rows].to(device),
-                                          vocab=vocab.to(device) if vocab is not None else None)
+                        res = trainable(None, None, hidden=train_table.hidden[rows].to(device),
+                                        tokens=train_table.inputs[rows].to(device),
+                                        vocab=vocab.to(device) if vocab is not None else None,
+                                        want_states=bool(cfg.feature_weight))
+                        hl = res[1]
                         targets = train_table.targets[rows] if remap is None else remap[train_table.targets[rows]]
                         loss, per, t1, _, _ = medusa_loss_rows(hl, targets.to(device), cfg.lam)
+                        if cfg.feature_weight:
+                            loss = loss + cfg.feature_weight * feature_loss(res[2], train_table, rows, cfg.lam, device)
                     else:
                         ids, attn, mask = (t.to(device) for t in batches[m])
                         lm, hl = trainable(ids, attn, joint=joint)
