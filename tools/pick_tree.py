@@ -5,7 +5,9 @@ tokens per call over the target's cost per verification pass is best. Cost model
 n tokens, measured on the project machine): ``bf16`` the transformers bf16 Qwen2.5-Coder-1.5B pass
 (issue 2: 255 ms up to 8 tokens, 268 at 16, 380 at 45) plus ~35 ms for the heads; ``native`` the
 native int4 pass (steptime: 67 ms at 1 token, 82 at 8, 98 at 16, 114 at 20) plus ~8 ms for the
-heads. Writes ``tree.json`` and ``calibration.json`` unless ``--dry-run``.
+heads. Sequential heads (``--head-ms-per-depth``, default 9 bf16 / 4 native, measured for a
+32k-token draft vocabulary) pay one output-layer projection per tree depth instead. Writes
+``tree.json`` and ``calibration.json`` unless ``--dry-run``.
 
     python tools/pick_tree.py HEADS_DIR [--only FILE] [--cost bf16|native] [--budget N] [--dry-run]
 """
@@ -20,6 +22,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("heads_dir"); ap.add_argument("--only"); ap.add_argument("--cost", default="bf16")
 ap.add_argument("--dry-run", action="store_true")
 ap.add_argument("--budget", type=int, default=None, help="ship this budget instead of the cost model's best")
+ap.add_argument("--head-ms-per-depth", type=float, default=None, help="sequential heads: ms per tree depth")
 args = ap.parse_args()
 heads_dir = args.heads_dir
 base = json.load(open(f"{heads_dir}/config.json"))["base_model_name_or_path"]
@@ -38,6 +41,13 @@ for k, row in enumerate(acc):
     print(f"head {k}: top1 {row[0]:.3f} top5 {sum(row[:5]):.3f} top10 {sum(row):.3f}")
 
 HEADS_MS = 8 if args.cost == "native" else 35
+PER_DEPTH = args.head_ms_per_depth or (4 if args.cost == "native" else 9)
+
+
+def heads_ms(paths):
+    if getattr(heads, "conditioned", False):
+        return PER_DEPTH * max(len(p) for p in paths)
+    return HEADS_MS
 
 
 def cost(n):  # ms per target pass over n tokens (without the heads)
@@ -48,7 +58,7 @@ best = None
 for b in (4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40):
     paths = greedy_tree(acc, b)
     tau = 1 + expected_length(paths, acc)
-    est = tau * cost(1) / (cost(len(paths) + 1) + HEADS_MS)
+    est = tau * cost(1) / (cost(len(paths) + 1) + heads_ms(paths))
     print(f"budget {b:3d}: tau {tau:.3f}  est speedup {est:.2f}")
     if best is None or est > best[0]:
         best = (est, b, paths)

@@ -213,7 +213,7 @@ class SequentialHeads(nn.Module):
         else:
             self.draft_vocab = None
         self._shared: tuple[nn.Module, ...] = (lm_head, embed)  # frozen, not parameters, never saved
-        self._draft_rows: tuple[tuple, torch.Tensor] | None = None  # cached output-layer rows of draft_vocab
+        self._draft_rows: tuple | None = None  # (key, draft vocabulary < limit, its output-layer rows)
 
     @property
     def num_heads(self) -> int:
@@ -276,15 +276,18 @@ class SequentialHeads(nn.Module):
         if self.draft_vocab is None:
             logits = self.project(state)
             return logits[..., :limit].topk(k, dim=-1, sorted=True).indices
-        vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
         weight = getattr(layer, "weight", None)
-        if weight is None:  # a quantized output layer: project everything, then keep the draft vocabulary
+        # the draft vocabulary cut to `limit`, and (dense layer) its rows of the output layer: a cached
+        # copy, since slicing V' rows per call would cost as much as the product itself
+        key = (limit, self.draft_vocab.data_ptr(), None if weight is None else (weight.data_ptr(), weight.dtype))
+        if self._draft_rows is None or self._draft_rows[0] != key:
+            vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
+            self._draft_rows = (key, vocab, None if weight is None else weight.detach()[vocab].contiguous())
+        _, vocab, rows = self._draft_rows
+        if rows is None:  # a quantized output layer: project everything, then keep the draft vocabulary
             logits = self.project(state)[..., vocab]
-        else:  # read only the draft vocabulary's rows (a cached copy: slicing per call would cost as much)
-            key = (weight.data_ptr(), weight.dtype, vocab.data_ptr(), vocab.numel())
-            if self._draft_rows is None or self._draft_rows[0] != key:
-                self._draft_rows = (key, weight.detach()[vocab].contiguous())
-            logits = F.linear(state.to(weight.dtype), self._draft_rows[1])
+        else:
+            logits = F.linear(state.to(rows.dtype), rows)
         return vocab[logits.topk(k, dim=-1, sorted=True).indices]
 
     def mask_to_draft_vocab(self, logits: torch.Tensor) -> torch.Tensor:
