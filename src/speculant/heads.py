@@ -19,6 +19,11 @@ Checkpoint layout (the Medusa one, readable by engines that load Medusa heads): 
                          "{k}.{n}.weight" (V, H)   per-head projection (absent when shared)
 
 ``medusa_lm_head.safetensors`` (the name Medusa's own releases use) is read as well.
+
+:class:`SequentialHeads` (``kind="sequential"``, method ``hydra``) are speculant's own heads that
+also read the tokens of the path they extend; they are saved in the same directory layout with
+``"speculant_head_kind": "sequential"`` (and ``"speculant_draft_vocab"``) in the config, which
+engines that load Medusa heads do not understand. :func:`load_heads` reads both kinds.
 """
 
 from __future__ import annotations
