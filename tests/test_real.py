@@ -31,6 +31,10 @@ def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
         assert spec.stats.tokens_per_call > 2  # a self-draft is (nearly) always accepted
     lookup = SpeculativeDecoder(smol, method="lookup", chat=True).generate(PROMPTS[0], 48)
     assert lookup.token_ids == plain.token_ids
+    for lookup_branch in (0, 4):  # the sequential heads shipped for SmolLM2
+        hydra = SpeculativeDecoder(smol, method="hydra", chat=True, lookup_branch=lookup_branch).generate(PROMPTS[0], 48)
+        assert hydra.token_ids == plain.token_ids
+        assert hydra.stats.target_calls < plain.stats.target_calls
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
