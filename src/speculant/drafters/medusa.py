@@ -75,9 +75,10 @@ class MedusaDrafter:
         self.conditioned = bool(getattr(heads, "conditioned", False))
         self.width = width  # top-k taken from every head
         dv = getattr(heads, "draft_vocab", None)
-        if self.conditioned and dv is not None and width > int((dv < vocab_size).sum()):
+        drafted = int((dv < vocab_size).sum()) if self.conditioned and dv is not None else vocab_size
+        if width > drafted:
             raise ConfigError(f"the tree asks for rank {width - 1} candidates but the heads' draft vocabulary has "
-                              f"{int((dv < vocab_size).sum())} tokens")
+                              f"{drafted} tokens")
         self._head_of = (tree.depths[1:] - 1).clamp(min=0)  # (N-1,) head drafting each non-root node
         self._rank_of = tree.ranks[1:]  # (N-1,)
         self.depth = tree.depth  # heads drafting: 0 .. depth-1

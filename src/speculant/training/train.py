@@ -132,7 +132,7 @@ class _Trainable(nn.Module):
         if want_states:
             states = self.heads.unroll(hidden, tokens)
             return lm, self.heads.project(states, vocab), states
-        return lm, (self.heads(hidden, tokens) if vocab is None else self.heads(hidden, tokens, vocab))
+        return lm, self.heads(hidden, tokens, vocab)
 
     def backbone(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False) -> torch.Tensor:
         with torch.set_grad_enabled(joint and torch.is_grad_enabled()):
@@ -319,6 +319,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     ckpt_root = out / "checkpoints"
     paths = [Path(data_path)] if isinstance(data_path, (str, os.PathLike)) else [Path(p) for p in data_path]
     records = [r for p in paths for r in load_records(p)]
+    data_sha256 = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]  # resume fingerprint, feature cache key
     if len(records) < 1:
         raise ConfigError(f"no training records in {', '.join(map(str, paths))}: make them first "
                           "(speculant.training.data.distill)")
@@ -367,7 +368,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         show = cfg.progress and accelerator.is_local_main_process
         cache = None
         if cfg.feature_cache:  # same records, split, windows, K and backbone: the same tables
-            key = hashlib.sha256(json.dumps([[hashlib.sha256(p.read_bytes()).hexdigest() for p in paths],
+            key = hashlib.sha256(json.dumps([data_sha256,
                                              cfg.seed, cfg.held_out_fraction, cfg.seq_len, cfg.train_on_prompt,
                                              heads_cfg.num_heads, heads_cfg.base_model, heads_cfg.hidden_size,
                                              str(next(model.parameters()).dtype)]).encode()).hexdigest()[:16]
@@ -395,7 +396,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                    "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
                    "train_vocab": cfg.train_vocab, "feature_weight": cfg.feature_weight,
                    "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
-                   "world": world, "data_sha256": [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths],
+                   "world": world, "data_sha256": data_sha256,
                    "init_from": str(init_from) if init_from is not None else None}
     if accelerator.is_main_process:
         if not cfg.resume:
