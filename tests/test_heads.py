@@ -301,3 +301,33 @@ def test_sequential_draft_vocabulary(tmp_path, target):
         load_heads(tmp_path / "dv", target)
     with pytest.raises(ConfigError, match="option of sequential heads"):
         HeadsConfig(3, 1, H, V, draft_vocab=16)
+
+
+def test_sequential_coarse_ranking_matches_the_exact_ranking():
+    """Where speculant's int4 kernel runs, drafting shortlists tokens through an int4 copy of the
+    draft vocabulary's output rows and ranks the shortlist exactly: the top-k then equals the exact
+    top-k wherever the exact one is inside the shortlist (here: nearly always), and the
+    log-probabilities stay close to the exact log-softmax."""
+    from speculant.heads import SequentialHeads
+    from speculant.kernels import cpu_kernels
+    if cpu_kernels() is None:
+        pytest.skip("no AMX int4 kernel on this CPU: drafting always uses the exact rows")
+    Hc, Vc = 128, 4096
+    torch.manual_seed(0)
+    lm = torch.nn.Linear(Hc, Vc, bias=False)
+    emb = torch.nn.Embedding(Vc, Hc)
+    cfg = HeadsConfig(2, 1, Hc, Vc, kind="sequential", draft_vocab=2048)
+    heads = SequentialHeads(cfg, lm, emb)
+    heads.set_draft_vocab(torch.arange(0, Vc, 2))
+    state = torch.randn(64, Hc) * 3
+    with torch.no_grad():
+        heads.coarse_ranking = False
+        exact, exact_lp = heads.draft_topk(state, 4, logprobs=True)
+        heads.coarse_ranking = True
+        coarse, coarse_lp = heads.draft_topk(state, 4, logprobs=True)
+    assert heads._draft_rows[3] is not None  # the int4 copy was built and used
+    assert (coarse == exact).all(-1).float().mean() >= 0.9
+    assert (coarse[:, 0] == exact[:, 0]).float().mean() >= 0.97
+    same = (coarse == exact).all(-1)
+    torch.testing.assert_close(coarse_lp[same], exact_lp[same], atol=0.15, rtol=0)
+    assert set(coarse.flatten().tolist()) <= set(range(0, Vc, 2))

@@ -414,3 +414,84 @@ def test_sequential_blockwise_and_lookup_branch_identical(target, plain, seq_hea
         assert run(target, BlockwiseDrafter(seq_heads_trained, V, 3), prompt).generated == ref
         drafter = MedusaDrafter(seq_heads_trained, build_tree("3x2x1"), V, LookupDrafter(3))
         assert run(target, drafter, prompt).generated == ref
+
+
+# ------------------------------------------------------------------ dynamic trees (EAGLE-2 style)
+
+DYNAMIC = ["dynamic:1", "dynamic:6:2", "dynamic:10"]
+
+
+@pytest.mark.parametrize("spec", DYNAMIC)
+@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained", "seq_heads_small_vocab"])
+def test_dynamic_tree_greedy_identical(request, target, plain, spec, which):
+    from speculant.drafters.lookup import LookupDrafter
+    from speculant.drafters.medusa import DynamicTree
+    heads = request.getfixturevalue(which)
+    calls = 0
+    for prompt, ref in zip(prompts(), plain):
+        for lookup in (None, LookupDrafter(3)):
+            state = run(target, MedusaDrafter(heads, build_tree("2"), V, lookup, dynamic=DynamicTree.parse(spec)), prompt)
+            assert state.generated == ref
+            calls += state.stats.target_calls if lookup is None else 0
+    if which == "seq_heads_trained" and spec == "dynamic:10":
+        assert calls < 0.6 * sum(len(r) for r in plain)
+
+
+def test_dynamic_tree_keeps_the_best_scored_nodes(target, seq_heads_random):
+    """grow() against a brute-force re-derivation: every node holds the rank-r token of the heads'
+    step along its own path; the chosen set is closed under ancestors; and no expanded candidate
+    left out scores above a chosen node."""
+    from speculant.drafters.medusa import DynamicTree
+    heads = seq_heads_random
+    cfg = DynamicTree(nodes=7, depth=3, top_k=3, beam=2)
+    drafter = MedusaDrafter(heads, build_tree("2"), V, dynamic=cfg)
+    hidden, root = torch.randn(H), torch.tensor([5])
+    paths, tokens = drafter.grow(hidden, root)
+    assert len(paths) == 7 and len(set(paths)) == 7
+    chosen = dict(zip(paths, tokens.tolist()))
+    with torch.no_grad():
+        def state_of(path):  # the heads' state after the root and the path's tokens
+            s = heads.step(hidden[None], root)
+            for d in range(1, len(path) + 1):
+                s = heads.step(s, torch.tensor([chosen_or_all[path[:d]]]))
+            return s
+
+        # every candidate the procedure looked at: children of the root, then of the `beam` best per depth
+        chosen_or_all, score = {}, {}
+        frontier = [()]
+        for d in range(1, cfg.depth + 1):
+            level = []
+            for p in frontier:
+                logp = heads.project(state_of(p))[0].float().log_softmax(-1)
+                top = logp.topk(cfg.top_k)
+                for r in range(cfg.top_k):
+                    q = p + (r,)
+                    chosen_or_all[q] = int(top.indices[r])
+                    score[q] = score.get(p, 0.0) + float(top.values[r])
+                    level.append(q)
+            frontier = sorted(level, key=lambda q: -score[q])[: cfg.beam]
+    for p, tok in chosen.items():
+        assert chosen_or_all[p] == tok, p
+        assert len(p) == 1 or p[:-1] in chosen  # closed under ancestors
+    worst = min(score[p] for p in chosen)
+    assert all(score[q] <= worst + 1e-5 for q in score if q not in chosen)
+    # a node's children depend on the node: the tree is not the same list under every parent
+    d = drafter.propose(torch.tensor([3, 5]))  # no hidden state yet: the root alone
+    assert d.tree.size == 1
+    drafter.observe([0], 5, hidden=hidden)
+    d = drafter.propose(torch.tensor([3, 5]))
+    assert d.tree.size == 8 and int(d.tokens[0]) == 5
+    assert sorted(d.tree.paths[1:]) == sorted(paths)
+
+
+def test_dynamic_tree_errors(target, seq_heads_random, random_heads):
+    from speculant.drafters.medusa import DynamicTree
+    with pytest.raises(ConfigError, match="sequential heads"):
+        MedusaDrafter(random_heads, build_tree("2"), V, dynamic=DynamicTree())
+    with pytest.raises(ConfigError, match="depth 5 but the heads are trained for 3"):
+        MedusaDrafter(seq_heads_random, build_tree("2"), V, dynamic=DynamicTree(depth=5))
+    for bad in ("dynamic:x", "dynamic:1:2:3", "dyn:4"):
+        with pytest.raises(ConfigError, match="malformed dynamic tree"):
+            DynamicTree.parse(bad)
+    with pytest.raises(ConfigError, match="nodes must be an integer >= 1"):
+        DynamicTree.parse("dynamic:0")

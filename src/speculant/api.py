@@ -17,7 +17,7 @@ from .decoding import Stats, decode
 from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
-from .drafters.medusa import BlockwiseDrafter, MedusaDrafter
+from .drafters.medusa import BlockwiseDrafter, DynamicTree, MedusaDrafter
 from .heads import MedusaHeads, SequentialHeads, heads_tree, load_heads, shipped_heads
 from .errors import ConfigError
 from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load, resolve
@@ -29,7 +29,10 @@ METHODS = ("ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd")
 BACKENDS = ("hf", "native")
 NEEDS_DRAFT = {"sd", "mcsd"}
 NEEDS_HEADS = {"medusa", "hydra", "bpd"}
-TREE_METHODS = {"medusa", "hydra"}  # heads verified as a static sparse tree
+TREE_METHODS = {"medusa", "hydra"}  # heads verified as a token tree
+# hydra's default: a tree grown per step from the heads' probabilities (drafters.medusa.DynamicTree);
+# the static tree shipped next to the heads (tree.json) is still there for --tree-file
+DEFAULT_HYDRA_TREE = "dynamic"
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,9 @@ class SpeculativeDecoder:
     top-1 tokens as a chain of ``gamma`` <= K). ``heads``: a heads directory (``save_heads``; for
     medusa/bpd the Medusa checkpoint layout), or the heads object; default: the heads shipped for
     the target preset. lookup_branch: medusa/hydra only, N > 0 adds a prompt-lookup chain of N
-    tokens as one more branch of the tree (drafters/medusa.py).
+    tokens as one more branch of the tree (drafters/medusa.py). ``tree`` for hydra may also be
+    "dynamic", "dynamic:N" or "dynamic:N:D" (the default: a tree of N = 24 nodes grown at every
+    step from the heads' probabilities, ``drafters.medusa.DynamicTree``).
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
     draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
     quantization of the draft (a private copy).
@@ -158,8 +163,16 @@ class SpeculativeDecoder:
         self.method, self.gamma, self.replacement, self.chat = method, gamma, replacement, chat
         self.lookup_branch = lookup_branch
         self.acceptance = parse_acceptance(acceptance)
-        if tree is not None:
+        self.dynamic = None
+        if isinstance(tree, str) and tree.strip().lower().startswith("dynamic"):
+            if method != "hydra":
+                raise ConfigError(f"a dynamic tree ({tree!r}) is grown from sequential heads: use --method hydra, "
+                                  "or give a static tree (a k-config or a list of paths)")
+            self.dynamic, tree = DynamicTree.parse(tree), None
+        elif tree is not None:
             build_tree(tree)  # a bad tree spec fails before any model is loaded
+        elif method == "hydra":
+            self.dynamic = DynamicTree.parse(DEFAULT_HYDRA_TREE)
         self.backend = backend
         if backend == "native":
             self.target = _native(target, dtype, target_quant, quant_head, keep_dense=False)
@@ -227,7 +240,7 @@ class SpeculativeDecoder:
             return LookupDrafter(self.gamma)
         if self.method in TREE_METHODS:
             lookup = LookupDrafter(self.lookup_branch) if self.lookup_branch else None
-            return MedusaDrafter(self.heads, self.tree, self.vocab_size, lookup)
+            return MedusaDrafter(self.heads, self.tree, self.vocab_size, lookup, dynamic=self.dynamic)
         if self.method == "bpd":
             return BlockwiseDrafter(self.heads, self.vocab_size, self.gamma)
         return DraftModelDrafter(self.draft_backend, self.tree, sampling, self.vocab_size,

@@ -17,8 +17,10 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="draft model for sd/mcsd (directory, .gguf or preset)")
     p.add_argument("--gamma", type=int, default=4, help="draft length for sd and lookup (default: %(default)s)")
     p.add_argument("--tree", default=None,
-                   help="mcsd/medusa/hydra tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths "
-                        "(default: 2x1x1x1 for mcsd; for medusa/hydra the tree shipped with the heads)")
+                   help="mcsd/medusa/hydra tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths; "
+                        "hydra also dynamic[:N[:D]] (a tree of N nodes, depth <= D, grown at every step from the "
+                        "heads' probabilities). Default: 2x1x1x1 for mcsd, the tree shipped with the heads for "
+                        "medusa, dynamic (24 nodes) for hydra")
     p.add_argument("--tree-file", default=None, help="medusa/hydra/mcsd: a JSON file with a list of paths")
     p.add_argument("--heads", default=None,
                    help="medusa/hydra/bpd: a heads directory (medusa/bpd: Medusa heads in the Medusa checkpoint "

@@ -28,6 +28,7 @@ text that copies its context (summaries, retrieval-augmented answers, code edits
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -37,7 +38,46 @@ from ..tree import TreeBuffers, chain, compile_paths
 from .base import Draft
 from .lookup import LookupDrafter
 
-__all__ = ["BlockwiseDrafter", "HeadsLike", "MedusaDrafter"]
+__all__ = ["BlockwiseDrafter", "DynamicTree", "HeadsLike", "MedusaDrafter"]
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """A draft tree grown anew at every step from the heads' own probabilities (EAGLE-2's
+    context-aware dynamic tree, Li et al. 2024), for sequential heads.
+
+    Each drafted node gets the score ``Π p(token | path)`` along its path (the heads' estimate of
+    the chance that the target accepts the whole path). Depth by depth, the ``beam`` best-scored
+    nodes of the last depth are expanded, each with its ``top_k`` best children; after ``depth``
+    depths the ``nodes`` best-scored nodes of all those drafted make the tree (a child never
+    scores above its parent, so the set is closed under ancestors). A static tree spends its
+    nodes where the heads are right on average; this one where they are confident right now.
+    """
+
+    nodes: int = 24  # 24 nodes + a 4-token lookup branch + the root stay under the ~32 rows a bf16 pass takes at ~1 token's cost
+    depth: int = 0  # 0: as deep as the heads go (K)
+    top_k: int = 8
+    beam: int = 6
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "depth", "top_k", "beam"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "depth" else 1):
+                raise ConfigError(f"dynamic tree {name} must be an integer >= {0 if name == 'depth' else 1}, "
+                                  f"got {value!r}")
+
+    @classmethod
+    def parse(cls, spec: str) -> "DynamicTree":
+        """``"dynamic"``, ``"dynamic:N"`` (N nodes) or ``"dynamic:N:D"`` (and depth D)."""
+        parts = spec.strip().lower().split(":")
+        if parts[0] != "dynamic" or len(parts) > 3:
+            raise ConfigError(f"malformed dynamic tree {spec!r}: use dynamic, dynamic:N (nodes) or dynamic:N:D "
+                              "(nodes, depth)")
+        try:
+            nums = [int(x) for x in parts[1:]]
+        except ValueError:
+            raise ConfigError(f"malformed dynamic tree {spec!r}: N and D must be integers, e.g. dynamic:20:4") from None
+        return cls(*nums)
 
 
 class HeadsLike(Protocol):
@@ -62,8 +102,20 @@ class MedusaDrafter:
 
     needs_hidden = True  # the loop passes hidden=out.hidden[path[-1]] to observe()
 
-    def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int, lookup: LookupDrafter | None = None):
+    def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int, lookup: LookupDrafter | None = None,
+                 dynamic: DynamicTree | None = None):
         K = int(heads.num_heads)
+        self.dynamic = dynamic
+        if dynamic is not None:
+            if not getattr(heads, "conditioned", False):
+                raise ConfigError("a dynamic tree is grown from sequential heads (method hydra); Medusa heads "
+                                  "propose the same candidates under every parent: use a static tree")
+            if dynamic.depth > K:
+                raise ConfigError(f"the dynamic tree has depth {dynamic.depth} but the heads are trained for {K}: "
+                                  f"use depth <= {K} (0 = {K})")
+            self._dyn_depth = dynamic.depth or K
+            tree = compile_paths([(r,) for r in range(dynamic.top_k)]
+                                 + [(0,) * d for d in range(2, self._dyn_depth + 1)])  # for the checks below
         if tree.depth > K:
             raise ConfigError(
                 f"the tree has depth {tree.depth} but there are only {K} heads (depth d is drafted by head d-1): "
@@ -124,11 +176,57 @@ class MedusaDrafter:
                 state = heads.step(state[parent_rows], tokens[nodes])
         return tokens[1:]
 
+    @torch.no_grad()
+    def grow(self, hidden: torch.Tensor, root: torch.Tensor) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+        """Dynamic tree (``self.dynamic``): hidden (H,), root (1,) long -> (paths, tokens): the
+        chosen nodes' paths (ranks among their parent's children, in the heads' order) and their
+        tokens (len(paths),) long, best-scored first."""
+        cfg, heads = self.dynamic, self.heads
+        state = heads.step(hidden[None], root.view(1))  # (1, H)
+        front_paths: list[tuple[int, ...]] = [()]
+        front_score = torch.zeros(1)
+        scores, paths, toks = [], [], []
+        depth = self._dyn_depth
+        for d in range(1, depth + 1):
+            tok, logp = heads.draft_topk(state, cfg.top_k, self.V, logprobs=True)  # (f, k) each
+            sc = front_score[:, None] + logp.float().clamp(max=0.0)  # (f, k): log Π p along the path
+            k = tok.shape[1]
+            scores.append(sc.flatten())
+            toks.append(tok.flatten())
+            paths.extend(fp + (r,) for fp in front_paths for r in range(k))
+            if d == depth:
+                break
+            flat = sc.flatten()
+            best = flat.topk(min(cfg.beam, flat.numel())).indices  # (b,) expanded at the next depth
+            state = heads.step(state[best // k], tok.flatten()[best])
+            front_paths = [front_paths[i // k] + (i % k,) for i in best.tolist()]
+            front_score = flat[best]
+        score = torch.cat(scores).tolist()
+        tokens = torch.cat(toks)
+        # the best `nodes` (ties: shallower, then lower ranks first): closed under ancestors and
+        # without rank gaps, since a child never scores above its parent nor above an older sibling
+        order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[: cfg.nodes]
+        return [paths[i] for i in order], tokens[order]
+
+    def _dynamic_draft(self, context: torch.Tensor, root: torch.Tensor) -> Draft:
+        paths, heads_tokens = self.grow(self.hidden, root)
+        by_path = dict(zip(paths, heads_tokens.tolist()))
+        if self.lookup is not None:  # the prompt-lookup chain: one more child of the root
+            r = sum(1 for p in paths if len(p) == 1)
+            cont = self.lookup.find(context).tolist()
+            for d in range(self.lookup.gamma):
+                by_path[(r,) + (0,) * d] = cont[d] if d < len(cont) else -1
+        tree = compile_paths(list(by_path))
+        tokens = torch.tensor([int(root[0])] + [by_path[p] for p in tree.paths[1:]], dtype=torch.long)
+        return Draft(tree, tokens)
+
     def propose(self, context: torch.Tensor) -> Draft:
         root = context[-1:]
         if self.hidden is None or self.depth == 0:
             return Draft(chain(0), root.clone())
         self.head_calls += 1
+        if self.dynamic is not None:
+            return self._dynamic_draft(context, root)
         if self.conditioned:
             heads_tokens = self.expand(self.hidden, root)
         else:
