@@ -484,10 +484,8 @@ def test_dynamic_tree_keeps_the_best_scored_nodes(target, seq_heads_random):
     assert sorted(d.tree.paths[1:]) == sorted(paths)
 
 
-def test_dynamic_tree_errors(target, seq_heads_random, random_heads):
+def test_dynamic_tree_errors(target, seq_heads_random):
     from speculant.drafters.medusa import DynamicTree
-    with pytest.raises(ConfigError, match="sequential heads"):
-        MedusaDrafter(random_heads, build_tree("2"), V, dynamic=DynamicTree())
     with pytest.raises(ConfigError, match="depth 5 but the heads are trained for 3"):
         MedusaDrafter(seq_heads_random, build_tree("2"), V, dynamic=DynamicTree(depth=5))
     for bad in ("dynamic:x", "dynamic:1:2:3", "dyn:4"):
@@ -495,3 +493,29 @@ def test_dynamic_tree_errors(target, seq_heads_random, random_heads):
             DynamicTree.parse(bad)
     with pytest.raises(ConfigError, match="nodes must be an integer >= 1"):
         DynamicTree.parse("dynamic:0")
+
+
+@pytest.mark.parametrize("which", ["random_heads", "trained_heads"])
+def test_dynamic_tree_of_medusa_heads(target, plain, request, which):
+    """Medusa heads share one candidate list per depth, so a path's score is the sum of its ranks'
+    log-probabilities: the dynamic tree is the best `nodes` paths of the Cartesian product (checked
+    by enumerating it), and decoding with it is identical to plain greedy."""
+    import itertools
+    from speculant.drafters.lookup import LookupDrafter
+    from speculant.drafters.medusa import DynamicTree
+    heads = request.getfixturevalue(which)
+    cfg = DynamicTree(nodes=9, depth=3, top_k=3)
+    drafter = MedusaDrafter(heads, build_tree("2"), V, dynamic=cfg)
+    hidden = torch.randn(H)
+    paths, tokens = drafter.grow(hidden, torch.tensor([5]))
+    with torch.no_grad():
+        top = heads(hidden)[:3, :V].float().log_softmax(-1).topk(3)
+    score = {p: sum(float(top.values[d, r]) for d, r in enumerate(p))
+             for n in (1, 2, 3) for p in itertools.product(range(3), repeat=n)}
+    assert len(paths) == 9 and all(len(p) == 1 or p[:-1] in paths for p in paths)
+    assert tokens.tolist() == [int(top.indices[len(p) - 1, p[-1]]) for p in paths]
+    worst = min(score[p] for p in paths)
+    assert all(score[q] <= worst + 1e-5 for q in score if q not in paths)
+    for prompt, ref in zip(prompts(), plain):
+        for lookup in (None, LookupDrafter(3)):
+            assert run(target, MedusaDrafter(heads, build_tree("2"), V, lookup, dynamic=cfg), prompt).generated == ref

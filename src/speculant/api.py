@@ -165,8 +165,8 @@ class SpeculativeDecoder:
         self.acceptance = parse_acceptance(acceptance)
         self.dynamic = None
         if isinstance(tree, str) and tree.strip().lower().startswith("dynamic"):
-            if method != "hydra":
-                raise ConfigError(f"a dynamic tree ({tree!r}) is grown from sequential heads: use --method hydra, "
+            if method not in TREE_METHODS:
+                raise ConfigError(f"a dynamic tree ({tree!r}) is grown from heads: use --method hydra or medusa, "
                                   "or give a static tree (a k-config or a list of paths)")
             self.dynamic, tree = DynamicTree.parse(tree), None
         elif tree is not None:

@@ -44,7 +44,7 @@ __all__ = ["BlockwiseDrafter", "DynamicTree", "HeadsLike", "MedusaDrafter"]
 @dataclass(frozen=True)
 class DynamicTree:
     """A draft tree grown anew at every step from the heads' own probabilities (EAGLE-2's
-    context-aware dynamic tree, Li et al. 2024), for sequential heads.
+    context-aware dynamic tree, Li et al. 2024).
 
     Each drafted node gets the score ``Π p(token | path)`` along its path (the heads' estimate of
     the chance that the target accepts the whole path). Depth by depth, the ``beam`` best-scored
@@ -52,6 +52,8 @@ class DynamicTree:
     depths the ``nodes`` best-scored nodes of all those drafted make the tree (a child never
     scores above its parent, so the set is closed under ancestors). A static tree spends its
     nodes where the heads are right on average; this one where they are confident right now.
+    Medusa heads (one candidate list per depth, shared by every parent) need no beam: every
+    path's score is known from one call, and the best ``nodes`` are found best-first.
     """
 
     nodes: int = 24  # 24 nodes + a 4-token lookup branch + the root stay under the ~32 rows a bf16 pass takes at ~1 token's cost
@@ -107,9 +109,6 @@ class MedusaDrafter:
         K = int(heads.num_heads)
         self.dynamic = dynamic
         if dynamic is not None:
-            if not getattr(heads, "conditioned", False):
-                raise ConfigError("a dynamic tree is grown from sequential heads (method hydra); Medusa heads "
-                                  "propose the same candidates under every parent: use a static tree")
             if dynamic.depth > K:
                 raise ConfigError(f"the dynamic tree has depth {dynamic.depth} but the heads are trained for {K}: "
                                   f"use depth <= {K} (0 = {K})")
@@ -181,6 +180,8 @@ class MedusaDrafter:
         """Dynamic tree (``self.dynamic``): hidden (H,), root (1,) long -> (paths, tokens): the
         chosen nodes' paths (ranks among their parent's children, in the heads' order) and their
         tokens (len(paths),) long, best-scored first."""
+        if not self.conditioned:
+            return self._grow_independent(hidden)
         cfg, heads = self.dynamic, self.heads
         state = heads.step(hidden[None], root.view(1))  # (1, H)
         front_paths: list[tuple[int, ...]] = [()]
@@ -207,6 +208,29 @@ class MedusaDrafter:
         # without rank gaps, since a child never scores above its parent nor above an older sibling
         order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[: cfg.nodes]
         return [paths[i] for i in order], tokens[order]
+
+    def _grow_independent(self, hidden: torch.Tensor) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+        """Medusa heads: depth d's candidates are head d-1's top-k under every parent, so a path's
+        score is the sum of its ranks' log-probabilities; the best ``nodes`` paths are found
+        best-first (a child never scores above its parent: the first ``nodes`` popped are the best)."""
+        import heapq
+
+        cfg = self.dynamic
+        logp = self.heads(hidden)[: self._dyn_depth, : self.V].float().log_softmax(-1)  # (D, V)
+        top = logp.topk(min(cfg.top_k, self.V), dim=-1, sorted=True)  # (D, k)
+        val, idx = top.values.tolist(), top.indices
+        k = idx.shape[1]
+        heap = [(-val[0][r], (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
+        heapq.heapify(heap)
+        paths, tokens = [], []
+        while heap and len(paths) < cfg.nodes:
+            neg, path = heapq.heappop(heap)
+            paths.append(path)
+            tokens.append(int(idx[len(path) - 1, path[-1]]))
+            if len(path) < self._dyn_depth:
+                for r in range(k):
+                    heapq.heappush(heap, (neg - min(val[len(path)][r], 0.0), path + (r,)))
+        return paths, torch.tensor(tokens, dtype=torch.long)
 
     def _dynamic_draft(self, context: torch.Tensor, root: torch.Tensor) -> Draft:
         paths, heads_tokens = self.grow(self.hidden, root)
