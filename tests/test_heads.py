@@ -331,3 +331,30 @@ def test_sequential_coarse_ranking_matches_the_exact_ranking():
     same = (coarse == exact).all(-1)
     torch.testing.assert_close(coarse_lp[same], exact_lp[same], atol=0.15, rtol=0)
     assert set(coarse.flatten().tolist()) <= set(range(0, Vc, 2))
+
+
+def test_medusa_coarse_ranking_matches_the_exact_ranking():
+    """Medusa heads drafting through the shared output layer shortlist with its int4 copy and rank
+    the shortlist exactly: nearly always the exact top-k."""
+    from speculant.kernels import cpu_kernels
+    if cpu_kernels() is None:
+        pytest.skip("no AMX int4 kernel on this CPU: drafting always uses the exact layer")
+    Hc, Vc = 128, 4096
+    torch.manual_seed(0)
+    lm = torch.nn.Linear(Hc, Vc, bias=False)
+    heads = MedusaHeads(HeadsConfig(3, 1, Hc, Vc), lm)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape))
+    agree = top1 = 0
+    for i in range(40):
+        hidden = torch.randn(Hc) * 3
+        heads.coarse_ranking = False
+        exact = heads.draft_topk(hidden, 4, 3, 4000)
+        assert exact.tolist() == heads(hidden)[:3, :4000].topk(4).indices.tolist()
+        heads.coarse_ranking = True
+        coarse = heads.draft_topk(hidden, 4, 3, 4000)
+        agree += int((coarse == exact).all(-1).sum()); top1 += int((coarse[:, 0] == exact[:, 0]).sum())
+        assert int(coarse.max()) < 4000
+    assert heads._coarse[2] is not None
+    assert agree >= 0.9 * 120 and top1 >= 0.97 * 120

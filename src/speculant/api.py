@@ -214,6 +214,12 @@ class SpeculativeDecoder:
             if method in TREE_METHODS and tree is None:  # no tree given or shipped: 3x2x2x1 cut to the heads
                 self.tree = build_tree("x".join(map(str, ([3, 2, 2, 1] + [1] * 8)[: self.heads.num_heads])))
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
+            with torch.inference_mode():  # build the int4 drafting shortlist now (~1-4 s), not in a generation
+                H = self.heads.config.hidden_size
+                if isinstance(self.heads, SequentialHeads):
+                    self.heads.draft_topk(torch.zeros(1, H, dtype=self.heads.dtype), 1, self.vocab_size)
+                else:
+                    self.heads.draft_topk(torch.zeros(H, dtype=self.heads.dtype), 1, 1, self.vocab_size)
 
     def encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:
         if isinstance(prompt, str):

@@ -130,6 +130,10 @@ class MedusaHeads(nn.Module):
         self.heads = nn.ModuleList(heads)
         # a tuple hides the target's layer from parameters(), state_dict() and .to()
         self._shared: tuple[nn.Module, ...] = (lm_head,) if config.shared_lm_head else ()
+        # drafting through the shared layer shortlists candidates with an int4 copy of it where
+        # speculant's AMX kernel runs (see _coarse_ranker); False: always the exact product
+        self.coarse_ranking = True
+        self._coarse: tuple | None = None  # (key, the layer's first `limit` rows, their int4 copy)
 
     @property
     def num_heads(self) -> int:
@@ -156,6 +160,31 @@ class MedusaHeads(nn.Module):
     def dtype(self) -> torch.dtype:
         p = next(self.parameters(), None)
         return p.dtype if p is not None else _layer_dtype(self._shared[0])
+
+    @torch.no_grad()
+    def draft_topk(self, hidden: torch.Tensor, k: int, depth: int | None = None,
+                   limit: int | None = None) -> torch.Tensor:
+        """hidden (H,) -> (depth, k) long: the k best tokens (< ``limit``) of the first ``depth``
+        heads, as ``self(hidden)[:depth, :limit].topk(k)`` ranks them. Through a shared dense
+        output layer, where the int4 kernel runs, the top k + COARSE_EXTRA of an int4 copy of the
+        layer are ranked exactly instead (reads ~1/4 of the bytes; differs only when the exact
+        top k falls outside that shortlist)."""
+        depth = self.num_heads if depth is None else depth
+        layer = self._shared[0] if self._shared else None
+        weight = getattr(layer, "weight", None)
+        if self.coarse_ranking and weight is not None and getattr(layer, "bias", None) is None:
+            key = (weight.data_ptr(), weight.dtype, limit)
+            if self._coarse is None or self._coarse[0] != key:
+                rows = weight.detach()[:limit]
+                self._coarse = (key, rows, _coarse_ranker(rows))
+            _, rows, coarse = self._coarse
+            if coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
+                x = hidden.to(self.dtype)
+                states = torch.stack([self.heads[j](x) for j in range(depth)])  # (depth, H)
+                short = coarse(states.to(torch.bfloat16)).float().topk(k + COARSE_EXTRA, dim=-1).indices
+                exact = torch.einsum("nh,nkh->nk", states.to(rows.dtype), rows[short]).float()
+                return short.gather(-1, exact.topk(k, dim=-1, sorted=True).indices)
+        return self(hidden)[:depth, :limit].topk(k, dim=-1, sorted=True).indices
 
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under Medusa's names (contiguous copies, ready for safetensors)."""

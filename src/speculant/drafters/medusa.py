@@ -154,6 +154,8 @@ class MedusaDrafter:
         """hidden (H,) -> (K', width) long: the top-``width`` tokens of the first K' = depth heads,
         by decreasing logit (``topk``, O(V); the order of exact ties is unspecified, which only
         affects speed: the target verifies every token)."""
+        if hasattr(self.heads, "draft_topk"):  # MedusaHeads: an int4 shortlist where it runs
+            return self.heads.draft_topk(hidden, self.width, self.depth, self.V)
         logits = self.heads(hidden)[: self.depth, : self.V]  # (K', V)
         return logits.topk(self.width, dim=-1, sorted=True).indices
 
