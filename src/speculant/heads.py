@@ -181,9 +181,7 @@ class MedusaHeads(nn.Module):
             if coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
                 x = hidden.to(self.dtype)
                 states = torch.stack([self.heads[j](x) for j in range(depth)])  # (depth, H)
-                short = coarse(states.to(torch.bfloat16)).float().topk(k + COARSE_EXTRA, dim=-1).indices
-                exact = torch.einsum("nh,nkh->nk", states.to(rows.dtype), rows[short]).float()
-                return short.gather(-1, exact.topk(k, dim=-1, sorted=True).indices)
+                return _shortlist_topk(coarse, rows, states, k)[0]
         return self(hidden)[:depth, :limit].topk(k, dim=-1, sorted=True).indices
 
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
@@ -321,8 +319,8 @@ class SequentialHeads(nn.Module):
         weight = getattr(layer, "weight", None)
         # the draft vocabulary cut to `limit`, and (dense layer) its rows of the output layer: a cached
         # copy, since slicing V' rows per call would cost as much as the product itself
-        key = (limit, self.draft_vocab.data_ptr(), None if weight is None else (weight.data_ptr(), weight.dtype))
-        key = key + (self.coarse_ranking,)
+        key = (limit, self.draft_vocab.data_ptr(), None if weight is None else (weight.data_ptr(), weight.dtype),
+               self.coarse_ranking)
         if self._draft_rows is None or self._draft_rows[0] != key:
             vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
             rows = None if weight is None else weight.detach()[vocab].contiguous()
@@ -331,15 +329,10 @@ class SequentialHeads(nn.Module):
         if rows is None:  # a quantized output layer: project everything, then keep the draft vocabulary
             logits = self.project(state)[..., vocab].float()
         elif coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
-            # shortlist with the int4 copy (~5x fewer bytes read), then rank the shortlist exactly
-            rough = coarse(state.to(torch.bfloat16)).float()  # (n, V')
-            short = rough.topk(k + COARSE_EXTRA, dim=-1).indices  # (n, k')
-            exact = torch.einsum("nh,nkh->nk", state.to(rows.dtype), rows[short]).float()  # (n, k')
-            top = exact.topk(k, dim=-1, sorted=True)
-            tokens = vocab[short.gather(-1, top.indices)]
+            idx, values, rough = _shortlist_topk(coarse, rows, state, k)
             if logprobs:  # normalised by the int4 logits' log-sum-exp
-                return tokens, top.values - rough.logsumexp(-1, keepdim=True)
-            return tokens
+                return vocab[idx], values - rough.logsumexp(-1, keepdim=True)
+            return vocab[idx]
         else:
             logits = F.linear(state.to(rows.dtype), rows).float()
         top = logits.topk(k, dim=-1, sorted=True)
@@ -365,8 +358,20 @@ class SequentialHeads(nn.Module):
 COARSE_EXTRA = 8  # shortlist k + this many tokens with the int4 copy, then rank them exactly
 
 
+def _shortlist_topk(coarse: nn.Module, rows: torch.Tensor, states: torch.Tensor, k: int):
+    """The top k of ``states @ rows.T`` through the int4 copy ``coarse`` of ``rows`` (V', H): its
+    top k + COARSE_EXTRA, ranked with the exact rows. states (n, H) -> (indices into rows (n, k),
+    their exact logits (n, k) float, the int4 logits (n, V') float)."""
+    rough = coarse(states.to(torch.bfloat16)).float()
+    short = rough.topk(k + COARSE_EXTRA, dim=-1).indices  # (n, k + COARSE_EXTRA)
+    exact = torch.einsum("nh,nkh->nk", states.to(rows.dtype), rows[short]).float()
+    top = exact.topk(k, dim=-1, sorted=True)
+    return short.gather(-1, top.indices), top.values, rough
+
+
 def _coarse_ranker(rows: torch.Tensor | None):
-    """An int4 copy of the draft vocabulary's output-layer rows (V', H), or None where speculant's
+    """An int4 copy of output-layer rows (V', H) (a draft vocabulary's, or a whole shared layer's
+    for Medusa heads), or None where speculant's
     int4 kernel does not run (no AMX, or shapes it does not take). Reading V' x H int4 weights
     costs ~1 ms against ~5 ms in bf16 for a 32k x 1536 draft vocabulary; the shortlist it gives is
     re-ranked with the exact rows, so the proposals change only where the true top-k falls outside
