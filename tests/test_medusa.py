@@ -484,6 +484,56 @@ def test_dynamic_tree_keeps_the_best_scored_nodes(target, seq_heads_random):
     assert sorted(d.tree.paths[1:]) == sorted(paths)
 
 
+def test_dynamic_tree_merges_the_lookup_chain(seq_heads_random):
+    """With a lookup branch the dynamic tree always has 1 + nodes + gamma rows: the chain follows
+    the heads' nodes while its tokens are there, takes new rows only for the rest, and the rows it
+    leaves free go to the heads' next-best nodes (checked against grow()'s best-first list)."""
+    from speculant.drafters.lookup import LookupDrafter
+    from speculant.drafters.medusa import DynamicTree
+    heads, hidden, root = seq_heads_random, torch.randn(H), torch.tensor([5])
+    cfg = DynamicTree(nodes=6, depth=3, top_k=3, beam=2)
+    drafter = MedusaDrafter(heads, build_tree("2"), V, LookupDrafter(3), dynamic=cfg)
+    best, toks = drafter.grow(hidden, root, 9)
+    best_tok = dict(zip(best, toks.tolist()))
+    drafter.observe([0], 5, hidden=hidden)
+
+    def draft(context):
+        d = drafter.propose(torch.tensor(context))
+        by_path = dict(zip(d.tree.paths, d.tokens.tolist()))
+        for p in d.tree.paths[1:]:  # siblings never repeat a token
+            sibs = [by_path[q] for q in d.tree.paths[1:] if q[:-1] == p[:-1]]
+            assert len(sibs) == len(set(sibs))
+        return d, by_path
+
+    def holds_chain(by_path, chain):  # the chain is a path from the root
+        parent = ()
+        for t in chain:
+            kids = [p for p, x in by_path.items() if p and p[:-1] == parent and x == t]
+            assert len(kids) == 1, (chain, t)
+            parent = kids[0]
+
+    # no n-gram match: all 9 rows are the heads' best 9 nodes
+    d, by_path = draft([1, 2, 3, 4, 5])
+    assert d.tree.size == 10 and {p: by_path[p] for p in best} == best_tok
+    # a match whose continuation starts with the heads' two best nodes down one path: one new row,
+    # so the heads keep their best 8
+    a = best_tok[best[0]]
+    kid = next(i for i, p in enumerate(best) if p[:-1] == best[0])
+    assert kid < 8  # (the seeded heads' best child of the best node is among their best 8)
+    b = best_tok[best[kid]]
+    c = next(t for t in range(V) if all(best_tok.get(p) != t for p in best))
+    d, by_path = draft([5, a, b, c, 9, 5])
+    assert d.tree.size == 10
+    holds_chain(by_path, [a, b, c])
+    assert all(by_path[p] == best_tok[p] for p in best[:8])
+    # a continuation the heads never drafted: 3 new rows under the root, the heads keep their best 6
+    x, y, z = [t for t in range(V) if all(best_tok[p] != t for p in best if len(p) == 1)][:3]
+    d, by_path = draft([5, x, y, z, 7, 5])
+    assert d.tree.size == 10
+    holds_chain(by_path, [x, y, z])
+    assert all(by_path[p] == best_tok[p] for p in best[:6]) and sum(1 for p in by_path if p and p not in best[:6]) == 3
+
+
 def test_dynamic_tree_errors(target, seq_heads_random):
     from speculant.drafters.medusa import DynamicTree
     with pytest.raises(ConfigError, match="depth 5 but the heads are trained for 3"):

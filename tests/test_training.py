@@ -302,6 +302,21 @@ def test_feature_table_next_rows_and_feature_loss(target, tmp_path):
         train_heads(target, heads_cfg(), data, tmp_path / "m", feature_weight=1.0, **kw)
 
 
+def test_feature_noise_weight_decay_and_held_out_history(target, tmp_path):
+    """feature_noise and weight_decay change the training (not the held-out scoring before it),
+    the heads still learn, and eval_every keeps a held-out history ending with the final metrics."""
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    cfg = dataclasses.replace(heads_cfg(), kind="sequential")
+    kw = dict(steps=40, save_every=100, rows_per_batch=64, **FAST)
+    plain = train_heads(target, cfg, data, tmp_path / "a", **kw)
+    reg = train_heads(target, cfg, data, tmp_path / "b", feature_noise=0.1, weight_decay=0.1, eval_every=10, **kw)
+    assert reg["initial"] == plain["initial"] and reg["final"] != plain["final"]
+    assert reg["final"]["top1"][0] > reg["initial"]["top1"][0] + 0.3
+    assert [h["step"] for h in reg["history"]] == [10, 20, 30, 40] and reg["history"][-1]["top1"] == reg["final"]["top1"]
+    with pytest.raises(ConfigError, match="feature_noise"):
+        train_heads(target, cfg, data, tmp_path / "c", feature_noise=-1.0, **kw)
+
+
 def test_feature_cache_reused(target, tmp_path, monkeypatch):
     """A second run on the same data reads the kept tables (the backbone does not run again) and
     trains exactly as the first."""
@@ -369,6 +384,13 @@ def test_english_prompts_deterministic_balanced_and_not_spec_bench():
     assert sorted(blocked) == sorted(english_prompts(german)) and blocked[:4] == fams["write"][:4]
     eval_text = _spec_bench_text()
     assert not any(_norm(p) in eval_text for f in fams.values() for p in f)
+    # part 1: a disjoint set (the combinations part 0 left out, new questions and numbers), also clean
+    p0, p1 = english_prompts(german, block=32), english_prompts(german, block=32, part=1)
+    fams1 = english_prompt_families(german, part=1)
+    assert len(p1) > 500 and len(set(p1) & set(p0)) < 0.06 * len(p1)  # (a few repeated numbers, passages)
+    assert not any(set(fams1[f]) & set(fams[f]) for f in ("write", "explain", "role", "qa"))
+    assert fams1["qa"][0] not in p0 and fams1["math"][0] != fams["math"][0]
+    assert not any(_norm(p) in eval_text for f in fams1.values() for p in f)
 
 
 def test_wmt_prompts_load_without_spec_bench_overlap():

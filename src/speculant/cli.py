@@ -139,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--feature-weight", type=float, default=0.0,
                    help="sequential heads: weight of an EAGLE-style loss pulling each step's state onto the "
                         "target's hidden state at that position (default: %(default)s, off)")
+    t.add_argument("--feature-noise", type=float, default=0.0,
+                   help="medusa1 feature table: add uniform noise U(-a, a) x the row's RMS to the hidden states "
+                        "the heads read in training (EAGLE's trick against overfitting) (default: %(default)s, off)")
+    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    t.add_argument("--eval-every", type=int, default=0,
+                   help="held-out metrics every N steps, kept in training_report.json's history "
+                        "(default: %(default)s, only before and after)")
     t.add_argument("--feature-cache", default=None,
                    help="medusa1: keep the frozen backbone's hidden-state table in this directory and reuse it in "
                         "later runs on the same data, split and number of heads (default: not kept)")
@@ -277,7 +284,8 @@ def cmd_train_heads(args) -> int:
     report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
                          batch_size=args.batch_size, rows_per_batch=args.rows_per_batch,
                          train_vocab=args.train_vocab, feature_weight=args.feature_weight,
-                         feature_cache=args.feature_cache, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                         feature_cache=args.feature_cache, feature_noise=args.feature_noise,
+                         weight_decay=args.weight_decay, eval_every=args.eval_every, grad_accum=args.grad_accum, seq_len=args.seq_len,
                          lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
                          lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,

@@ -178,12 +178,15 @@ class MedusaDrafter:
         return tokens[1:]
 
     @torch.no_grad()
-    def grow(self, hidden: torch.Tensor, root: torch.Tensor) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    def grow(self, hidden: torch.Tensor, root: torch.Tensor,
+             nodes: int | None = None) -> tuple[list[tuple[int, ...]], torch.Tensor]:
         """Dynamic tree (``self.dynamic``): hidden (H,), root (1,) long -> (paths, tokens): the
-        chosen nodes' paths (ranks among their parent's children, in the heads' order) and their
-        tokens (len(paths),) long, best-scored first."""
+        ``nodes`` (default ``self.dynamic.nodes``) chosen nodes' paths (ranks among their parent's
+        children, in the heads' order) and their tokens (len(paths),) long, best-scored first (so
+        every prefix of the list is a tree too)."""
+        nodes = self.dynamic.nodes if nodes is None else nodes
         if not self.conditioned:
-            return self._grow_independent(hidden)
+            return self._grow_independent(hidden, nodes)
         cfg, heads = self.dynamic, self.heads
         state = heads.step(hidden[None], root.view(1))  # (1, H)
         front_paths: list[tuple[int, ...]] = [()]
@@ -208,10 +211,10 @@ class MedusaDrafter:
         tokens = torch.cat(toks)
         # the best `nodes` (ties: shallower, then lower ranks first): closed under ancestors and
         # without rank gaps, since a child never scores above its parent nor above an older sibling
-        order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[: cfg.nodes]
+        order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[:nodes]
         return [paths[i] for i in order], tokens[order]
 
-    def _grow_independent(self, hidden: torch.Tensor) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    def _grow_independent(self, hidden: torch.Tensor, nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
         """Medusa heads: depth d's candidates are head d-1's top-k under every parent, so a path's
         score is the sum of its ranks' log-probabilities; the best ``nodes`` paths are found
         best-first (a child never scores above its parent: the first ``nodes`` popped are the best)."""
@@ -225,7 +228,7 @@ class MedusaDrafter:
         heap = [(-val[0][r], (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
         heapq.heapify(heap)
         paths, tokens = [], []
-        while heap and len(paths) < cfg.nodes:
+        while heap and len(paths) < nodes:
             neg, path = heapq.heappop(heap)
             paths.append(path)
             tokens.append(int(idx[len(path) - 1, path[-1]]))
@@ -235,13 +238,37 @@ class MedusaDrafter:
         return paths, torch.tensor(tokens, dtype=torch.long)
 
     def _dynamic_draft(self, context: torch.Tensor, root: torch.Tensor) -> Draft:
-        paths, heads_tokens = self.grow(self.hidden, root)
-        by_path = dict(zip(paths, heads_tokens.tolist()))
-        if self.lookup is not None:  # the prompt-lookup chain: one more child of the root
-            r = sum(1 for p in paths if len(p) == 1)
+        """The grown tree, plus (with ``lookup``) the prompt-lookup chain merged into it.
+
+        The tree always has 1 + nodes + gamma rows (one verification cost): the chain follows the
+        heads' nodes as long as its tokens are already there and only its remaining tokens get new
+        rows; the rows the chain does not need (a short or no match, or tokens the heads drafted
+        too) go to the heads' next-best nodes."""
+        budget = self.dynamic.nodes + (self.lookup.gamma if self.lookup is not None else 0)
+        paths, heads_tokens = self.grow(self.hidden, root, budget)
+        toks = heads_tokens.tolist()
+        m, branch = len(paths), []
+        if self.lookup is not None:
             cont = self.lookup.find(context).tolist()
-            for d in range(self.lookup.gamma):
-                by_path[(r,) + (0,) * d] = cont[d] if d < len(cont) else -1
+            where = {(p[:-1], t): i for i, (p, t) in enumerate(zip(paths, toks))}  # (parent, token) -> order
+            walk, parent = [], ()  # the chain's positions in the best-first order while it follows the heads
+            for t in cont:
+                i = where.get((parent, t))
+                if i is None:
+                    break
+                walk.append(i)
+                parent = paths[i]
+            # the most heads' nodes m such that they and the chain's unmatched rest fit the budget
+            # (positions increase along the walk: ancestors come first in the best-first order)
+            while m > 0 and m + len(cont) - sum(i < m for i in walk) > budget:
+                m -= 1
+            matched = sum(i < m for i in walk)
+            parent = paths[walk[matched - 1]] if matched else ()
+            rank = sum(1 for p in paths[:m] if p[:-1] == parent)  # first free rank under the parent
+            for d, t in enumerate(cont[matched:]):
+                branch.append((parent + (rank,) + (0,) * d, t))
+        by_path = dict(zip(paths[:m], toks[:m]))
+        by_path.update(branch)
         tree = compile_paths(list(by_path))
         tokens = torch.tensor([int(root[0])] + [by_path[p] for p in tree.paths[1:]], dtype=torch.long)
         return Draft(tree, tokens)

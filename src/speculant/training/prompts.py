@@ -123,6 +123,39 @@ MATH = (
 )
 
 
+QA2 = (
+    "who sang the song hotel california", "when was the eiffel tower built", "how many players are on a soccer team",
+    "who wrote the declaration of independence", "what is the largest organ in the human body",
+    "where is the headquarters of the united nations", "who was the lead singer of queen",
+    "when did the titanic sink", "how many states are there in the usa", "who invented the light bulb",
+    "what is the national animal of scotland", "who directed the movie jaws", "when did the first iphone come out",
+    "what is the hardest natural substance", "who is known as the father of computers",
+    "how many teeth does an adult human have", "which river flows through paris", "who wrote the odyssey",
+    "what is the freezing point of water in fahrenheit", "when did india gain independence",
+    "who was the first woman to win a nobel prize", "what is the capital of new zealand",
+    "how many keys does a piano have", "who painted the starry night", "what does dna stand for",
+    "where do kangaroos live in the wild", "who built the first airplane", "when was the internet invented",
+    "what is the main ingredient of guacamole", "which continent is egypt in", "who wrote the hobbit",
+    "how long is a marathon", "who discovered gravity", "what is the largest city in the united states",
+    "when did the roman empire fall", "what is the fastest land animal", "who sang thriller",
+    "how many hearts does an octopus have", "which planet has the most moons", "who founded microsoft",
+    "what language has the most native speakers", "when did the american civil war start",
+    "where is mount kilimanjaro", "who was the greek god of the sea", "what is the square root of 144",
+    "who wrote war and peace", "which country gifted the statue of liberty to the usa",
+    "how many colors are in a rainbow", "who was the first emperor of china", "what is the currency of the uk",
+    "when did humans first land on the moon", "who plays the guitar in the rolling stones",
+    "what is the longest bone in the human body", "where was the first world cup held",
+    "who is the greek goddess of wisdom", "what is the closest star to earth", "who wrote the communist manifesto",
+    "how many strings does a violin have", "which metal is liquid at room temperature", "who created mickey mouse",
+)
+
+EXTRA_PROMPTS = (
+    "Describe a perfect day in {t} in three paragraphs.",
+    "List the pros and cons of {t}, then give your own conclusion.",
+    "Write a short dialogue between two friends discussing {t}.",
+)
+
+
 def manual_passages(min_words: int = 80, max_words: int = 220, limit: int | None = None) -> list[tuple[str, str]]:
     """(topic, passage) pairs: prose paragraphs of the Python reference manual shipped with Python
     ``pydoc_data.topics``), joined up to ``max_words``; code-like paragraphs dropped."""
@@ -145,34 +178,44 @@ def manual_passages(min_words: int = 80, max_words: int = 220, limit: int | None
     return out[:limit]
 
 
-def english_prompt_families(german: Sequence[str] = (), seed: int = 0) -> dict[str, list[str]]:
-    """Every prompt family (see the module docstring) by name; deterministic for ``seed``."""
-    rng = random.Random(seed)
+def english_prompt_families(german: Sequence[str] = (), seed: int = 0, part: int = 0) -> dict[str, list[str]]:
+    """Every prompt family (see the module docstring) by name; deterministic for ``seed``.
+
+    ``part`` 0 is the set the shipped heads were first trained on; part 1 holds the topic/template
+    combinations part 0 left out, new questions, new numbers, the passages' other use and a few
+    more templates (no prompt of part 0, so the two sets add up)."""
+    rng = random.Random(seed if part == 0 else f"{seed}/{part}")
+    r3, r2 = part % 3, part % 2
     math = []
     for i in range(120):
         text = MATH[i % len(MATH)]
         a, b, c = rng.randint(3, 12), rng.randint(2, 9), rng.randint(4, 30)
         math.append(text.format(a=a, b=b * a if "bill" in text else b, c=c))
     passages = manual_passages()
+    summ, rag = (passages[0::2], passages[1::2]) if r2 == 0 else (passages[1::2], passages[0::2])
+    write = [tpl.format(t=t) for i, t in enumerate(TOPICS) for j, tpl in enumerate(WRITE) if (i + j) % 3 == r3]
+    if part:
+        write += [tpl.format(t=t) for i, t in enumerate(TOPICS) for j, tpl in enumerate(EXTRA_PROMPTS)
+                  if (i + j) % 3 == r3 - 1]
     return {
-        "write": [tpl.format(t=t) for i, t in enumerate(TOPICS) for j, tpl in enumerate(WRITE) if (i + j) % 3 == 0],
-        "explain": [tpl.format(c=c) for i, c in enumerate(CONCEPTS) for j, tpl in enumerate(EXPLAIN) if (i + j) % 2 == 0],
+        "write": write,
+        "explain": [tpl.format(c=c) for i, c in enumerate(CONCEPTS) for j, tpl in enumerate(EXPLAIN) if (i + j) % 2 == r2],
         "role": [f"Pretend to be {p} for the rest of this conversation and speak like one. {q}"
-                 for i, p in enumerate(PERSONAS) for j, q in enumerate(QUESTIONS) if (i + j) % 3 == 0],
-        "qa": list(QA),
+                 for i, p in enumerate(PERSONAS) for j, q in enumerate(QUESTIONS) if (i + j) % 3 == r3],
+        "qa": list(QA if part == 0 else QA2),
         "math": math,
-        "summarize": [f"Summarize: {p}" for _, p in passages[0::2]],
+        "summarize": [f"Summarize: {p}" for _, p in summ],
         "rag": [f"{p}\n\nBased on the passage above, what does it say about {topic.replace('-', ' ')}, and why is "
-                "it important?" for topic, p in passages[1::2]],
+                "it important?" for topic, p in rag],
         "de-en": [f"Translate German to English: {g.strip()}" for g in german if g.strip()],
     }
 
 
-def english_prompts(german: Sequence[str] = (), seed: int = 0, block: int = 1) -> list[str]:
+def english_prompts(german: Sequence[str] = (), seed: int = 0, block: int = 1, part: int = 0) -> list[str]:
     """The families interleaved ``block`` prompts at a time (so that any prefix of the list, e.g. an
     interrupted distillation, is balanced; a batched distillation wants ``block`` = its batch size,
     so that one batch holds answers of similar length)."""
-    families = list(english_prompt_families(german, seed).values())
+    families = list(english_prompt_families(german, seed, part).values())
     out: list[str] = []
     for i in range(0, max(map(len, families)), block):
         out += [p for f in families for p in f[i:i + block]]

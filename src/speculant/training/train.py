@@ -93,10 +93,18 @@ class TrainConfig:
     # medusa1 feature table: a directory where the frozen backbone's tables are kept and reused by
     # later runs on the same data, split, window length, K and backbone (None: not kept)
     feature_cache: str | None = None
+    # medusa1 feature table: uniform noise U(-a, a) times each row's RMS added to the hidden states
+    # the heads read in training (EAGLE's robustness trick; 0: off)
+    feature_noise: float = 0.0
+    # held-out metrics every this many steps into the report's "history" (0: only first and last)
+    eval_every: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in ("medusa1", "medusa2"):
             raise ConfigError(f"training mode must be medusa1 or medusa2, got {self.mode!r}")
+        if self.feature_noise < 0 or self.eval_every < 0 or self.weight_decay < 0:
+            raise ConfigError("feature_noise, eval_every and weight_decay must be >= 0, got "
+                              f"{self.feature_noise}, {self.eval_every}, {self.weight_decay}")
         if self.feature_weight < 0:
             raise ConfigError(f"feature_weight must be >= 0, got {self.feature_weight}")
         if self.train_vocab not in ("full", "data"):
@@ -394,7 +402,8 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     total = cfg.steps or max(1, math.ceil(cfg.epochs * per_epoch / (world * cfg.grad_accum)))
     fingerprint = {"mode": cfg.mode, "heads": heads_cfg.to_json(), "seed": cfg.seed, "steps": total,
                    "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
-                   "train_vocab": cfg.train_vocab, "feature_weight": cfg.feature_weight,
+                   "train_vocab": cfg.train_vocab, "feature_weight": cfg.feature_weight, "feature_noise": cfg.feature_noise,
+                   "weight_decay": cfg.weight_decay,
                    "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
                    "world": world, "data_sha256": data_sha256,
                    "init_from": str(init_from) if init_from is not None else None}
@@ -443,6 +452,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         if initial is None:
             initial = _evaluate(core, held_batches, held, cfg, device, False, held_table) if held_batches else {}
 
+        history = list(state.get("history", [])) if latest is not None else []
         params = [p for g in optimizer.param_groups for p in g["params"]]
         bar = tqdm(total=total, initial=step, desc=f"train-heads ({cfg.mode})", unit="step",
                    disable=not (cfg.progress and accelerator.is_local_main_process))
@@ -456,7 +466,12 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                 with sync:
                     if train_table is not None:
                         rows = train_table.rows(m, cfg.rows_per_batch, cfg.seed, rank, world)
-                        res = trainable(None, None, hidden=train_table.hidden[rows].to(device),
+                        hidden = train_table.hidden[rows].to(device)
+                        if cfg.feature_noise:
+                            rms = hidden.float().pow(2).mean(-1, keepdim=True).sqrt()
+                            noise = (torch.rand(hidden.shape, device=device) * 2 - 1) * (cfg.feature_noise * rms)
+                            hidden = (hidden.float() + noise).to(hidden.dtype)
+                        res = trainable(None, None, hidden=hidden,
                                         tokens=train_table.inputs[rows].to(device),
                                         vocab=vocab.to(device) if vocab is not None else None,
                                         want_states=bool(cfg.feature_weight))
@@ -480,10 +495,15 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{float(t1[0]):.2f}", refresh=False)
+            if cfg.eval_every and held_batches and step % cfg.eval_every == 0 and step < stop:
+                ev = _evaluate(core, held_batches, held, cfg, device, peft_model is not None, held_table)
+                history.append({"step": step, **ev})
+                bar.write(f"step {step}: held-out loss {ev['loss']:.3f}, top-1 "
+                          + " ".join(f"{x:.3f}" for x in ev["top1"]))
             if step % cfg.save_every == 0 or step == stop:
                 if accelerator.is_main_process:
                     state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                             "fingerprint": fingerprint, "initial": initial}
+                             "fingerprint": fingerprint, "initial": initial, "history": history}
                     _save(ckpt_root, step, core.heads, peft_model, state, cfg.keep_checkpoints)
                 accelerator.wait_for_everyone()
         bar.close()
@@ -497,6 +517,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                   "config": dataclasses.asdict(cfg), "heads": heads_cfg.to_json()}
         if held_batches:
             report["final"] = _evaluate(core, held_batches, held, cfg, device, peft_model is not None, held_table)
+            report["history"] = history + [{"step": step, **report["final"]}]
             if peft_model is not None:
                 with peft_model.disable_adapter():  # what the heads do for the ORIGINAL target
                     report["final_original_target"] = _evaluate(core, held_batches, held, cfg, device, False)
