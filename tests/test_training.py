@@ -315,6 +315,8 @@ def test_feature_noise_weight_decay_and_held_out_history(target, tmp_path):
     assert [h["step"] for h in reg["history"]] == [10, 20, 30, 40] and reg["history"][-1]["top1"] == reg["final"]["top1"]
     with pytest.raises(ConfigError, match="feature_noise"):
         train_heads(target, cfg, data, tmp_path / "c", feature_noise=-1.0, **kw)
+    with pytest.raises(ConfigError, match="feature_noise perturbs the rows of the feature table"):
+        train_heads(target, heads_cfg(), data, tmp_path / "d", feature_noise=0.1, cache_features=False, **kw)
 
 
 def test_feature_cache_reused(target, tmp_path, monkeypatch):
@@ -391,6 +393,8 @@ def test_english_prompts_deterministic_balanced_and_not_spec_bench():
     assert not any(set(fams1[f]) & set(fams[f]) for f in ("write", "explain", "role", "qa"))
     assert fams1["qa"][0] not in p0 and fams1["math"][0] != fams["math"][0]
     assert not any(_norm(p) in eval_text for f in fams1.values() for p in f)
+    with pytest.raises(ValueError, match="part must be 0 or 1"):
+        english_prompts(german, part=2)
 
 
 def test_wmt_prompts_load_without_spec_bench_overlap():

@@ -184,24 +184,25 @@ def english_prompt_families(german: Sequence[str] = (), seed: int = 0, part: int
     ``part`` 0 is the set the shipped heads were first trained on; part 1 holds the topic/template
     combinations part 0 left out, new questions, new numbers, the passages' other use and a few
     more templates (no prompt of part 0, so the two sets add up)."""
+    if part not in (0, 1):
+        raise ValueError(f"part must be 0 or 1 (two disjoint prompt sets), got {part!r}")
     rng = random.Random(seed if part == 0 else f"{seed}/{part}")
-    r3, r2 = part % 3, part % 2
     math = []
     for i in range(120):
         text = MATH[i % len(MATH)]
         a, b, c = rng.randint(3, 12), rng.randint(2, 9), rng.randint(4, 30)
         math.append(text.format(a=a, b=b * a if "bill" in text else b, c=c))
     passages = manual_passages()
-    summ, rag = (passages[0::2], passages[1::2]) if r2 == 0 else (passages[1::2], passages[0::2])
-    write = [tpl.format(t=t) for i, t in enumerate(TOPICS) for j, tpl in enumerate(WRITE) if (i + j) % 3 == r3]
+    summ, rag = (passages[0::2], passages[1::2]) if part == 0 else (passages[1::2], passages[0::2])
+    write = [tpl.format(t=t) for i, t in enumerate(TOPICS) for j, tpl in enumerate(WRITE) if (i + j) % 3 == part]
     if part:
         write += [tpl.format(t=t) for i, t in enumerate(TOPICS) for j, tpl in enumerate(EXTRA_PROMPTS)
-                  if (i + j) % 3 == r3 - 1]
+                  if (i + j) % 3 == 0]
     return {
         "write": write,
-        "explain": [tpl.format(c=c) for i, c in enumerate(CONCEPTS) for j, tpl in enumerate(EXPLAIN) if (i + j) % 2 == r2],
+        "explain": [tpl.format(c=c) for i, c in enumerate(CONCEPTS) for j, tpl in enumerate(EXPLAIN) if (i + j) % 2 == part],
         "role": [f"Pretend to be {p} for the rest of this conversation and speak like one. {q}"
-                 for i, p in enumerate(PERSONAS) for j, q in enumerate(QUESTIONS) if (i + j) % 3 == r3],
+                 for i, p in enumerate(PERSONAS) for j, q in enumerate(QUESTIONS) if (i + j) % 3 == part],
         "qa": list(QA if part == 0 else QA2),
         "math": math,
         "summarize": [f"Summarize: {p}" for _, p in summ],

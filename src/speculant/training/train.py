@@ -348,6 +348,9 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     if cfg.feature_weight and heads_cfg.kind != "sequential":
         raise ConfigError("feature_weight is a loss on the states of sequential heads: use kind='sequential' "
                           "(--head-kind sequential) or feature_weight=0")
+    if cfg.feature_noise and not flat:
+        raise ConfigError("feature_noise perturbs the rows of the feature table: use mode medusa1 with "
+                          "cache_features (the defaults), or feature_noise=0")
     vocab = remap = None
     if cfg.train_vocab == "data":
         if not (flat and heads_cfg.shared_lm_head):
