@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import SpeculantError
+from .runtime import tune_allocator
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -321,6 +322,7 @@ def cmd_build_tree(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    tune_allocator()
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree}

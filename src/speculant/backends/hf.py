@@ -6,17 +6,21 @@ import torch
 
 from ..kv_cache import KVCache
 from .base import CacheBacked, ForwardOut
+from .hf_attention import use_tree_attention
 
 
 class HFBackend(CacheBacked):
     """Wraps a transformers ``*ForCausalLM`` (eval mode, batch size 1).
 
     The decoder stack produces the final normed hidden state; the output layer is applied only to
-    the rows whose logits are needed (a prompt's prefill needs one row, not T × V).
+    the rows whose logits are needed (a prompt's prefill needs one row, not T × V). A model on
+    ``sdpa`` attention is switched to :mod:`.hf_attention`'s grouped-query form of it (same
+    results, no copy of the KV heads in a tree pass).
     """
 
     def __init__(self, model: torch.nn.Module, name: str = "hf"):
         self.model = model.eval()
+        use_tree_attention(model)  # sdpa without repeat_kv for masked passes (hf_attention.py)
         self.name = name
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
