@@ -569,3 +569,26 @@ def test_dynamic_tree_of_medusa_heads(target, plain, request, which):
     for prompt, ref in zip(prompts(), plain):
         for lookup in (None, LookupDrafter(3)):
             assert run(target, MedusaDrafter(heads, build_tree("2"), V, lookup, dynamic=cfg), prompt).generated == ref
+
+
+def test_default_hydra_tree_makes_room_for_the_lookup_chain(tmp_path):
+    """hydra's default dynamic tree: 24 heads' nodes; with a lookup branch of N, 28 - N (at least
+    4), so a step verifies the same 29 rows; greedy output still equals plain decoding."""
+    import speculant
+    from speculant import SpeculativeDecoder
+    from speculant.heads import SequentialHeads
+    from tiny import tiny_model_dir
+
+    lm = speculant.load(tiny_model_dir(tmp_path / "m"), "float32")
+    heads = SequentialHeads(HeadsConfig(3, 1, lm.model.config.hidden_size, lm.logits_dim, kind="sequential"),
+                            lm.model.get_output_embeddings(), lm.model.get_input_embeddings())
+    nodes = {n: SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=n, dtype="float32").dynamic.nodes
+             for n in (0, 4, 12, 30)}
+    assert nodes == {0: 24, 4: 24, 12: 16, 30: 4}
+    dec = SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=12, dtype="float32")
+    plain = SpeculativeDecoder(lm, method="ar", dtype="float32")
+    prompt = "w1 w2 w3 w1 w2 w3 w1"
+    assert dec.generate(prompt, 24).token_ids == plain.generate(prompt, 24).token_ids
+    explicit = SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=12, tree="dynamic:20",
+                                  dtype="float32")
+    assert explicit.dynamic.nodes == 20  # a tree the user names is kept as it is

@@ -33,6 +33,10 @@ TREE_METHODS = {"medusa", "hydra"}  # heads verified as a token tree
 # hydra's default: a tree grown per step from the heads' probabilities (drafters.medusa.DynamicTree);
 # the static tree shipped next to the heads (tree.json) is still there for --tree-file
 DEFAULT_HYDRA_TREE = "dynamic"
+# With a lookup branch of N tokens merged into hydra's default dynamic tree, the heads get 28 - N
+# nodes, so a step still verifies 1 + 28 = 29 rows (a bf16 pass costs about the same from ~24 to
+# 32 rows on 2 AMX cores, then jumps). The bench's +lookup methods use N = DEFAULT_LOOKUP_BRANCH.
+DEFAULT_TREE_ROWS = 28
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ class SpeculativeDecoder:
     the target preset. lookup_branch: medusa/hydra only, N > 0 adds a prompt-lookup chain of N
     tokens as one more branch of the tree (drafters/medusa.py). ``tree`` for hydra may also be
     "dynamic", "dynamic:N" or "dynamic:N:D" (the default: a tree of N = 24 nodes grown at every
-    step from the heads' probabilities, ``drafters.medusa.DynamicTree``).
+    step from the heads' probabilities, ``drafters.medusa.DynamicTree``; with a lookup branch of
+    N' tokens, 28 - N' nodes, so a step verifies 29 rows either way).
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
     draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
     quantization of the draft (a private copy).
@@ -173,6 +178,8 @@ class SpeculativeDecoder:
             build_tree(tree)  # a bad tree spec fails before any model is loaded
         elif method == "hydra":
             self.dynamic = DynamicTree.parse(DEFAULT_HYDRA_TREE)
+            if lookup_branch:
+                self.dynamic = dataclasses.replace(self.dynamic, nodes=max(DEFAULT_TREE_ROWS - lookup_branch, 4))
         self.backend = backend
         if backend == "native":
             self.target = _native(target, dtype, target_quant, quant_head, keep_dense=False)

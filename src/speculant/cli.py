@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .config import DEFAULT_LOOKUP_BRANCH
 from .errors import SpeculantError
 from .runtime import tune_allocator
 
@@ -33,7 +34,8 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-replacement", action="store_true", help="mcsd: draw candidates without replacement")
     p.add_argument("--lookup-branch", type=int, default=0,
                    help="medusa/hydra: add a prompt-lookup (n-gram) chain of N tokens to the tree as one more "
-                        "branch (default: 0, none; bench: methods medusa+lookup / hydra+lookup use --gamma)")
+                        "branch (default: 0, none; bench: the methods medusa+lookup / hydra+lookup use N, "
+                        f"default {DEFAULT_LOOKUP_BRANCH})")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
@@ -236,6 +238,7 @@ def cmd_bench(args) -> int:
 
     cfg = BenchConfig(target=args.target, draft=args.draft or DEFAULT_DRAFT, methods=tuple(args.methods.split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
+                      lookup_branch=args.lookup_branch or DEFAULT_LOOKUP_BRANCH,
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
                       hydra_heads=args.hydra_heads, replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..api import BACKENDS, SpeculativeDecoder, load_native
-from ..config import parse_acceptance
+from ..config import DEFAULT_LOOKUP_BRANCH, parse_acceptance
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
 from .llamacpp import LlamaCppPlain, llamacpp_unavailable
@@ -40,6 +40,7 @@ class BenchConfig:
     per_category: int = 1
     max_new_tokens: int = 128
     gamma: int = 4
+    lookup_branch: int = DEFAULT_LOOKUP_BRANCH  # medusa+lookup / hydra+lookup: the prompt-lookup chain's length
     tree: str | None = None  # mcsd: 2x1x1x1; medusa: the heads' tree
     medusa_tree: str | None = None  # medusa's tree when both run (default: the tree shipped with the heads)
     heads: str | None = None  # medusa/bpd heads directory (default: shipped for the target preset)
@@ -74,6 +75,8 @@ class BenchConfig:
             raise ConfigError("--target-quant needs --backend native")
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
+        if self.lookup_branch < 1:
+            raise ConfigError(f"--lookup-branch must be >= 1 for the +lookup methods, got {self.lookup_branch}")
 
 
 def split_method(m: str) -> tuple[str, str]:
@@ -157,7 +160,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         tree = cfg.medusa_tree if base == "medusa" else cfg.tree if name == "mcsd" else None
         dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if name in ("sd", "mcsd") else None,
                                  method=base, gamma=cfg.gamma,
-                                 lookup_branch=cfg.gamma if lookup else 0, tree=tree, replacement=cfg.replacement,
+                                 lookup_branch=cfg.lookup_branch if lookup else 0, tree=tree, replacement=cfg.replacement,
                                  heads=cfg.hydra_heads if base == "hydra" else cfg.heads, acceptance=rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head)
