@@ -22,7 +22,7 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                    help="mcsd/medusa/hydra tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths; "
                         "hydra also dynamic[:N[:D]] (a tree of N nodes, depth <= D, grown at every step from the "
                         "heads' probabilities). Default: 2x1x1x1 for mcsd, the tree shipped with the heads for "
-                        "medusa, dynamic (24 nodes) for hydra")
+                        "medusa, dynamic (24 nodes, depth 3; 28 - N nodes with a lookup branch of N) for hydra")
     p.add_argument("--tree-file", default=None, help="medusa/hydra/mcsd: a JSON file with a list of paths")
     p.add_argument("--heads", default=None,
                    help="medusa/hydra/bpd: a heads directory (medusa/bpd: Medusa heads in the Medusa checkpoint "
