@@ -42,9 +42,12 @@ def use_tree_attention(model: torch.nn.Module) -> None:
     """Switch a transformers model that uses ``sdpa`` to :func:`tree_sdpa_attention` (same results;
     models on any other attention implementation are left as they are)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return
     AttentionInterface.register(NAME, tree_sdpa_attention)
+    # the masks transformers builds for it (e.g. left padding in batched generate) stay sdpa's
+    AttentionMaskInterface.register(NAME, sdpa_mask)
     model.set_attn_implementation(NAME)
