@@ -16,16 +16,19 @@ the same tokens:
     python tools/teacher_forced_tau.py gen dev.jsonl --questions 2,3,4,5 --max-new-tokens 96
     python tools/teacher_forced_tau.py eval dev.jsonl --configs 24:4,16:12 [--method medusa] [--heads DIR]
 
-A config is ``NODES:N``: the dynamic tree's heads' nodes (hydra; ignored by medusa's static tree)
-and the lookup chain's length N (0: no chain).
+A config is ``NODES:N``: the dynamic tree's heads' nodes (hydra; ignored by medusa's static tree;
+every other setting, e.g. the depth, is hydra's default tree's) and the lookup chain's length N (0: no
+chain).
 """
 import argparse
+import dataclasses
 import json
 import time
 
 import torch
 
 from speculant import SpeculativeDecoder, tune_allocator
+from speculant.api import DEFAULT_HYDRA_TREE
 from speculant.bench.harness import load_questions
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import DynamicTree, MedusaDrafter
@@ -68,6 +71,11 @@ def replay(drafter: MedusaDrafter, ids: torch.Tensor, prompt_len: int, hidden: t
     return min(tokens, n - prompt_len), steps
 
 
+def default_tree(nodes: int) -> DynamicTree:
+    """hydra's default dynamic tree (as ``SpeculativeDecoder`` builds it) with ``nodes`` heads' nodes."""
+    return dataclasses.replace(DynamicTree.parse(DEFAULT_HYDRA_TREE), nodes=nodes)
+
+
 def evaluate(args) -> None:
     dec = SpeculativeDecoder(TARGET, method=args.method, chat=True, heads=args.heads)
     recs = [json.loads(line) for line in open(args.data)]
@@ -84,7 +92,7 @@ def evaluate(args) -> None:
         with torch.inference_mode():
             for r, h in zip(recs, states):
                 lookup = LookupDrafter(chain) if chain else None
-                dynamic = DynamicTree(nodes) if args.method == "hydra" else None
+                dynamic = default_tree(nodes) if args.method == "hydra" else None
                 drafter = MedusaDrafter(dec.heads, dec.tree, dec.vocab_size, lookup, dynamic=dynamic)
                 got = replay(drafter, torch.tensor(r["ids"]), r["prompt_len"], h)
                 acc = per_cat.setdefault(r["cat"], [0, 0])
