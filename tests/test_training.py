@@ -302,6 +302,48 @@ def test_feature_table_next_rows_and_feature_loss(target, tmp_path):
         train_heads(target, heads_cfg(), data, tmp_path / "m", feature_weight=1.0, **kw)
 
 
+def test_teacher_loss_scores_the_targets_own_distribution_at_the_predicted_position(target, tmp_path):
+    """Head k at position t is taught the target's distribution at t+k+1 (which predicts token
+    t+k+2, the head's label): logits equal to exactly that reach the loss's minimum (Σ λ^k · entropy),
+    the ones one position off score worse; training with it learns and is recorded; it needs the
+    feature table."""
+    from speculant.heads import _frozen_projection, make_heads
+    from speculant.training.data import windows
+    from speculant.training.train import _FeatureTable, _Trainable, teacher_loss
+    recs = synthetic_records(n=4, length=40)
+    heads = make_heads(dataclasses.replace(heads_cfg(), kind="sequential"), target)
+    table = _FeatureTable.build(windows(recs, 64, False), K, _Trainable(target, heads), "cpu", progress=False)
+    rows = torch.arange(len(table))
+    nxt = table.next_rows
+
+    def project(h):
+        return _frozen_projection(target.get_output_embeddings(), h).float()
+
+    def logits_at(offset):  # (K, n, V): the target's logits at next_rows[:, k + offset] (0 where none)
+        out = torch.zeros(K, len(table), V)
+        for k in range(K):
+            col = nxt[:, min(k + offset, K - 1)] if k + offset >= 0 else rows
+            ok = (nxt[:, k] >= 0) & (col >= 0)
+            out[k, ok] = project(table.hidden[col[ok]])
+        return out
+
+    right = teacher_loss(logits_at(0), table, rows, project, 0.8, "cpu")
+    entropy = sum(0.8 ** k * -(lambda p: (p * p.log()).sum(-1).mean())(project(table.hidden[nxt[nxt[:, k] >= 0, k]]).softmax(-1))
+                  for k in range(K))
+    torch.testing.assert_close(right, entropy)
+    assert float(teacher_loss(logits_at(-1), table, rows, project, 0.8, "cpu")) > float(right) + 0.05
+    assert float(teacher_loss(torch.zeros(K, len(table), V), table, rows, project, 0.8, "cpu")) > float(right) + 0.05
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    kw = dict(steps=40, save_every=100, rows_per_batch=64, **FAST)
+    rep = train_heads(target, dataclasses.replace(heads_cfg(), kind="sequential"), data, tmp_path / "t",
+                      teacher_weight=1.0, **kw)
+    assert rep["final"]["top1"][0] > rep["initial"]["top1"][0] + 0.3 and rep["config"]["teacher_weight"] == 1.0
+    with pytest.raises(ConfigError, match="teacher_weight scores the target's own logits"):
+        train_heads(target, heads_cfg(), data, tmp_path / "n", teacher_weight=1.0, cache_features=False, **kw)
+    with pytest.raises(ConfigError, match="teacher_weight must be >= 0|feature_weight and teacher_weight"):
+        train_heads(target, heads_cfg(), data, tmp_path / "m", teacher_weight=-1.0, **kw)
+
+
 def test_feature_noise_weight_decay_and_held_out_history(target, tmp_path):
     """feature_noise and weight_decay change the training (not the held-out scoring before it),
     the heads still learn, and eval_every keeps a held-out history ending with the final metrics."""

@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--feature-weight", type=float, default=0.0,
                    help="sequential heads: weight of an EAGLE-style loss pulling each step's state onto the "
                         "target's hidden state at that position (default: %(default)s, off)")
+    t.add_argument("--teacher-weight", type=float, default=0.0,
+                   help="weight of a soft-label loss against the target's own next-token distribution at each "
+                        "position a head predicts (Hydra++'s teacher distillation; needs the feature table) "
+                        "(default: %(default)s, off)")
     t.add_argument("--feature-noise", type=float, default=0.0,
                    help="medusa1 feature table: add uniform noise U(-a, a) x the row's RMS to the hidden states "
                         "the heads read in training (EAGLE's trick against overfitting) (default: %(default)s, off)")
@@ -288,6 +292,7 @@ def cmd_train_heads(args) -> int:
     report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
                          batch_size=args.batch_size, rows_per_batch=args.rows_per_batch,
                          train_vocab=args.train_vocab, feature_weight=args.feature_weight,
+                         teacher_weight=args.teacher_weight,
                          feature_cache=args.feature_cache, feature_noise=args.feature_noise,
                          weight_decay=args.weight_decay, eval_every=args.eval_every, grad_accum=args.grad_accum, seq_len=args.seq_len,
                          lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,

@@ -44,7 +44,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models import LoadedModel
-from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, load_heads, make_heads, save_heads
+from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, _frozen_projection, load_heads, make_heads, save_heads
 from .data import Batches, collate, load_records, windows
 from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows, row_inputs, row_targets
 
@@ -90,6 +90,11 @@ class TrainConfig:
     # sequential heads: weight w of an EAGLE-style feature loss, Σ_d λ^d · w · smooth-L1(s_d, h_{t+d}),
     # pulling each step's state onto the target's own hidden state at that position (0: off)
     feature_weight: float = 0.0
+    # weight w of a soft-label (teacher) loss, Σ_k λ^k · w · CE(softmax(z_{t+k+1}), head_k), z the
+    # target's own logits at the position head k predicts for (Hydra++'s teacher distillation; the
+    # hard labels are the target's greedy tokens, the soft ones also rank its alternatives, which a
+    # tree drafts). Needs the feature table, which holds the target's hidden states (0: off)
+    teacher_weight: float = 0.0
     # medusa1 feature table: a directory where the frozen backbone's tables are kept and reused by
     # later runs on the same data, split, window length, K and backbone (None: not kept)
     feature_cache: str | None = None
@@ -105,8 +110,9 @@ class TrainConfig:
         if self.feature_noise < 0 or self.eval_every < 0 or self.weight_decay < 0:
             raise ConfigError("feature_noise, eval_every and weight_decay must be >= 0, got "
                               f"{self.feature_noise}, {self.eval_every}, {self.weight_decay}")
-        if self.feature_weight < 0:
-            raise ConfigError(f"feature_weight must be >= 0, got {self.feature_weight}")
+        if self.feature_weight < 0 or self.teacher_weight < 0:
+            raise ConfigError(f"feature_weight and teacher_weight must be >= 0, got {self.feature_weight}, "
+                              f"{self.teacher_weight}")
         if self.train_vocab not in ("full", "data"):
             raise ConfigError(f"train_vocab must be 'full' or 'data', got {self.train_vocab!r}")
         for name in ("batch_size", "grad_accum", "seq_len", "save_every", "keep_checkpoints", "lora_r"):
@@ -276,6 +282,27 @@ def feature_loss(states: torch.Tensor, table: _FeatureTable, rows: torch.Tensor,
     return loss
 
 
+def teacher_loss(head_logits: torch.Tensor, table: _FeatureTable, rows: torch.Tensor, project, lam: float,
+                 device) -> torch.Tensor:
+    """Σ_k λ^k · CE(softmax(z), head_k) over the rows whose predicted position has a hidden state in
+    the table: head_logits (K, n, V') at the table's ``rows`` (n,); ``project`` maps the target's
+    hidden states (m, H) to its logits (m, V') over the same V' tokens. Head k at position t
+    predicts token t+k+2, which the target's output at position t+k+1 (``next_rows[:, k]``) scores."""
+    nxt = table.next_rows[rows]  # (n, K)
+    ok = nxt >= 0  # (n, K)
+    with torch.no_grad():  # one projection for every head's teacher rows
+        soft = project(table.hidden[nxt.T[ok.T]].to(device)).float().softmax(-1)  # (Σ_k m_k, V')
+    loss = head_logits.new_zeros((), dtype=torch.float32)
+    start = 0
+    for k in range(head_logits.shape[0]):
+        m = int(ok[:, k].sum())
+        if m:
+            loss = loss + lam ** k * F.cross_entropy(head_logits[k][ok[:, k].to(device)].float(),
+                                                     soft[start:start + m])
+        start += m
+    return loss
+
+
 def _lr_lambda(total: int, warmup: int, start: int = 0):
     """0 before ``start``, then a linear warm-up of ``warmup`` steps and a cosine decay to 0."""
     def f(step: int) -> float:
@@ -348,6 +375,9 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     if cfg.feature_weight and heads_cfg.kind != "sequential":
         raise ConfigError("feature_weight is a loss on the states of sequential heads: use kind='sequential' "
                           "(--head-kind sequential) or feature_weight=0")
+    if cfg.teacher_weight and not flat:
+        raise ConfigError("teacher_weight scores the target's own logits from the feature table: use mode medusa1 "
+                          "with cache_features (the defaults), or teacher_weight=0")
     if cfg.feature_noise and not flat:
         raise ConfigError("feature_noise perturbs the rows of the feature table: use mode medusa1 with "
                           "cache_features (the defaults), or feature_noise=0")
@@ -363,6 +393,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         remap[vocab] = torch.arange(len(vocab))
     torch.manual_seed(cfg.seed)
     heads = make_heads(heads_cfg, model).float()
+    out_layer = model.get_output_embeddings()  # the target's own (frozen) output layer: the teacher
     if init_from is not None:
         start = load_heads(init_from, model, dtype=torch.float32)
         shape = dataclasses.replace(start.config, base_model=heads_cfg.base_model)
@@ -406,6 +437,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     fingerprint = {"mode": cfg.mode, "heads": heads_cfg.to_json(), "seed": cfg.seed, "steps": total,
                    "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
                    "train_vocab": cfg.train_vocab, "feature_weight": cfg.feature_weight, "feature_noise": cfg.feature_noise,
+                   "teacher_weight": cfg.teacher_weight,
                    "weight_decay": cfg.weight_decay,
                    "grad_accum": cfg.grad_accum, "seq_len": cfg.seq_len,
                    "world": world, "data_sha256": data_sha256,
@@ -483,6 +515,10 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                         loss, per, t1, _, _ = medusa_loss_rows(hl, targets.to(device), cfg.lam)
                         if cfg.feature_weight:
                             loss = loss + cfg.feature_weight * feature_loss(res[2], train_table, rows, cfg.lam, device)
+                        if cfg.teacher_weight:
+                            v = vocab.to(device) if vocab is not None else None
+                            loss = loss + cfg.teacher_weight * teacher_loss(
+                                hl, train_table, rows, lambda h: _frozen_projection(out_layer, h, v), cfg.lam, device)
                     else:
                         ids, attn, mask = (t.to(device) for t in batches[m])
                         lm, hl = trainable(ids, attn, joint=joint)
