@@ -44,7 +44,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models import LoadedModel
-from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, _frozen_projection, load_heads, make_heads, save_heads
+from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, load_heads, make_heads, save_heads
 from .data import Batches, collate, load_records, windows
 from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows, row_inputs, row_targets
 
@@ -393,7 +393,16 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         remap[vocab] = torch.arange(len(vocab))
     torch.manual_seed(cfg.seed)
     heads = make_heads(heads_cfg, model).float()
-    out_layer = model.get_output_embeddings()  # the target's own (frozen) output layer: the teacher
+    teacher_project = None
+    if cfg.teacher_weight:  # the target's frozen output layer, cut to the trained vocabulary once, not every step
+        out_layer = model.get_output_embeddings()
+        t_weight = out_layer.weight.detach()
+        t_bias = out_layer.bias.detach() if getattr(out_layer, "bias", None) is not None else None
+        if vocab is not None:
+            t_weight, t_bias = t_weight[vocab], (t_bias[vocab] if t_bias is not None else None)
+
+        def teacher_project(h: torch.Tensor) -> torch.Tensor:  # (m, H) -> (m, V') target logits
+            return F.linear(h.to(t_weight.dtype), t_weight, t_bias)
     if init_from is not None:
         start = load_heads(init_from, model, dtype=torch.float32)
         shape = dataclasses.replace(start.config, base_model=heads_cfg.base_model)
@@ -516,9 +525,8 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                         if cfg.feature_weight:
                             loss = loss + cfg.feature_weight * feature_loss(res[2], train_table, rows, cfg.lam, device)
                         if cfg.teacher_weight:
-                            v = vocab.to(device) if vocab is not None else None
                             loss = loss + cfg.teacher_weight * teacher_loss(
-                                hl, train_table, rows, lambda h: _frozen_projection(out_layer, h, v), cfg.lam, device)
+                                hl, train_table, rows, teacher_project, cfg.lam, device)
                     else:
                         ids, attn, mask = (t.to(device) for t in batches[m])
                         lm, hl = trainable(ids, attn, joint=joint)
