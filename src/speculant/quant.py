@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
+from .packing import unpack_linears
 from .kernels import GROUP, dequantize_int4, cpu_kernels, pack_int4
 
 QUANT_MODES = ("none", "int8", "int4")
@@ -196,6 +197,7 @@ def quantize_linears(model: nn.Module, mode: str, group_size: int = 64) -> nn.Mo
         raise ConfigError(f"unknown quantization {mode!r}: choose one of {', '.join(QUANT_MODES)}")
     if mode == "none":
         return model
+    unpack_linears(model)  # plain nn.Linear layers to quantize (a no-op unless an HFBackend packed them)
     dtype = next(model.parameters()).dtype
     if mode == "int4" and dtype != torch.bfloat16:
         raise ConfigError("int4 weights need a bfloat16 model: load it with dtype='bfloat16'")

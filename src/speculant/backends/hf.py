@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..kv_cache import KVCache
+from ..packing import pack_linears
 from .base import CacheBacked, ForwardOut
 from .hf_attention import use_tree_attention
 
@@ -15,12 +16,16 @@ class HFBackend(CacheBacked):
     The decoder stack produces the final normed hidden state; the output layer is applied only to
     the rows whose logits are needed (a prompt's prefill needs one row, not T × V). A model on
     ``sdpa`` attention is switched to :mod:`.hf_attention`'s grouped-query form of it (same
-    results, no copy of the KV heads in a tree pass).
+    results, no copy of the KV heads in a tree pass). ``pack``: a bf16 model's linear layers are
+    swapped for :class:`~speculant.packing.PackedLinear` (same results, faster on CPU; in place —
+    :func:`~speculant.packing.unpack_linears` undoes it).
     """
 
-    def __init__(self, model: torch.nn.Module, name: str = "hf"):
+    def __init__(self, model: torch.nn.Module, name: str = "hf", pack: bool = True):
         self.model = model.eval()
         use_tree_attention(model)  # sdpa without repeat_kv for masked passes (hf_attention.py)
+        if pack:
+            pack_linears(model)  # bf16 weights in oneDNN's layout once, not at every call (packing.py)
         self.name = name
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()

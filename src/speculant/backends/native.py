@@ -34,6 +34,7 @@ from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
 from ..kernels import cpu_kernels
+from ..packing import unpack_linears
 from ..quant import QUANT_MODES, quantize_linear
 from .base import CacheBacked, ForwardOut
 from .native_cache import StaticKVCache
@@ -123,6 +124,7 @@ class NativeModel(nn.Module):
         keep_dense: quantized layers keep (a reference to) the dense weight for inputs of many
         rows; it costs nothing here, the transformers model holds it anyway.
         """
+        unpack_linears(model)  # plain nn.Linear weights to share (a no-op unless an HFBackend packed them)
         cfg = model.config.get_text_config()
         _check_config(cfg)
         _check_quant(quant, next(model.parameters()).dtype)

@@ -44,6 +44,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models import LoadedModel
+from ..packing import unpack_linears
 from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, load_heads, make_heads, save_heads
 from .data import Batches, collate, load_records, windows
 from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows, row_inputs, row_targets
@@ -350,6 +351,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
 
     cfg = dataclasses.replace(cfg or TrainConfig(), **overrides)
     model = target.model if isinstance(target, LoadedModel) else target
+    unpack_linears(model)  # nn.Linear layers for LoRA and autograd (a decoder's HFBackend packs them)
     out, t0 = Path(out_dir), time.perf_counter()
     ckpt_root = out / "checkpoints"
     paths = [Path(data_path)] if isinstance(data_path, (str, os.PathLike)) else [Path(p) for p in data_path]

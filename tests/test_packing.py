@@ -1,0 +1,107 @@
+"""Packed (oneDNN-blocked) bf16 linear layers: same results as the plain model, reversible."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from speculant import packing
+from speculant.backends.hf import HFBackend
+from speculant.backends.native import NativeModel
+from speculant.config import SamplingConfig
+from speculant.decoding import decode
+from speculant.drafters.base import NoDrafter
+from speculant.drafters.draft_model import DraftModelDrafter
+from speculant.packing import PackedLinear, is_packed, pack_linears, unpack_linears
+from speculant.tree import build_tree
+
+from tiny import fixed_prompts, perturbed, tiny_qwen2
+
+pytestmark = pytest.mark.skipif(not packing.available(), reason="no oneDNN bf16 linear on this CPU / torch build")
+
+
+def bf16_qwen(seed=0, tied=True):
+    return tiny_qwen2(seed=seed, tied=tied, scale=4.0, dtype=torch.bfloat16)
+
+
+def run(backend, drafter, prompt, n=30):
+    state = None
+    for state, _ in decode(backend, drafter, prompt, max_new_tokens=n, sampling=SamplingConfig()):
+        pass
+    return state
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_packed_passes_equal_plain(tied):
+    plain = bf16_qwen(tied=tied)
+    packed = copy.deepcopy(plain)
+    a, b = HFBackend(plain, pack=False), HFBackend(packed)
+    assert not is_packed(plain)
+    n_linear = sum(isinstance(m, PackedLinear) for m in packed.modules())
+    assert n_linear == 2 * 7 + 1  # q k v o gate up down per layer, and the output layer
+    prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
+    tree = build_tree("3x2x1")
+    with torch.inference_mode():
+        for be in (a, b):
+            be.reset()
+        outs = [be.forward(prompt, want_hidden=True) for be in (a, b)]
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=0, atol=0)
+        torch.testing.assert_close(outs[1].hidden, outs[0].hidden, rtol=0, atol=0)
+        toks = torch.randint(0, 64, (tree.size,), generator=torch.Generator().manual_seed(1))
+        outs = [be.forward(toks, positions=40 + tree.depths, tree_mask=tree.mask) for be in (a, b)]
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=0, atol=0)
+
+
+def test_greedy_outputs_identical_to_the_plain_model():
+    """Plain decoding, speculative decoding and multi-candidate decoding on packed bf16 models give
+    the plain bf16 model's greedy text."""
+    target = bf16_qwen()
+    draft = perturbed(target, noise=0.3)
+    packed_target, packed_draft = copy.deepcopy(target), copy.deepcopy(draft)
+    for prompt in fixed_prompts(64):
+        ref = run(HFBackend(target, pack=False), NoDrafter(), prompt).generated
+        assert run(HFBackend(packed_target), NoDrafter(), prompt).generated == ref
+        for tree in ("4", "4x2x2x1"):
+            drafter = DraftModelDrafter(HFBackend(packed_draft), build_tree(tree), SamplingConfig(), 64)
+            assert run(HFBackend(packed_target), drafter, prompt).generated == ref
+    assert is_packed(packed_target) and is_packed(packed_draft)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_unpack_restores_the_exact_weights(tied):
+    plain = bf16_qwen(seed=3, tied=tied)
+    model = copy.deepcopy(plain)
+    count = pack_linears(model)
+    assert count == 15 and pack_linears(model) == 0  # packing twice is a no-op
+    assert model.get_output_embeddings().weight is not None  # heads project through it
+    assert unpack_linears(model) == 15 and not is_packed(model)
+    for (name, p), q in zip(plain.named_parameters(), model.parameters()):
+        assert torch.equal(p, q), name
+    if tied:
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_float32_models_are_left_alone():
+    model = tiny_qwen2(seed=0)
+    assert pack_linears(model) == 0
+    HFBackend(model)
+    assert not is_packed(model)
+
+
+def test_native_backend_and_quantization_take_a_packed_model():
+    """Code that needs nn.Linear weights unpacks first: the native backend built from a packed
+    model computes the plain model's logits."""
+    plain = bf16_qwen(seed=4)
+    model = copy.deepcopy(plain)
+    HFBackend(model)
+    assert is_packed(model)
+    native = NativeModel.from_hf(model)
+    assert not is_packed(model)
+    ref = NativeModel.from_hf(plain)
+    prompt = torch.arange(1, 20)
+    with torch.inference_mode():
+        from speculant.backends.native import NativeBackend
+        x, y = NativeBackend(native), NativeBackend(ref)
+        torch.testing.assert_close(x.forward(prompt).logits, y.forward(prompt).logits, rtol=0, atol=0)
