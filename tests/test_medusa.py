@@ -572,8 +572,8 @@ def test_dynamic_tree_of_medusa_heads(target, plain, request, which):
 
 
 def test_default_hydra_tree_makes_room_for_the_lookup_chain(tmp_path):
-    """hydra's default dynamic tree: 24 heads' nodes, depth 3; with a lookup branch of N, 28 - N
-    (at least 4), so a step verifies the same 29 rows; greedy output still equals plain decoding."""
+    """hydra's default dynamic tree: 15 heads' nodes, depth 2; with a lookup branch of N, 15 - N
+    (at least 4), so a step verifies the same 16 rows; greedy output still equals plain decoding."""
     import speculant
     from speculant import SpeculativeDecoder
     from speculant.heads import SequentialHeads
@@ -583,9 +583,9 @@ def test_default_hydra_tree_makes_room_for_the_lookup_chain(tmp_path):
     heads = SequentialHeads(HeadsConfig(3, 1, lm.model.config.hidden_size, lm.logits_dim, kind="sequential"),
                             lm.model.get_output_embeddings(), lm.model.get_input_embeddings())
     nodes = {n: SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=n, dtype="float32").dynamic.nodes
-             for n in (0, 4, 12, 30)}
-    assert nodes == {0: 24, 4: 24, 12: 16, 30: 4}
-    assert SpeculativeDecoder(lm, method="hydra", heads=heads, dtype="float32").dynamic.depth == 3
+             for n in (0, 4, 8, 12, 30)}
+    assert nodes == {0: 15, 4: 11, 8: 7, 12: 4, 30: 4}
+    assert SpeculativeDecoder(lm, method="hydra", heads=heads, dtype="float32").dynamic.depth == 2
     dec = SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=12, dtype="float32")
     plain = SpeculativeDecoder(lm, method="ar", dtype="float32")
     prompt = "w1 w2 w3 w1 w2 w3 w1"

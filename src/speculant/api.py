@@ -30,16 +30,21 @@ BACKENDS = ("hf", "native")
 NEEDS_DRAFT = {"sd", "mcsd"}
 NEEDS_HEADS = {"medusa", "hydra", "bpd"}
 TREE_METHODS = {"medusa", "hydra"}  # heads verified as a token tree
-# hydra's default: a tree of 24 nodes, depth <= 3, grown per step from the heads' probabilities
+# hydra's default: a tree of 15 nodes, depth <= 2, grown per step from the heads' probabilities
 # (drafters.medusa.DynamicTree); the static tree shipped next to the heads (tree.json) is still
-# there for --tree-file. Depth 3 rather than the heads' 4: teacher-forced tau on 52 dev prompts is
-# the same (1.904 both; with the 12-token lookup chain 2.341 against 2.342) and a step drafts one
-# head step and one output-layer shortlist fewer (~3 ms).
-DEFAULT_HYDRA_TREE = "dynamic:24:3"
-# With a lookup branch of N tokens merged into hydra's default dynamic tree, the heads get 28 - N
-# nodes, so a step still verifies 1 + 28 = 29 rows (a bf16 pass costs about the same from ~24 to
-# 32 rows on 2 AMX cores, then jumps). The bench's +lookup methods use N = DEFAULT_LOOKUP_BRANCH.
-DEFAULT_TREE_ROWS = 28
+# there for --tree-file. Depth 2 rather than the heads' 4: at 16 rows with the 8-token lookup chain
+# (7 heads' nodes), teacher-forced tau on 52 dev prompts is 2.205 at depth 3, 2.193 at depth 2 and
+# 2.025 at depth 1, and each depth drafted costs one head step and one output-layer shortlist
+# (~4 ms of a ~190 ms step). (At 29 rows, depth 3 and 4 were alike: 2.341 against 2.342.)
+DEFAULT_HYDRA_TREE = "dynamic:15:2"
+# A step verifies 1 + DEFAULT_TREE_ROWS rows: with a lookup branch of N tokens merged into hydra's
+# default dynamic tree, the heads get DEFAULT_TREE_ROWS - N nodes. 16 rows because with packed bf16
+# weights (packing.py) oneDNN computes rows in tiles of 16: the Qwen 1.5B pass costs 165 / 177 / 193
+# / 210 ms at 1 / 16 / 17 / 29 rows (500 tokens of context), so the 17th row costs more than the
+# 2nd to 16th together. Teacher-forced tau of hydra+lookup (tools/teacher_forced_tau.py, 52 dev
+# prompts) is 2.173 at 16 rows (7 nodes + an 8-token chain) against 2.330 at 29 (16 + 12): 7% less
+# tau for 16% less time per step. The bench's +lookup methods use N = DEFAULT_LOOKUP_BRANCH.
+DEFAULT_TREE_ROWS = 15
 
 
 @dataclass(frozen=True)
@@ -130,9 +135,9 @@ class SpeculativeDecoder:
     medusa/bpd the Medusa checkpoint layout), or the heads object; default: the heads shipped for
     the target preset. lookup_branch: medusa/hydra only, N > 0 adds a prompt-lookup chain of N
     tokens as one more branch of the tree (drafters/medusa.py). ``tree`` for hydra may also be
-    "dynamic", "dynamic:N" or "dynamic:N:D" (the default: a tree of N = 24 nodes, depth D <= 3,
+    "dynamic", "dynamic:N" or "dynamic:N:D" (the default: a tree of N = 15 nodes, depth D <= 2,
     grown at every step from the heads' probabilities, ``drafters.medusa.DynamicTree``; with a lookup branch of
-    N' tokens, 28 - N' nodes, so a step verifies 29 rows either way).
+    N' tokens, 15 - N' nodes (at least 4), so a step verifies 16 rows either way).
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
     draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
     quantization of the draft (a private copy).

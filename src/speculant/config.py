@@ -13,7 +13,10 @@ from .errors import ConfigError
 # is 2.268 with a 4-token chain, 2.334 with 8, 2.342 with 12 (summaries 2.87 -> 3.63); medusa's
 # static 14-node tree + the chain, 1.925 with 4, 1.999 with 12. (First version of the replay; the
 # shipped tools/teacher_forced_tau.py stops counting at each text's end: 2.238 with 4, 2.309 with 12.)
-DEFAULT_LOOKUP_BRANCH = 12
+# At hydra's 16-row default (api.DEFAULT_TREE_ROWS, packed bf16 weights), the shipped tool gives
+# 2.134 with a 4-token chain (11 heads' nodes), 2.167 with 6, 2.173 with 8 (7 nodes), 2.171 with 9,
+# 2.163 with 10, 2.135 with 12: 8.
+DEFAULT_LOOKUP_BRANCH = 8
 
 
 @dataclass(frozen=True)
