@@ -4,7 +4,7 @@ dequantized matrix, and row independence (a row's output never depends on the ot
 import pytest
 import torch
 
-from speculant.kernels import dequantize_int4, cpu_kernels, pack_int4
+from speculant.kernels import dequantize_int4, cpu_kernels, pack_bf16, pack_int4
 
 kernel = cpu_kernels()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="needs AMX-INT8 and a C++ toolchain")
@@ -94,3 +94,29 @@ def test_attention_matches_reference_and_is_row_invariant():
     k2[:, :seen.numel()], v2[:, :seen.numel()] = keys[:, seen], values[:, seen]
     alone = kernel.attend(q[3:4].contiguous(), k2, v2, torch.ones(1, seen.numel(), dtype=torch.bool))
     assert torch.equal(alone[0], out[3])
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 7, 16, 17, 32, 45, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_kernel_matches_fp32_matmul(M, bias):
+    """bf16_amx.cpp: fp32 accumulation over all of K, so the result is the exact product rounded
+    to bf16 (up to the order of the additions); every row count (one or two 16-row halves, slabs)."""
+    g = torch.Generator().manual_seed(M)
+    N, K = 96, 320
+    w = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16)
+    b = torch.randn(N, generator=g).to(torch.bfloat16) if bias else torch.empty(0, dtype=torch.bfloat16)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    ref = x.float() @ w.float().t() + (b.float() if bias else 0.0)
+    y = kernel.bf16_mm(x, pack_bf16(w), b)
+    assert y.dtype == torch.bfloat16 and y.shape == (M, N)
+    torch.testing.assert_close(y.float(), ref.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+    # the layout is a permutation: every weight lands in its tile slot
+    wp = pack_bf16(w)
+    assert wp.shape == (N // 16, K // 32, 16, 16, 2)
+    assert torch.equal(wp[1, 2, 3, 4, 1], w[16 + 4, 64 + 2 * 3 + 1])
+
+
+def test_pack_bf16_rejects_odd_shapes():
+    with pytest.raises(ValueError, match="multiple|% 32"):
+        pack_bf16(torch.zeros(48, 64, dtype=torch.bfloat16))

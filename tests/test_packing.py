@@ -12,6 +12,7 @@ from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeModel
 from speculant.config import SamplingConfig
 from speculant.decoding import decode
+from speculant.kernels import cpu_kernels
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.packing import PackedLinear, is_packed, pack_linears, unpack_linears
@@ -39,8 +40,10 @@ def test_packed_passes_equal_plain(tied):
     packed = copy.deepcopy(plain)
     a, b = HFBackend(plain, pack=False), HFBackend(packed)
     assert not is_packed(plain)
-    n_linear = sum(isinstance(m, PackedLinear) for m in packed.modules())
-    assert n_linear == 2 * 7 + 1  # q k v o gate up down per layer, and the output layer
+    layers = [m for m in packed.modules() if isinstance(m, PackedLinear)]
+    assert len(layers) == 2 * 7 + 1  # q k v o gate up down per layer, and the output layer
+    # speculant's AMX kernel where it builds (every size of this model is a multiple of 32), else oneDNN's
+    assert all(m.own == (cpu_kernels() is not None) for m in layers)
     prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0))
     tree = build_tree("3x2x1")
     with torch.inference_mode():
@@ -105,3 +108,19 @@ def test_native_backend_and_quantization_take_a_packed_model():
         from speculant.backends.native import NativeBackend
         x, y = NativeBackend(native), NativeBackend(ref)
         torch.testing.assert_close(x.forward(prompt).logits, y.forward(prompt).logits, rtol=0, atol=0)
+
+
+def test_onednn_layout_where_the_kernels_do_not_run(monkeypatch):
+    """Without speculant's kernels (or for sizes not multiples of 32) layers take oneDNN's layout:
+    the same logits, and unpacking still gives the exact weights back."""
+    monkeypatch.setattr(packing, "cpu_kernels", lambda: None)
+    plain = bf16_qwen(seed=5)
+    model = copy.deepcopy(plain)
+    a, b = HFBackend(plain, pack=False), HFBackend(model)
+    assert all(not m.own for m in model.modules() if isinstance(m, PackedLinear))
+    prompt = torch.arange(3, 30)
+    with torch.inference_mode():
+        torch.testing.assert_close(b.forward(prompt).logits, a.forward(prompt).logits, rtol=0, atol=0)
+    unpack_linears(model)
+    for p, q in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(p, q)

@@ -26,7 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .kernels import cpu_kernels, pack_bf16
+
 ROWS_HINT = 32  # the batch size oneDNN picks the blocked layout for (a tree pass; measured: 16-64 alike)
+_EMPTY = torch.empty(0, dtype=torch.bfloat16)
 
 
 def available() -> bool:
@@ -40,20 +43,34 @@ def available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """``y = x @ W.T + b`` with W held in oneDNN's blocked layout (bf16, CPU, inference only)."""
+    """``y = x @ W.T + b`` with W held in a blocked layout for AMX (bf16, CPU, inference only).
+
+    Two layouts: speculant's own (``kernels/bf16_amx.cpp``: up to 32 rows per pass over the
+    weights) where its kernels run and the shape suits it (both sizes multiples of 32), else
+    oneDNN's (``mkldnn._reorder_linear_weight``).
+    """
 
     def __init__(self, linear: nn.Linear, keep_weight: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach()
+        kernels = cpu_kernels()
+        self.own = kernels is not None and self.in_features % 32 == 0 and self.out_features % 32 == 0
         # the blocked copy; a buffer (not a parameter): it is not trained and not saved with the model
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, ROWS_HINT), persistent=False)
+        packed = pack_bf16(w) if self.own else torch.ops.mkldnn._reorder_linear_weight(w, ROWS_HINT)
+        self.register_buffer("packed", packed, persistent=False)
         self.bias = linear.bias
         # (N, K) plain weight, kept for readers of it (heads projecting through the output layer)
         self.weight = linear.weight if keep_weight else None
+        self._kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if not self.own:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        shape = x.shape
+        bias = self.bias.detach() if self.bias is not None else _EMPTY
+        y = self._kernels.bf16_mm(x.reshape(-1, shape[-1]).contiguous(), self.packed, bias)
+        return y.view(*shape[:-1], self.out_features)
 
     def unpacked(self) -> nn.Linear:
         """The ``nn.Linear`` this layer computes (the kept weight, or the packed one read back exactly)."""
@@ -63,16 +80,21 @@ class PackedLinear(nn.Module):
             linear.weight = self.weight
         else:
             with torch.no_grad():
-                eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-                # row i of I @ W.T is column i of W.T: one nonzero product per output, so exact
-                wt = torch.ops.mkldnn._linear_pointwise(eye, self.packed, None, "none", [], "")
-            linear.weight = nn.Parameter(wt.t().contiguous(), requires_grad=False)
+                if self.own:  # pack_bf16's permutation undone
+                    wt = self.packed.permute(0, 3, 1, 2, 4).reshape(self.out_features, self.in_features)
+                    w = wt.contiguous()
+                else:
+                    eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+                    # row i of I @ W.T is column i of W.T: one nonzero product per output, so exact
+                    w = torch.ops.mkldnn._linear_pointwise(eye, self.packed, None, "none", [], "").t().contiguous()
+            linear.weight = nn.Parameter(w, requires_grad=False)
         if self.bias is not None:
             linear.bias = self.bias
         return linear
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"layout={'speculant' if self.own else 'onednn'}")
 
 
 def _swap(model: nn.Module, kind: type, make) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["GROUP", "cpu_has_amx_int8", "cpu_kernels", "dequantize_int4", "pack_int4"]
+__all__ = ["GROUP", "cpu_has_amx_int8", "cpu_kernels", "dequantize_int4", "pack_bf16", "pack_int4"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step
 
@@ -34,7 +34,7 @@ def cpu_has_amx_int8() -> bool:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return False
-    return {"amx_int8", "amx_tile", "avx512_bf16", "avx512bw"} <= flags
+    return {"amx_int8", "amx_bf16", "amx_tile", "avx512_bf16", "avx512bw"} <= flags
 
 
 @functools.cache
@@ -48,9 +48,10 @@ def cpu_kernels():
         from torch.utils.cpp_extension import load
 
         here = Path(__file__).parent
-        module = load(name="speculant_cpu_kernels", sources=[str(here / "int4_amx.cpp"), str(here / "attention.cpp")],
+        module = load(name="speculant_cpu_kernels", sources=[str(here / "int4_amx.cpp"), str(here / "attention.cpp"),
+                                                               str(here / "bf16_amx.cpp")],
                       extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile",
-                                    "-mamx-int8", "-fopenmp"],
+                                    "-mamx-int8", "-mamx-bf16", "-fopenmp"],
                       extra_ldflags=["-fopenmp"], verbose=False)
         if not module.amx_available():
             raise RuntimeError("the operating system refused AMX tile data to this process")
@@ -73,6 +74,16 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tup
     G = K // GROUP
     sz = torch.stack([scale, offset], dim=0).view(2, N // 16, 16, G).permute(1, 3, 0, 2)  # (nb, g, 2, 16)
     return qpack, sz.to(torch.bfloat16).contiguous()
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """W (N, K) -> (N/16, K/32, 16, 16, 2) bf16, the AMX B tiles of bf16_amx.cpp: element
+    [nb, ks, p, c, i] = W[16 nb + c, 32 ks + 2 p + i]. N must be a multiple of 32, K of 32."""
+    N, K = weight.shape
+    if N % 32 or K % 32:
+        raise ValueError(f"pack_bf16 needs N % 32 == 0 and K % 32 == 0, got ({N}, {K})")
+    w = weight.detach().to(torch.bfloat16).view(N // 16, 16, K // 32, 16, 2)
+    return w.permute(0, 2, 3, 1, 4).contiguous()
 
 
 def dequantize_int4(qpack: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:

@@ -221,9 +221,11 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales
 }
 
 torch::Tensor attend(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed);  // attention.cpp
+torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias);  // bf16_amx.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "row-invariant attention of a few tokens over a bf16 KV cache (AVX-512)");
+  m.def("bf16_mm", &bf16_mm, "bf16 matmul on AMX, up to 32 rows per pass over the weights");
   m.def("int4_mm", &int4_mm, "int4 weight x int8 activation matmul for few rows on AMX");
   m.def("amx_available", &amx_permitted, "can this process use AMX tiles (kernel permission granted)");
 }

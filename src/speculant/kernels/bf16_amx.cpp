@@ -1,0 +1,146 @@
+// bf16 matmul for decoding and tree verification on AMX-BF16: y (M, N) = x (M, K) @ W.T (+ b).
+//
+// Why: oneDNN's bf16 matmul takes its rows 16 at a time, one pass over the weights per 16 rows,
+// so on a CPU that streams the weights from DRAM a 17- to 32-row tree pass costs ~1.2x a 1-row
+// pass (Qwen2.5-1.5B, 2 cores: 165 ms at 1 row, 177 at 16, 193 at 17, 210 at 29). Here every
+// weight tile, once loaded, multiplies both 16-row halves of up to 32 rows (two A tiles, two B
+// tiles, four C accumulators: the eight AMX tiles), so up to 32 rows cost one pass over the
+// weights. Larger inputs (prefill) go in slabs of 256 rows, each slab 32 rows at a time inside
+// each pair of channel blocks, whose weights (2 x 16 channels x K) stay in L2 meanwhile: at 256 to
+// 1,024 rows ~1.0-1.2x oneDNN's time (its GEMM blocking is better there; the win is decoding).
+//
+// Packed layout (pack_bf16 in kernels/__init__.py): wp (N/16, K/32, 16, 16, 2) bf16, the B tile of
+// channel block nb and inputs 32 ks .. 32 ks + 31 in VNNI order: wp[nb, ks, p, c, i] =
+// W[16 nb + c, 32 ks + 2 p + i]. Products accumulate in fp32 in the tiles over all of K.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_bf16_permitted() {
+  static const bool ok = [] {
+    constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
+void configure(int r0, int r1) {
+  TileConfig cfg;
+  cfg.rows[0] = r0, cfg.colsb[0] = 64;  // A: rows 0-15 x 32 bf16
+  cfg.rows[2] = 16, cfg.colsb[2] = 64;  // B, block 0: 16 input pairs x 16 channels x 2
+  cfg.rows[3] = 16, cfg.colsb[3] = 64;  // B, block 1
+  cfg.rows[4] = r0, cfg.colsb[4] = 64;  // C: rows 0-15 x 16 fp32, block 0
+  cfg.rows[5] = r0, cfg.colsb[5] = 64;  // C: rows 0-15, block 1
+  if (r1 > 0) {
+    cfg.rows[1] = r1, cfg.colsb[1] = 64;  // A: rows 16-31
+    cfg.rows[6] = r1, cfg.colsb[6] = 64;  // C: rows 16-31, block 0
+    cfg.rows[7] = r1, cfg.colsb[7] = 64;  // C: rows 16-31, block 1
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Two channel blocks (w0, w1: K/32 tiles of 1 KB each) times rows r0 + r1 <= 32 of x.
+void pair(const at::BFloat16* x, int64_t K, int r0, int r1, const at::BFloat16* w0, const at::BFloat16* w1,
+          float* c /* (32, 32) */) {
+  const int64_t steps = K / 32, lda = K * 2;
+  _tile_zero(4);
+  _tile_zero(5);
+  if (r1 > 0) {
+    _tile_zero(6);
+    _tile_zero(7);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const char* b0 = (const char*)(w0 + s * 512);
+    const char* b1 = (const char*)(w1 + s * 512);
+    for (int l = 0; l < 1024; l += 64) {  // the tiles 4 steps ahead, both streams
+      _mm_prefetch(b0 + 4096 + l, _MM_HINT_T0);
+      _mm_prefetch(b1 + 4096 + l, _MM_HINT_T0);
+    }
+    asm volatile("" ::: "memory");  // GCC's tile intrinsics are asm without memory operands
+    _tile_loadd(2, b0, 64);
+    _tile_loadd(3, b1, 64);
+    _tile_loadd(0, x + s * 32, lda);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+    if (r1 > 0) {
+      _tile_loadd(1, x + 16 * K + s * 32, lda);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+  _tile_stored(4, c, 128);
+  _tile_stored(5, c + 16, 128);
+  if (r1 > 0) {
+    _tile_stored(6, c + 16 * 32, 128);
+    _tile_stored(7, c + 16 * 32 + 16, 128);
+  }
+  asm volatile("" ::: "memory");
+}
+
+}  // namespace
+
+// x (M, K) bf16 contiguous; wp (N/16, K/32, 16, 16, 2) bf16; bias (N,) bf16 or empty -> (M, N) bf16.
+torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
+  TORCH_CHECK(amx_bf16_permitted(), "bf16_mm needs AMX (the kernel refused the tile-data permission)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
+  TORCH_CHECK(wp.dim() == 5 && wp.scalar_type() == at::kBFloat16 && wp.is_contiguous() && wp.size(2) == 16 &&
+              wp.size(3) == 16 && wp.size(4) == 2, "wp must be (N/16, K/32, 16, 16, 2) bf16");
+  const int64_t M = x.size(0), K = x.size(1), NB = wp.size(0), N = NB * 16;
+  TORCH_CHECK(wp.size(1) * 32 == K, "x has ", K, " columns, the weight ", wp.size(1) * 32);
+  TORCH_CHECK(NB % 2 == 0, "the weight needs a multiple of 32 output channels, has ", N);
+  const bool has_bias = bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kBFloat16 && bias.is_contiguous()),
+              "bias must be (N,) bf16");
+  auto y = torch::empty({M, N}, x.options());
+  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
+  const at::BFloat16* w = wp.data_ptr<at::BFloat16>();
+  const at::BFloat16* bp = has_bias ? bias.data_ptr<at::BFloat16>() : nullptr;
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  const int64_t block = K * 16;  // elements per channel block
+  // rows in slabs of kSlab: a slab's activations and a pair's weights stay in L2 while the slab's
+  // 32-row chunks go over them (one pass over the weights per slab)
+  constexpr int64_t kSlab = 256;
+  for (int64_t s0 = 0; s0 < M; s0 += kSlab) {
+    const int64_t S = std::min(kSlab, M - s0);
+    at::parallel_for(0, NB / 2, 4, [&](int64_t p0, int64_t p1) {
+      alignas(64) float c[32 * 32];
+      int conf_r0 = -1, conf_r1 = -1;
+      for (int64_t p = p0; p < p1; ++p) {
+        const at::BFloat16* w0 = w + 2 * p * block;
+        __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+        if (has_bias) {
+          b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bp + 32 * p))), 16));
+          b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bp + 32 * p + 16))), 16));
+        }
+        for (int64_t m0 = s0; m0 < s0 + S; m0 += 32) {
+          const int rows = (int)std::min<int64_t>(32, s0 + S - m0), r0 = std::min(rows, 16), r1 = rows - r0;
+          if (r0 != conf_r0 || r1 != conf_r1) {  // tile state is per thread
+            configure(r0, r1);
+            conf_r0 = r0, conf_r1 = r1;
+          }
+          pair(xp + m0 * K, K, r0, r1, w0, w0 + block, c);
+          for (int m = 0; m < rows; ++m) {
+            const __m512 v0 = _mm512_add_ps(_mm512_load_ps(c + m * 32), b0);
+            const __m512 v1 = _mm512_add_ps(_mm512_load_ps(c + m * 32 + 16), b1);
+            at::BFloat16* out = yp + (m0 + m) * N + 32 * p;
+            _mm256_storeu_si256((__m256i*)out, (__m256i)_mm512_cvtneps_pbh(v0));
+            _mm256_storeu_si256((__m256i*)(out + 16), (__m256i)_mm512_cvtneps_pbh(v1));
+          }
+        }
+      }
+      if (conf_r0 >= 0) _tile_release();
+    });
+  }
+  return y;
+}
