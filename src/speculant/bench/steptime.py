@@ -42,7 +42,10 @@ def _backend(model, config: str, quant_head: bool):
 def measure(target: str, configs, rows, context: int, reps: int, dtype: str = "bfloat16",
             quant_head: bool = False) -> dict:
     lm = load(target, dtype)
-    backends = {c: _backend(lm.model, c, quant_head) for c in configs}
+    # native backends first: they share the model's nn.Linear weights, which the hf backend then
+    # packs (packing.py) — built the other way round, a native backend would unpack them again
+    made = {c: _backend(lm.model, c, quant_head) for c in sorted(configs, key=lambda c: c == "hf")}
+    backends = {c: made[c] for c in configs}
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(100, 20000, (context,), generator=g)
     times = {c: {r: [] for r in rows} for c in configs}
