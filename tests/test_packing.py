@@ -124,3 +124,40 @@ def test_onednn_layout_where_the_kernels_do_not_run(monkeypatch):
     unpack_linears(model)
     for p, q in zip(plain.parameters(), model.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "medusa"])
+def test_heads_loaded_by_the_decoder_are_packed_and_stay_lossless(tmp_path, kind):
+    """Heads the decoder loads from a directory get packed layers too (bf16); their drafts equal
+    the unpacked heads' and greedy output equals plain decoding."""
+    import speculant
+    from speculant import SpeculativeDecoder
+    from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads, load_heads, save_heads
+    from tiny import tiny_model_dir
+
+    lm = speculant.load(tiny_model_dir(tmp_path / "m"), "bfloat16")
+    cfg = HeadsConfig(3, 1, lm.model.config.hidden_size, lm.logits_dim, kind=kind)
+    torch.manual_seed(0)
+    if kind == "sequential":
+        heads = SequentialHeads(cfg, lm.model.get_output_embeddings(), lm.model.get_input_embeddings())
+    else:
+        heads = MedusaHeads(cfg, lm.model.get_output_embeddings())
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    save_heads(heads.to(torch.bfloat16), tmp_path / "h")
+    method = "hydra" if kind == "sequential" else "medusa"
+    dec = SpeculativeDecoder(lm, method=method, heads=str(tmp_path / "h"), dtype="bfloat16")
+    assert is_packed(dec.heads) == (packing.available())
+    plain = load_heads(tmp_path / "h", lm.model)
+    assert not is_packed(plain)
+    x = torch.randn(5, cfg.hidden_size).to(torch.bfloat16)
+    with torch.inference_mode():
+        if kind == "sequential":
+            toks = torch.randint(0, 60, (5, 3))
+            torch.testing.assert_close(dec.heads.unroll(x, toks), plain.unroll(x, toks))
+        else:
+            torch.testing.assert_close(dec.heads(x), plain(x))
+    ar = SpeculativeDecoder(lm, method="ar", dtype="bfloat16")
+    prompt = "w1 w2 w3 w4 w5 w1 w2 w3"
+    assert dec.generate(prompt, 24).token_ids == ar.generate(prompt, 24).token_ids

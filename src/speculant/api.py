@@ -21,6 +21,7 @@ from .drafters.medusa import BlockwiseDrafter, DynamicTree, MedusaDrafter
 from .heads import MedusaHeads, SequentialHeads, heads_tree, load_heads, shipped_heads
 from .errors import ConfigError
 from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load, resolve
+from .packing import pack_linears
 from .quant import QUANT_MODES, quantize_linears
 from .sampling import make_generator
 from .tree import build_tree, chain
@@ -221,7 +222,12 @@ class SpeculativeDecoder:
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.heads = None
         if method in NEEDS_HEADS:
-            self.heads = heads if isinstance(heads, nn.Module) else load_heads(heads, self.target.model)
+            if isinstance(heads, nn.Module):
+                self.heads = heads
+            else:  # loaded here, so nobody else holds them: bf16 heads' layers packed like the target's
+                self.heads = load_heads(heads, self.target.model)
+                if backend == "hf":
+                    pack_linears(self.heads)
             if self.heads.config.kind != kind:
                 raise ConfigError(f"method {method!r} needs {kind} heads but these are {self.heads.config.kind} heads: "
                                   f"use --method {'hydra' if self.heads.config.kind == 'sequential' else 'medusa'}"

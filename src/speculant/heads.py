@@ -256,7 +256,7 @@ class SequentialHeads(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.embed_scale.dtype  # (fc.weight is gone once the layers are packed: packing.py)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (...,) long -> e(y) (..., H) in the heads' dtype (RMS-normalised, times α)."""
