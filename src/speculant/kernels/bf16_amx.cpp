@@ -16,24 +16,12 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "amx_tiles.h"
 
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-bool amx_bf16_permitted() {
-  static const bool ok = [] {
-    constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
-  }();
-  return ok;
-}
+using speculant_amx::TileConfig;
 
 void configure(int r0, int r1) {
   TileConfig cfg;
@@ -92,7 +80,7 @@ void pair(const at::BFloat16* x, int64_t K, int r0, int r1, const at::BFloat16* 
 
 // x (M, K) bf16 contiguous; wp (N/16, K/32, 16, 16, 2) bf16; bias (N,) bf16 or empty -> (M, N) bf16.
 torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
-  TORCH_CHECK(amx_bf16_permitted(), "bf16_mm needs AMX (the kernel refused the tile-data permission)");
+  TORCH_CHECK(speculant_amx::permitted(), "bf16_mm needs AMX (the kernel refused the tile-data permission)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
   TORCH_CHECK(wp.dim() == 5 && wp.scalar_type() == at::kBFloat16 && wp.is_contiguous() && wp.size(2) == 16 &&
               wp.size(3) == 16 && wp.size(4) == 2, "wp must be (N/16, K/32, 16, 16, 2) bf16");

@@ -25,26 +25,14 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "amx_tiles.h"
 
 namespace {
 
 constexpr int64_t kGroup = 64;  // inputs per quantization group = one tile step
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr long kReqPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
-  }();
-  return ok;
-}
+using speculant_amx::TileConfig;
 
 inline __m512 bf16x16_to_fp32(const at::BFloat16* p) {  // bf16 -> fp32 is a 16-bit left shift
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
@@ -169,7 +157,7 @@ void block3(const uint8_t* q, int64_t qstride, const at::BFloat16* sz, int64_t s
 
 // x (M, K) bf16 contiguous; qpack (N/16, K/4, 32) uint8; scales (N/16, K/64, 2, 16) bf16 -> (M, N) bf16.
 torch::Tensor int4_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales) {
-  TORCH_CHECK(amx_permitted(), "int4_mm needs AMX (the kernel refused the tile-data permission)");
+  TORCH_CHECK(speculant_amx::permitted(), "int4_mm needs AMX (the kernel refused the tile-data permission)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
   TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 32 && qpack.is_contiguous(),
               "qpack must be (N/16, K/4, 32) uint8");
@@ -227,5 +215,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "row-invariant attention of a few tokens over a bf16 KV cache (AVX-512)");
   m.def("bf16_mm", &bf16_mm, "bf16 matmul on AMX, up to 32 rows per pass over the weights");
   m.def("int4_mm", &int4_mm, "int4 weight x int8 activation matmul for few rows on AMX");
-  m.def("amx_available", &amx_permitted, "can this process use AMX tiles (kernel permission granted)");
+  m.def("amx_available", &speculant_amx::permitted, "can this process use AMX tiles (kernel permission granted)");
 }
