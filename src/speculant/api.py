@@ -39,12 +39,12 @@ TREE_METHODS = {"medusa", "hydra"}  # heads verified as a token tree
 # (~4 ms of a ~190 ms step). (At 29 rows, depth 3 and 4 were alike: 2.341 against 2.342.)
 DEFAULT_HYDRA_TREE = "dynamic:15:2"
 # A step verifies 1 + DEFAULT_TREE_ROWS rows: with a lookup branch of N tokens merged into hydra's
-# default dynamic tree, the heads get DEFAULT_TREE_ROWS - N nodes. 16 rows because with packed bf16
-# weights (packing.py) oneDNN computes rows in tiles of 16: the Qwen 1.5B pass costs 165 / 177 / 193
-# / 210 ms at 1 / 16 / 17 / 29 rows (500 tokens of context), so the 17th row costs more than the
-# 2nd to 16th together. Teacher-forced tau of hydra+lookup (tools/teacher_forced_tau.py, 52 dev
-# prompts) is 2.173 at 16 rows (7 nodes + an 8-token chain) against 2.330 at 29 (16 + 12): 7% less
-# tau for 16% less time per step. The bench's +lookup methods use N = DEFAULT_LOOKUP_BRANCH.
+# default dynamic tree, the heads get DEFAULT_TREE_ROWS - N nodes. With packed bf16 weights
+# (packing.py, speculant's kernel) the Qwen 1.5B pass costs 138 / 155 / 172 ms at 1 / 16 / 29 rows
+# (500 tokens of context). Teacher-forced tau of hydra+lookup (tools/teacher_forced_tau.py, 52 dev
+# prompts) is 2.173 at 16 rows (7 nodes + an 8-token chain) against 2.330 at 29 (16 + 12). Side by
+# side on the bench's 12 prompts (bench-results/issue3-tree-ab-s9.*): 16 rows 1.90x over ar at
+# tau 2.34, 29 rows 1.79x at tau 2.53. The bench's +lookup methods use N = DEFAULT_LOOKUP_BRANCH.
 DEFAULT_TREE_ROWS = 15
 
 

@@ -1,24 +1,26 @@
-"""Linear layers with their bf16 weights reordered once for oneDNN (AMX) instead of at every call.
+"""Linear layers with their bf16 weights blocked once for AMX instead of at every call.
 
 ``nn.functional.linear`` on a bf16 CPU tensor hands oneDNN a plain (N, K) weight, which it
 reorders into its blocked layout at every call. A decoding step is bound by reading the weights,
-so the reorder is a second full pass over them. Reordering once at load time (what
-``torch.compile``'s freezing pass does for CPU) and calling the blocked matmul directly
-(``mkldnn._linear_pointwise``) makes the same products with the same rounding, faster
-(Qwen2.5-1.5B, bf16, 2 cores, 500 tokens of context; milliseconds per target pass):
+so the reorder is a second full pass over them. :class:`PackedLinear` blocks the weight once:
+in speculant's own layout where its kernels build (``kernels/bf16_amx.cpp``: each weight tile
+multiplies up to 32 rows per pass over the weights), else in oneDNN's (what ``torch.compile``'s
+freezing pass does for CPU, called through ``mkldnn._linear_pointwise``). Qwen2.5-1.5B, bf16,
+2 cores, 500 tokens of context; milliseconds per target pass:
 
-    rows      1    16    29
-    plain   224     -   257
-    packed  165   177   210
+    rows              1    16    29
+    plain           224     -   257
+    oneDNN layout   165   177   210
+    own kernel      138   155   172
 
-Packing changes no result: a packed model's logits equal the plain one's (tested), so
-every method, ``ar`` included, gets the same speed-up and the output stays identical.
+Packing changes no result beyond the order of fp32 additions (the tests check logits against the
+plain model's), and every method, ``ar`` included, gets the speed-up.
 
-The reorder is one way (the blocked layout is oneDNN's), so a packed layer keeps no (N, K)
-weight; :func:`unpack_linears` restores ``nn.Linear`` layers (exactly: the weight is read back
-as ``I @ W.T``, one product per layer) for code that needs them (LoRA training, quantization,
-the native backend). The output layer keeps its plain weight too (``keep_weight``), since heads
-project through it; with tied embeddings that weight is the embedding matrix and costs nothing.
+A packed layer keeps no (N, K) weight; :func:`unpack_linears` restores ``nn.Linear`` layers
+exactly (speculant's layout is a permutation; oneDNN's is read back as ``I @ W.T``) for code that
+needs them (LoRA training, quantization, the native backend). The output layer keeps its plain
+weight too (``keep_weight``), since heads project through it; with tied embeddings that weight is
+the embedding matrix and costs nothing.
 """
 
 from __future__ import annotations
@@ -81,8 +83,7 @@ class PackedLinear(nn.Module):
         else:
             with torch.no_grad():
                 if self.own:  # pack_bf16's permutation undone
-                    wt = self.packed.permute(0, 3, 1, 2, 4).reshape(self.out_features, self.in_features)
-                    w = wt.contiguous()
+                    w = self.packed.permute(0, 3, 1, 2, 4).reshape(self.out_features, self.in_features).contiguous()
                 else:
                     eye = torch.eye(self.in_features, dtype=torch.bfloat16)
                     # row i of I @ W.T is column i of W.T: one nonzero product per output, so exact
@@ -97,8 +98,9 @@ class PackedLinear(nn.Module):
                 f"layout={'speculant' if self.own else 'onednn'}")
 
 
-def _swap(model: nn.Module, kind: type, make) -> int:
-    found = [(name, mod) for name, mod in model.named_modules() if type(mod) is kind]
+def _swap(model: nn.Module, kind: type, make, want=lambda mod: True) -> int:
+    """Replace every module of exactly type ``kind`` for which ``want`` holds by ``make(module)``."""
+    found = [(name, mod) for name, mod in model.named_modules() if type(mod) is kind and want(mod)]
     for name, mod in found:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, make(mod))
@@ -114,17 +116,9 @@ def pack_linears(model: nn.Module) -> int:
     if not available():
         return 0
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-
-    def make(linear: nn.Linear) -> nn.Module:
-        w = linear.weight
-        if w.dtype != torch.bfloat16 or w.device.type != "cpu":
-            return linear
-        return PackedLinear(linear, keep_weight=linear is head)
-
     with torch.no_grad():
-        before = sum(isinstance(m, PackedLinear) for m in model.modules())
-        _swap(model, nn.Linear, make)
-        return sum(isinstance(m, PackedLinear) for m in model.modules()) - before
+        return _swap(model, nn.Linear, lambda linear: PackedLinear(linear, keep_weight=linear is head),
+                     want=lambda linear: linear.weight.dtype == torch.bfloat16 and linear.weight.device.type == "cpu")
 
 
 def unpack_linears(model: nn.Module) -> int:

@@ -25,7 +25,7 @@ class HFBackend(CacheBacked):
         self.model = model.eval()
         use_tree_attention(model)  # sdpa without repeat_kv for masked passes (hf_attention.py)
         if pack:
-            pack_linears(model)  # bf16 weights in oneDNN's layout once, not at every call (packing.py)
+            pack_linears(model)  # bf16 weights blocked for AMX once, not at every call (packing.py)
         self.name = name
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()

@@ -56,7 +56,7 @@ class DynamicTree:
     path's score is known from one call, and the best ``nodes`` are found best-first.
     """
 
-    nodes: int = 15  # + the root: 16 rows, one tile of oneDNN's bf16 matmul (api.DEFAULT_TREE_ROWS)
+    nodes: int = 15  # + the root: 16 rows, the fastest tree measured on packed weights (api.DEFAULT_TREE_ROWS)
     depth: int = 0  # 0: as deep as the heads go (K)
     # measured teacher-forced (tools/teacher_forced_tau.py's texts): 16 children per expanded node
     # and a beam of 4 beat 8 and 6 (hydra+lookup 2.341 -> 2.363, hydra 1.904 -> 1.933) at the same
