@@ -572,24 +572,30 @@ def test_dynamic_tree_of_medusa_heads(target, plain, request, which):
 
 
 def test_default_hydra_tree_makes_room_for_the_lookup_chain(tmp_path):
-    """hydra's default dynamic tree: 15 heads' nodes, depth 2; with a lookup branch of N, 15 - N
-    (at least 4), so a step verifies the same 16 rows; greedy output still equals plain decoding."""
+    """hydra's default dynamic tree, depth 2: with tree_budget="fixed", 15 heads' nodes, and with a
+    lookup branch of N, 15 - N (at least 4), so a step verifies the same 16 rows; sized against the
+    pass cost (the default), at most DEFAULT_MAX_ROWS rows: 31 - N nodes. Greedy output still
+    equals plain decoding."""
     import speculant
     from speculant import SpeculativeDecoder
+    from speculant.api import DEFAULT_MAX_ROWS
     from speculant.heads import SequentialHeads
     from tiny import tiny_model_dir
 
     lm = speculant.load(tiny_model_dir(tmp_path / "m"), "float32")
     heads = SequentialHeads(HeadsConfig(3, 1, lm.model.config.hidden_size, lm.logits_dim, kind="sequential"),
                             lm.model.get_output_embeddings(), lm.model.get_input_embeddings())
-    nodes = {n: SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=n, dtype="float32").dynamic.nodes
-             for n in (0, 4, 8, 12, 30)}
-    assert nodes == {0: 15, 4: 11, 8: 7, 12: 4, 30: 4}
+    for budget, want in (("fixed", {0: 15, 4: 11, 8: 7, 12: 4, 30: 4}),
+                         ("auto", {n: max(DEFAULT_MAX_ROWS - 1 - n, 4) for n in (0, 4, 8, 12, 30)})):
+        nodes = {n: SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=n, dtype="float32",
+                                       tree_budget=budget).dynamic.nodes for n in (0, 4, 8, 12, 30)}
+        assert nodes == want, budget
     assert SpeculativeDecoder(lm, method="hydra", heads=heads, dtype="float32").dynamic.depth == 2
-    dec = SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=12, dtype="float32")
     plain = SpeculativeDecoder(lm, method="ar", dtype="float32")
     prompt = "w1 w2 w3 w1 w2 w3 w1"
-    assert dec.generate(prompt, 24).token_ids == plain.generate(prompt, 24).token_ids
+    for budget in ("fixed", "auto"):
+        dec = SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=12, dtype="float32", tree_budget=budget)
+        assert dec.generate(prompt, 24).token_ids == plain.generate(prompt, 24).token_ids
     explicit = SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=12, tree="dynamic:20",
                                   dtype="float32")
     assert explicit.dynamic.nodes == 20  # a tree the user names is kept as it is

@@ -13,11 +13,13 @@ from torch import nn
 from .backends.hf import HFBackend
 from .backends.native import NativeBackend, NativeModel
 from .config import AcceptanceConfig, SamplingConfig, parse_acceptance
+from .costmodel import PassCost, machine_key, pass_cost
 from .decoding import Stats, decode
 from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
 from .drafters.medusa import BlockwiseDrafter, DynamicTree, MedusaDrafter
+from .drafters.sizing import TreeSizer
 from .heads import MedusaHeads, SequentialHeads, heads_tree, load_heads, shipped_heads
 from .errors import ConfigError
 from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load, resolve
@@ -46,6 +48,11 @@ DEFAULT_HYDRA_TREE = "dynamic:15:2"
 # side on the bench's 12 prompts (bench-results/issue3-tree-ab-s9.*): 16 rows 1.90x over ar at
 # tau 2.34, 29 rows 1.79x at tau 2.53. The bench's +lookup methods use N = DEFAULT_LOOKUP_BRANCH.
 DEFAULT_TREE_ROWS = 15
+# tree_budget="auto" (the default for dynamic trees): every step's tree is sized against the
+# measured cost of a pass by rows (costmodel.py, drafters/sizing.py), up to this many rows; the
+# fixed sizes above are tree_budget="fixed".
+DEFAULT_MAX_ROWS = 32
+TREE_BUDGETS = ("auto", "fixed")
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,11 @@ class SpeculativeDecoder:
     Unlike the draft's, it changes the output (to the quantized model's; see ``speculant
     quant-eval`` for the cost); the quantized target keeps no dense weight, so every pass of
     every width uses the same quantized weights. quant_head: quantize the output layer too.
+    tree_budget: dynamic trees only. "auto" (default): measure what a target pass costs by rows on
+    this machine once (cached, ``costmodel.pass_cost``) and size every step's tree to the most
+    expected tokens per millisecond (``drafters.sizing.TreeSizer``; at most DEFAULT_MAX_ROWS rows);
+    a ``costmodel.PassCost`` does the same with a given curve; "fixed": every step verifies the
+    tree's full size (hydra: DEFAULT_TREE_ROWS + 1 rows with a lookup branch).
     """
 
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
@@ -158,12 +170,15 @@ class SpeculativeDecoder:
                  draft_quant: str = "auto", heads: str | MedusaHeads | SequentialHeads | None = None,
                  acceptance: str | AcceptanceConfig = "exact",
                  backend: str = "hf", target_quant: str = "none", quant_head: bool = False,
-                 lookup_branch: int = 0):
+                 lookup_branch: int = 0, tree_budget: str | PassCost = "auto"):
         if lookup_branch < 0 or (lookup_branch and method not in TREE_METHODS):
             raise ConfigError(f"lookup_branch={lookup_branch}: a prompt-lookup branch of N >= 1 tokens is an option "
                               "of methods 'medusa' and 'hydra' only (0 = none)")
         if backend not in BACKENDS:
             raise ConfigError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        if not isinstance(tree_budget, PassCost) and tree_budget not in TREE_BUDGETS:
+            raise ConfigError(f"unknown tree budget {tree_budget!r}: choose 'auto' (size each step's tree against this "
+                              "machine's measured pass cost) or 'fixed' (always the tree's full size)")
         if target_quant != "none" and backend != "native":
             raise ConfigError("target quantization runs on the native backend: pass backend='native' "
                               "(--backend native)")
@@ -187,8 +202,10 @@ class SpeculativeDecoder:
             build_tree(tree)  # a bad tree spec fails before any model is loaded
         elif method == "hydra":
             self.dynamic = DynamicTree.parse(DEFAULT_HYDRA_TREE)
-            if lookup_branch:
-                self.dynamic = dataclasses.replace(self.dynamic, nodes=max(DEFAULT_TREE_ROWS - lookup_branch, 4))
+            sized = tree_budget != "fixed"  # the most rows a sized tree may take, else the fixed size
+            rows = DEFAULT_MAX_ROWS - 1 if sized else DEFAULT_TREE_ROWS
+            if lookup_branch or sized:
+                self.dynamic = dataclasses.replace(self.dynamic, nodes=max(rows - lookup_branch, 4))
         self.backend = backend
         if backend == "native":
             self.target = _native(target, dtype, target_quant, quant_head, keep_dense=False)
@@ -221,6 +238,7 @@ class SpeculativeDecoder:
         eos = eos if eos is not None else self.tokenizer.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.heads = None
+        self.sizer: TreeSizer | None = None  # dynamic trees sized against the pass cost (tree_budget)
         if method in NEEDS_HEADS:
             if isinstance(heads, nn.Module):
                 self.heads = heads
@@ -234,6 +252,11 @@ class SpeculativeDecoder:
                                   f"{'' if method != 'bpd' else ' (bpd reads Medusa heads)'}")
             if method in TREE_METHODS and tree is None:  # no tree given or shipped: 3x2x2x1 cut to the heads
                 self.tree = build_tree("x".join(map(str, ([3, 2, 2, 1] + [1] * 8)[: self.heads.num_heads])))
+            if self.dynamic is not None and tree_budget != "fixed":
+                cost = tree_budget if isinstance(tree_budget, PassCost) else pass_cost(
+                    self.target_backend, machine_key(self.target.name, self.target.dtype,
+                                                     f"{backend}:{target_quant}:{'packed' if backend == 'hf' else 'native'}"))
+                self.sizer = TreeSizer(cost, max_rows=DEFAULT_MAX_ROWS)
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
             with torch.inference_mode():  # build the int4 drafting shortlist now (~1-4 s), not in a generation
                 H = self.heads.config.hidden_size
@@ -267,7 +290,8 @@ class SpeculativeDecoder:
             return LookupDrafter(self.gamma)
         if self.method in TREE_METHODS:
             lookup = LookupDrafter(self.lookup_branch) if self.lookup_branch else None
-            return MedusaDrafter(self.heads, self.tree, self.vocab_size, lookup, dynamic=self.dynamic)
+            return MedusaDrafter(self.heads, self.tree, self.vocab_size, lookup, dynamic=self.dynamic,
+                                 sizer=self.sizer)
         if self.method == "bpd":
             return BlockwiseDrafter(self.heads, self.vocab_size, self.gamma)
         return DraftModelDrafter(self.draft_backend, self.tree, sampling, self.vocab_size,

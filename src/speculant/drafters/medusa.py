@@ -28,6 +28,7 @@ text that copies its context (summaries, retrieval-augmented answers, code edits
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,6 +38,7 @@ from ..errors import ConfigError
 from ..tree import TreeBuffers, chain, compile_paths
 from .base import Draft
 from .lookup import LookupDrafter
+from .sizing import TreeSizer
 
 __all__ = ["BlockwiseDrafter", "DynamicTree", "HeadsLike", "MedusaDrafter"]
 
@@ -103,14 +105,22 @@ class MedusaDrafter:
     vocab_size: the target vocabulary the loop verifies against.
     lookup: optional n-gram drafter whose chain (``lookup.gamma`` nodes) becomes one more branch
     under the root (rank = the heads' tree width); ``self.tree`` is then the combined tree.
+    dynamic: grow the tree per step (:class:`DynamicTree`) instead of using ``tree``.
+    sizer: with a dynamic tree, size every step's tree against the machine's pass cost
+    (:class:`~speculant.drafters.sizing.TreeSizer`; ``dynamic.nodes`` + the chain is then the most
+    drafted); without one, every step verifies ``dynamic.nodes`` + the chain's length.
     """
 
     needs_hidden = True  # the loop passes hidden=out.hidden[path[-1]] to observe()
 
     def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int, lookup: LookupDrafter | None = None,
-                 dynamic: DynamicTree | None = None):
+                 dynamic: DynamicTree | None = None, sizer: TreeSizer | None = None):
         K = int(heads.num_heads)
         self.dynamic = dynamic
+        if sizer is not None and dynamic is None:
+            raise ConfigError("tree sizing against the pass cost needs a dynamic tree (--tree dynamic...): a static "
+                              "tree has a fixed size")
+        self.sizer = sizer
         if dynamic is not None:
             if dynamic.depth > K:
                 raise ConfigError(f"the dynamic tree has depth {dynamic.depth} but the heads are trained for {K}: "
@@ -187,6 +197,14 @@ class MedusaDrafter:
         ``nodes`` (default ``self.dynamic.nodes``) chosen nodes' paths (ranks among their parent's
         children, in the heads' order) and their tokens (len(paths),) long, best-scored first (so
         every prefix of the list is a tree too)."""
+        paths, tokens, _ = self.grow_scored(hidden, root, nodes)
+        return paths, tokens
+
+    @torch.no_grad()
+    def grow_scored(self, hidden: torch.Tensor, root: torch.Tensor,
+                    nodes: int | None = None) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
+        """:meth:`grow`, plus each node's score: log Π p(token | path) along its path (<= 0,
+        non-increasing down the list)."""
         nodes = self.dynamic.nodes if nodes is None else nodes
         if not self.conditioned:
             return self._grow_independent(hidden, nodes)
@@ -215,9 +233,10 @@ class MedusaDrafter:
         # the best `nodes` (ties: shallower, then lower ranks first): closed under ancestors and
         # without rank gaps, since a child never scores above its parent nor above an older sibling
         order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[:nodes]
-        return [paths[i] for i in order], tokens[order]
+        return [paths[i] for i in order], tokens[order], [score[i] for i in order]
 
-    def _grow_independent(self, hidden: torch.Tensor, nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    def _grow_independent(self, hidden: torch.Tensor,
+                          nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
         """Medusa heads: depth d's candidates are head d-1's top-k under every parent, so a path's
         score is the sum of its ranks' log-probabilities; the best ``nodes`` paths are found
         best-first (a child never scores above its parent: the first ``nodes`` popped are the best)."""
@@ -228,52 +247,62 @@ class MedusaDrafter:
         top = logp.topk(min(cfg.top_k, self.V), dim=-1, sorted=True)  # (D, k)
         val, idx = top.values.tolist(), top.indices
         k = idx.shape[1]
-        heap = [(-val[0][r], (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
+        heap = [(-min(val[0][r], 0.0), (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
         heapq.heapify(heap)
-        paths, tokens = [], []
+        paths, tokens, scores = [], [], []
         while heap and len(paths) < nodes:
             neg, path = heapq.heappop(heap)
             paths.append(path)
             tokens.append(int(idx[len(path) - 1, path[-1]]))
+            scores.append(-neg)
             if len(path) < self._dyn_depth:
                 for r in range(k):
                     heapq.heappush(heap, (neg - min(val[len(path)][r], 0.0), path + (r,)))
-        return paths, torch.tensor(tokens, dtype=torch.long)
+        return paths, torch.tensor(tokens, dtype=torch.long), scores
 
     def _dynamic_draft(self, context: torch.Tensor, root: torch.Tensor) -> Draft:
         """The grown tree, plus (with ``lookup``) the prompt-lookup chain merged into it.
 
-        The tree always has 1 + nodes + gamma rows (one verification cost): the chain follows the
-        heads' nodes as long as its tokens are already there and only its remaining tokens get new
-        rows; the rows the chain does not need (a short or no match, or tokens the heads drafted
-        too) go to the heads' next-best nodes."""
+        The chain follows the heads' nodes as long as its tokens are already there and only its
+        remaining tokens get new rows. Without a cost model the tree always has 1 + nodes + gamma
+        rows (one verification cost): the rows the chain does not need (a short or no match, or
+        tokens the heads drafted too) go to the heads' next-best nodes. With one
+        (``self.sizer``) the step takes the split of heads' nodes and chain rows that maximizes
+        expected tokens per millisecond (:class:`TreeSizer`)."""
         budget = self.dynamic.nodes + (self.lookup.gamma if self.lookup is not None else 0)
-        paths, heads_tokens = self.grow(self.hidden, root, budget)
+        paths, heads_tokens, scores = self.grow_scored(self.hidden, root, budget)
         toks = heads_tokens.tolist()
-        m, branch = len(paths), []
+        cont: list[int] = []
+        walk: list[int] = []  # the chain's positions in the best-first order while it follows the heads
         if self.lookup is not None:
             cont = self.lookup.find(context).tolist()
             where = {(p[:-1], t): i for i, (p, t) in enumerate(zip(paths, toks))}  # (parent, token) -> order
-            walk, parent = [], ()  # the chain's positions in the best-first order while it follows the heads
+            parent = ()
             for t in cont:
                 i = where.get((parent, t))
                 if i is None:
                     break
                 walk.append(i)
                 parent = paths[i]
+        if self.sizer is not None:
+            m, c = self.sizer.choose(scores, walk, len(cont))
+        else:
             # the most heads' nodes m such that they and the chain's unmatched rest fit the budget
             # (positions increase along the walk: ancestors come first in the best-first order)
+            m = len(paths)
             while m > 0 and m + len(cont) - sum(i < m for i in walk) > budget:
                 m -= 1
-            matched = sum(i < m for i in walk)
-            parent = paths[walk[matched - 1]] if matched else ()
-            rank = sum(1 for p in paths[:m] if p[:-1] == parent)  # first free rank under the parent
-            for d, t in enumerate(cont[matched:]):
-                branch.append((parent + (rank,) + (0,) * d, t))
+            c = len(cont) - sum(i < m for i in walk)
+        matched = sum(i < m for i in walk)
+        parent = paths[walk[matched - 1]] if matched else ()
+        rank = sum(1 for p in paths[:m] if p[:-1] == parent)  # first free rank under the parent
+        branch = [(parent + (rank,) + (0,) * d, t) for d, t in enumerate(cont[matched:matched + c])]
         by_path = dict(zip(paths[:m], toks[:m]))
         by_path.update(branch)
         tree = compile_paths(list(by_path))
         tokens = torch.tensor([int(root[0])] + [by_path[p] for p in tree.paths[1:]], dtype=torch.long)
+        if self.sizer is not None:
+            self.sizer.drafted(tokens, cont[:matched + c], scores[:m])
         return Draft(tree, tokens)
 
     def propose(self, context: torch.Tensor) -> Draft:
@@ -282,7 +311,12 @@ class MedusaDrafter:
             return Draft(chain(0), root.clone())
         self.head_calls += 1
         if self.dynamic is not None:
-            return self._dynamic_draft(context, root)
+            if self.sizer is None:
+                return self._dynamic_draft(context, root)
+            t = time.perf_counter()
+            draft = self._dynamic_draft(context, root)
+            self.sizer.drafting_took((time.perf_counter() - t) * 1e3)
+            return draft
         if self.conditioned:
             heads_tokens = self.expand(self.hidden, root)
         else:
@@ -303,6 +337,8 @@ class MedusaDrafter:
         if hidden is not None and hidden.dim() != 1:
             raise ValueError(f"hidden must be the (H,) state of the last accepted node, got {tuple(hidden.shape)}")
         self.hidden = hidden
+        if self.sizer is not None:
+            self.sizer.observe(path)
 
 
 class BlockwiseDrafter(MedusaDrafter):
