@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.bench.harness import BenchConfig, final_number, quality_scores, split_method
+from speculant.bench.harness import BenchConfig, final_number, quality_scores, split_method, tree_budget_of
 from speculant.errors import ConfigError
 
 
 def test_split_method():
     assert split_method("sd") == ("sd", "exact")
     assert split_method("bpd:topk=2+min=1") == ("bpd", "topk=2+min=1")
+    assert split_method("hydra+lookup@fixed") == ("hydra+lookup", "exact")
+    assert split_method("medusa:typical@auto") == ("medusa", "typical")
+    assert tree_budget_of("hydra+lookup@fixed", "auto") == "fixed"
+    assert tree_budget_of("hydra+lookup", "fixed") == "fixed" and tree_budget_of("hydra", "auto") == "auto"
 
 
 def test_bench_config_validates_methods():
-    BenchConfig("t", "d", methods=("ar", "medusa", "medusa:typical", "bpd:topk=2"))
+    BenchConfig("t", "d", methods=("ar", "medusa", "medusa:typical", "bpd:topk=2", "hydra+lookup", "hydra+lookup@fixed"))
+    with pytest.raises(ConfigError, match="unknown --tree-budget 'wide'"):
+        BenchConfig("t", "d", methods=("ar",), tree_budget="wide")
     for methods, msg in [(("ar", "turbo"), "unknown bench method"), (("ar", "bpd:fast"), "cannot read"),
                          (("ar", "hf-assisted:typical"), "own methods"), (("sd",), "baseline"),
-                         (("ar", "sd", "sd"), "twice")]:
+                         (("ar", "sd", "sd"), "twice"), (("ar", "hydra@big"), "@auto or @fixed"),
+                         (("ar", "sd@fixed"), "medusa and hydra only")]:
         with pytest.raises(ConfigError, match=msg):
             BenchConfig("t", "d", methods=methods)
 

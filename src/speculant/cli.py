@@ -21,8 +21,9 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree", default=None,
                    help="mcsd/medusa/hydra tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths; "
                         "hydra also dynamic[:N[:D]] (a tree of N nodes, depth <= D, grown at every step from the "
-                        "heads' probabilities). Default: 2x1x1x1 for mcsd, the tree shipped with the heads for "
-                        "medusa, dynamic (24 nodes, depth 3; 28 - N nodes with a lookup branch of N) for hydra")
+                        "heads' probabilities; N is the most, see --tree-budget). Default: 2x1x1x1 for mcsd, the tree "
+                        "shipped with the heads for medusa, dynamic for hydra (depth 2, up to 32 rows sized per "
+                        "step; with --tree-budget fixed 15 nodes, or 15 - N with a lookup branch of N)")
     p.add_argument("--tree-file", default=None, help="medusa/hydra/mcsd: a JSON file with a list of paths")
     p.add_argument("--heads", default=None,
                    help="medusa/hydra/bpd: a heads directory (medusa/bpd: Medusa heads in the Medusa checkpoint "
@@ -36,6 +37,10 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                    help="medusa/hydra: add a prompt-lookup (n-gram) chain of N tokens to the tree as one more "
                         "branch (default: 0, none; bench: the methods medusa+lookup / hydra+lookup use N, "
                         f"default {DEFAULT_LOOKUP_BRANCH})")
+    p.add_argument("--tree-budget", choices=["auto", "fixed"], default="auto",
+                   help="dynamic trees: auto (default) sizes every step's tree against this machine's measured "
+                        "cost of a pass by rows (measured once, cached) for the most expected tokens per second; "
+                        "fixed always verifies the tree's full size")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
@@ -214,7 +219,7 @@ def cmd_generate(args) -> int:
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
                              draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept,
                              backend=args.backend, target_quant=args.target_quant, quant_head=args.quant_head,
-                             lookup_branch=args.lookup_branch)
+                             lookup_branch=args.lookup_branch, tree_budget=args.tree_budget)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.json:
         result = dec.generate(prompt, args.max_new_tokens, **kw)
@@ -246,7 +251,7 @@ def cmd_bench(args) -> int:
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
                       hydra_heads=args.hydra_heads, replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
-                      quant_head=args.quant_head,
+                      quant_head=args.quant_head, tree_budget=args.tree_budget,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out)
     run_bench(cfg)

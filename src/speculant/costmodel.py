@@ -31,7 +31,7 @@ from .tree import chain
 
 __all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key"]
 
-WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32)
+WIDTHS = (1, 2, 4, 8, 12, 16, 20, 24, 32)
 CACHE_VERSION = 1
 
 
@@ -88,7 +88,7 @@ class PassCost:
 
 
 @torch.inference_mode()
-def measure_pass_cost(backend, widths=WIDTHS, context: int = 256, reps: int = 3, seed: int = 0) -> PassCost:
+def measure_pass_cost(backend, widths=WIDTHS, context: int = 128, reps: int = 2, seed: int = 0) -> PassCost:
     """Time ``backend.forward`` on tree passes of each width after ``context`` cached tokens.
 
     Widths are taken round-robin ``reps`` times (so drift over the run touches every width alike)

@@ -4,7 +4,9 @@ process, so speed-ups are ratios measured side by side (these machines are noisy
 speedup(method) = tokens/s of the method / tokens/s of ``ar``, over the same prompts and run.
 
 A method is ``NAME`` or ``NAME:RULE`` with an approximate acceptance rule (``config.parse_acceptance``),
-e.g. ``medusa:typical``, ``bpd:topk=2``, ``bpd:topk=2+min=1``, ``bpd:dist=0.5``. Quality is scored
+e.g. ``medusa:typical``, ``bpd:topk=2``, ``bpd:topk=2+min=1``, ``bpd:dist=0.5``; a dynamic-tree method
+may end in ``@fixed`` or ``@auto`` to set its tree budget against ``--tree-budget`` (e.g.
+``hydra+lookup@fixed`` beside ``hydra+lookup`` compares the fixed 16-row tree with the sized one). Quality is scored
 next to speed where Spec-Bench has references: corpus BLEU (sacrebleu) on ``translation`` and
 exact match of the final number on ``math_reasoning`` (GSM8K's ``#### N``).
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import BACKENDS, SpeculativeDecoder, load_native
+from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH, parse_acceptance
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
@@ -51,6 +53,7 @@ class BenchConfig:
     backend: str = "hf"
     target_quant: str = "none"
     quant_head: bool = False
+    tree_budget: str = "auto"  # dynamic trees: sized against the machine's pass cost, or "fixed"
     categories: tuple[str, ...] | None = None
     questions: str | None = None
     json_out: str | None = None
@@ -65,6 +68,12 @@ class BenchConfig:
             if rule != "exact" and name in PEERS:
                 raise ConfigError(f"{m}: acceptance rules apply to speculant's own methods only")
             parse_acceptance(rule)
+            if m.partition("@")[2] not in ("", *TREE_BUDGETS):
+                raise ConfigError(f"{m}: a method's tree budget is @auto or @fixed")
+            if "@" in m and name.removesuffix("+lookup") not in ("medusa", "hydra"):
+                raise ConfigError(f"{m}: a tree budget (@auto, @fixed) applies to medusa and hydra only")
+        if self.tree_budget not in TREE_BUDGETS:
+            raise ConfigError(f"unknown --tree-budget {self.tree_budget!r}: choose {' or '.join(TREE_BUDGETS)}")
         if len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"--methods lists a method twice: {','.join(self.methods)}")
         if "ar" not in self.methods:
@@ -80,9 +89,15 @@ class BenchConfig:
 
 
 def split_method(m: str) -> tuple[str, str]:
-    """``"bpd:topk=2"`` -> ``("bpd", "topk=2")``; ``"sd"`` -> ``("sd", "exact")``."""
-    name, _, rule = m.partition(":")
+    """``"bpd:topk=2"`` -> ``("bpd", "topk=2")``; ``"sd"`` -> ``("sd", "exact")``;
+    ``"hydra+lookup@fixed"`` -> ``("hydra+lookup", "exact")`` (the budget: :func:`tree_budget_of`)."""
+    name, _, rule = m.partition("@")[0].partition(":")
     return name, rule or "exact"
+
+
+def tree_budget_of(m: str, default: str) -> str:
+    """``"hydra@fixed"`` -> ``"fixed"``; a method without ``@`` -> ``default``."""
+    return m.partition("@")[2] or default
 
 
 def load_questions(path: str | None = None) -> list[dict]:
@@ -163,7 +178,8 @@ def run_bench(cfg: BenchConfig) -> dict:
                                  lookup_branch=cfg.lookup_branch if lookup else 0, tree=tree, replacement=cfg.replacement,
                                  heads=cfg.hydra_heads if base == "hydra" else cfg.heads, acceptance=rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
-                                 backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head)
+                                 backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head,
+                                 tree_budget=tree_budget_of(m, cfg.tree_budget))
         ours_draft = ours_draft or dec.draft
         ours_target = ours_target or dec.target
         runners[m] = dec
