@@ -303,15 +303,20 @@ def test_sequential_draft_vocabulary(tmp_path, target):
         HeadsConfig(3, 1, H, V, draft_vocab=16)
 
 
-def test_sequential_coarse_ranking_matches_the_exact_ranking():
-    """Where speculant's int4 kernel runs, drafting shortlists tokens through an int4 copy of the
-    draft vocabulary's output rows and ranks the shortlist exactly: the top-k then equals the exact
-    top-k wherever the exact one is inside the shortlist (here: nearly always), and the
-    log-probabilities stay close to the exact log-softmax."""
-    from speculant.heads import SequentialHeads
+def _coarse_kind():
+    """The low-bit copy drafting shortlists through on this CPU: int4 with speculant's AMX kernel,
+    else int8 through PyTorch's own weight-only matmul."""
     from speculant.kernels import cpu_kernels
-    if cpu_kernels() is None:
-        pytest.skip("no AMX int4 kernel on this CPU: drafting always uses the exact rows")
+    from speculant.quant import Int4Linear, Int8Linear
+    return Int4Linear if cpu_kernels() is not None else Int8Linear
+
+
+def test_sequential_coarse_ranking_matches_the_exact_ranking():
+    """Drafting shortlists tokens through a low-bit copy of the draft vocabulary's output rows (int4
+    where speculant's AMX kernel runs, else int8) and ranks the shortlist exactly: the top-k then
+    equals the exact top-k wherever the exact one is inside the shortlist (here: nearly always),
+    and the log-probabilities stay close to the exact log-softmax."""
+    from speculant.heads import SequentialHeads
     Hc, Vc = 128, 4096
     torch.manual_seed(0)
     lm = torch.nn.Linear(Hc, Vc, bias=False)
@@ -325,7 +330,7 @@ def test_sequential_coarse_ranking_matches_the_exact_ranking():
         exact, exact_lp = heads.draft_topk(state, 4, logprobs=True)
         heads.coarse_ranking = True
         coarse, coarse_lp = heads.draft_topk(state, 4, logprobs=True)
-    assert heads._draft_rows[3] is not None  # the int4 copy was built and used
+    assert isinstance(heads._draft_rows[3], _coarse_kind())  # the low-bit copy was built and used
     assert (coarse == exact).all(-1).float().mean() >= 0.9
     assert (coarse[:, 0] == exact[:, 0]).float().mean() >= 0.97
     same = (coarse == exact).all(-1)
@@ -334,11 +339,8 @@ def test_sequential_coarse_ranking_matches_the_exact_ranking():
 
 
 def test_medusa_coarse_ranking_matches_the_exact_ranking():
-    """Medusa heads drafting through the shared output layer shortlist with its int4 copy and rank
-    the shortlist exactly: nearly always the exact top-k."""
-    from speculant.kernels import cpu_kernels
-    if cpu_kernels() is None:
-        pytest.skip("no AMX int4 kernel on this CPU: drafting always uses the exact layer")
+    """Medusa heads drafting through the shared output layer shortlist with its low-bit copy (int4
+    or int8, as above) and rank the shortlist exactly: nearly always the exact top-k."""
     Hc, Vc = 128, 4096
     torch.manual_seed(0)
     lm = torch.nn.Linear(Hc, Vc, bias=False)
@@ -356,5 +358,5 @@ def test_medusa_coarse_ranking_matches_the_exact_ranking():
         coarse = heads.draft_topk(hidden, 4, 3, 4000)
         agree += int((coarse == exact).all(-1).sum()); top1 += int((coarse[:, 0] == exact[:, 0]).sum())
         assert int(coarse.max()) < 4000
-    assert heads._coarse[2] is not None
+    assert isinstance(heads._coarse[2], _coarse_kind())
     assert agree >= 0.9 * 120 and top1 >= 0.97 * 120

@@ -42,12 +42,26 @@ def test_pass_cost_interpolates_and_extrapolates():
         c(0)
 
 
+def test_pass_cost_grows_with_context():
+    c = PassCost((1, 16), (100.0, 150.0), context=64, slope=(0.0, 0.1))
+    assert c(16) == 150.0 and c(16, 64) == 150.0 and c(16, 564) == pytest.approx(200.0)
+    assert c(1, 5000) == 100.0
+    assert c(8, 564) == pytest.approx(100.0 + 50.0 * 7 / 15 + 0.1 * 7 / 15 * 500)
+    assert c(16, 0) == pytest.approx(150.0 - 6.4)
+    assert PassCost((1, 16), (100.0, 150.0), 64, (0.0, 10.0))(16, 0) == 75.0  # never below half
+    with pytest.raises(ConfigError, match="slopes must be >= 0 and non-decreasing"):
+        PassCost((1, 16), (100.0, 150.0), 64, (0.2, 0.1))
+    with pytest.raises(ConfigError, match="as many times"):
+        PassCost((1, 16), (100.0, 150.0), 64, (0.1,))
+    assert PassCost.monotone((1, 4, 8), (1.0, 2.0, 3.0), 10, (0.1, -0.2, 0.05)).slope == (0.1, 0.1, 0.1)
+
+
 def test_pass_cost_rejects_bad_curves_and_smooths_noise():
     with pytest.raises(ConfigError, match="start at 1 and increase"):
         PassCost((2, 4), (1.0, 2.0))
     with pytest.raises(ConfigError, match="start at 1 and increase"):
         PassCost((1, 4, 4), (1.0, 2.0, 3.0))
-    with pytest.raises(ConfigError, match="as many times as widths"):
+    with pytest.raises(ConfigError, match="as many times .* as widths"):
         PassCost((1, 4), (1.0,))
     with pytest.raises(ConfigError, match="positive and non-decreasing"):
         PassCost((1, 4), (2.0, 1.0))
@@ -56,12 +70,16 @@ def test_pass_cost_rejects_bad_curves_and_smooths_noise():
 
 def test_measure_pass_cost_on_a_tiny_model_leaves_the_cache_empty():
     backend = HFBackend(tiny_llama(seed=0, vocab=V, hidden=H))
-    cost = measure_pass_cost(backend, widths=(4, 1, 2), context=8, reps=1)
-    assert cost.rows == (1, 2, 4) and all(m > 0 for m in cost.ms)
+    cost = measure_pass_cost(backend, widths=(4, 1, 2), context=8, long_context=40, long_widths=(4,), reps=1)
+    assert cost.rows == (1, 2, 4) and all(m > 0 for m in cost.ms) and cost.context == 8
     assert list(cost.ms) == sorted(cost.ms)
+    assert len(cost.slope) == 3 and list(cost.slope) == sorted(cost.slope) and min(cost.slope) >= 0
     assert backend.cache_length == 0
+    assert measure_pass_cost(backend, widths=(1, 2), context=8, long_context=0, reps=1).slope == ()
     with pytest.raises(ConfigError, match="must include 1"):
         measure_pass_cost(backend, widths=(2, 4))
+    with pytest.raises(ConfigError, match="long_context 0 or > context"):
+        measure_pass_cost(backend, context=64, long_context=32)
 
 
 def test_pass_cost_is_cached_per_key(tmp_path, monkeypatch):
@@ -69,7 +87,7 @@ def test_pass_cost_is_cached_per_key(tmp_path, monkeypatch):
 
     backend = HFBackend(tiny_llama(seed=0, vocab=V, hidden=H))
     path = tmp_path / "sub" / "pass_cost.json"
-    first = pass_cost(backend, "machine A", path=path, quiet=True, widths=(1, 2), context=4, reps=1)
+    first = pass_cost(backend, "machine A", path=path, quiet=True, widths=(1, 2), context=4, long_context=12, reps=1)
     assert json.loads(path.read_text())["curves"]["machine A"]["rows"] == [1, 2]
 
     def no_measuring(*a, **k):
@@ -78,11 +96,12 @@ def test_pass_cost_is_cached_per_key(tmp_path, monkeypatch):
     monkeypatch.setattr(cm, "measure_pass_cost", no_measuring)
     again = pass_cost(backend, "machine A", path=path, quiet=True)
     assert again.rows == first.rows and again.ms == pytest.approx(first.ms, abs=1e-3)
+    assert again.context == 4 and again.slope == pytest.approx(first.slope, abs=1e-4)
     monkeypatch.undo()
-    pass_cost(backend, "machine B", path=path, quiet=True, widths=(1, 3), context=4, reps=1)
+    pass_cost(backend, "machine B", path=path, quiet=True, widths=(1, 3), context=4, long_context=0, reps=1)
     assert set(json.loads(path.read_text())["curves"]) == {"machine A", "machine B"}
     path.write_text("{not json")  # a damaged file is measured over, then rewritten whole
-    pass_cost(backend, "machine A", path=path, quiet=True, widths=(1, 2), context=4, reps=1)
+    pass_cost(backend, "machine A", path=path, quiet=True, widths=(1, 2), context=4, long_context=0, reps=1)
     assert set(json.loads(path.read_text())["curves"]) == {"machine A"}
 
 
@@ -128,6 +147,21 @@ def test_flat_cost_takes_everything_and_steep_cost_takes_the_root():
     # the measured AVX-512 curve: confident nodes are worth their rows, a long unproven chain less so
     m, c = TreeSizer(AVX512).choose(scores, [], 8)
     assert 1 <= m <= 5 and 1 + m + c <= 16
+
+
+def test_a_longer_context_never_widens_the_tree():
+    cost = PassCost((1, 8, 16, 32), (156.0, 167.0, 232.0, 372.0), context=64, slope=(0.0, 0.01, 0.04, 0.1))
+    g = torch.Generator().manual_seed(1)
+    narrower = 0
+    for _ in range(30):
+        scores = sorted((torch.rand(24, generator=g) * -4).tolist(), reverse=True)
+        rows = []
+        for context in (64, 1000, 4000):
+            m, c = TreeSizer(cost).choose(scores, [], 6, context=context)
+            rows.append(1 + m + c)
+        assert rows == sorted(rows, reverse=True)
+        narrower += rows[-1] < rows[0]
+    assert narrower > 0
 
 
 def test_estimates_follow_what_is_accepted():

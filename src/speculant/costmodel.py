@@ -8,9 +8,12 @@ bf16, 2 cores, 500 tokens of context, milliseconds per pass:
     AMD EPYC, AVX-512 BF16 (oneDNN)        156   167   232   320   372    compute-bound past ~8 rows
 
 A 16-row tree costs 1.12x a token on the first machine and 1.49x on the second, so a tree size
-tuned on one is wrong on the other. :func:`pass_cost` measures the curve once per machine, model,
-dtype and runtime (a few seconds), caches it under ``$SPECULANT_CACHE``, and the dynamic tree
-(``drafters.medusa``) sizes every step's tree against it.
+tuned on one is wrong on the other. On the second the cost also grows with the context, row by
+row (attention; at 16 rows, ~60 ms more after 1,024 tokens than after 128). :func:`pass_cost`
+measures the curve once per machine, model, dtype and runtime (widths 1-32 after 64 tokens, and
+a few again after 512; ~15 s for a 1.5B model on a 2-core CPU without AMX), caches it under
+``$SPECULANT_CACHE``, and the dynamic tree (``drafters.medusa``, ``drafters.sizing``) sizes every
+step's tree against it at that step's context length.
 """
 
 from __future__ import annotations
@@ -32,92 +35,133 @@ from .tree import chain
 __all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key"]
 
 WIDTHS = (1, 2, 4, 8, 12, 16, 20, 24, 32)
-CACHE_VERSION = 1
+LONG_WIDTHS = (1, 16, 32)  # re-timed after a longer context, for the cost's growth with it
+CACHE_VERSION = 2
+
+
+def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
+    """Linear through (xs, ys), xs ascending; past the last point along the last segment."""
+    if len(xs) == 1:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i] or i == len(xs) - 1:
+            a, b = xs[i - 1], xs[i]
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - a) / (b - a)
+    raise AssertionError("unreachable")
+
+
+def _running_max(values) -> tuple[float, ...]:
+    out, top = [], float("-inf")
+    for v in values:
+        top = max(top, float(v))
+        out.append(top)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
 class PassCost:
-    """Milliseconds of one target pass scoring ``rows[i]`` rows: ``ms[i]``. Rows ascend from 1;
-    ``ms`` never decreases (a measured curve is made so with a running maximum: a wider pass is
-    never cheaper, whatever the noise said)."""
+    """Milliseconds of one target pass scoring ``rows[i]`` rows after ``context`` cached tokens:
+    ``ms[i]``, plus ``slope[i]`` ms for every further token of context (attention reads the whole
+    context for every row; empty: the cost does not grow with context). Rows ascend from 1; ``ms``
+    and ``slope`` never decrease along the rows (a measured curve is made so with running maxima:
+    a wider pass is never cheaper, whatever the noise said)."""
 
     rows: tuple[int, ...]
     ms: tuple[float, ...]
+    context: int = 0
+    slope: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         rows, ms = tuple(int(r) for r in self.rows), tuple(float(m) for m in self.ms)
-        if not rows or len(rows) != len(ms):
-            raise ConfigError(f"a pass-cost curve needs as many times as widths, got {len(rows)} widths and "
-                              f"{len(ms)} times")
+        slope = tuple(float(x) for x in self.slope)
+        if not rows or len(rows) != len(ms) or (slope and len(slope) != len(rows)):
+            raise ConfigError(f"a pass-cost curve needs as many times (and slopes, if any) as widths, got "
+                              f"{len(rows)} widths, {len(ms)} times and {len(slope)} slopes")
         if rows[0] != 1 or any(b <= a for a, b in zip(rows, rows[1:])):
             raise ConfigError(f"pass-cost widths must start at 1 and increase, got {list(rows)}")
         if any(not (m > 0) for m in ms) or any(b < a for a, b in zip(ms, ms[1:])):
             raise ConfigError(f"pass-cost times must be positive and non-decreasing, got {list(ms)}")
+        if any(x < 0 for x in slope) or any(b < a for a, b in zip(slope, slope[1:])):
+            raise ConfigError(f"pass-cost slopes must be >= 0 and non-decreasing, got {list(slope)}")
+        if self.context < 0:
+            raise ConfigError(f"a pass-cost context must be >= 0 tokens, got {self.context}")
         object.__setattr__(self, "rows", rows)
         object.__setattr__(self, "ms", ms)
+        object.__setattr__(self, "slope", slope)
 
     @classmethod
-    def monotone(cls, rows, ms) -> "PassCost":
-        """The curve through measured (noisy) points, with a running maximum over the times."""
-        out, top = [], 0.0
-        for m in ms:
-            top = max(top, float(m))
-            out.append(top)
-        return cls(tuple(rows), tuple(out))
+    def monotone(cls, rows, ms, context: int = 0, slope=()) -> "PassCost":
+        """The curve through measured (noisy) points: running maxima over times and slopes, and
+        negative slopes (noise) as 0."""
+        return cls(tuple(rows), _running_max(ms), context, _running_max(max(float(x), 0.0) for x in slope))
 
-    def __call__(self, n: int) -> float:
-        """Milliseconds for ``n >= 1`` rows: linear between measured widths, and past the widest
-        along the last segment's slope."""
+    def __call__(self, n: int, context: int | None = None) -> float:
+        """Milliseconds for ``n >= 1`` rows (after ``context`` cached tokens, if given): linear
+        between measured widths, and past the widest along the last segment's slope; never below
+        half the cost at the measured context."""
         if n < 1:
             raise ValueError(f"a pass scores at least one row, got {n}")
-        rows, ms = self.rows, self.ms
-        if len(rows) == 1:
-            return ms[0]
-        for i in range(1, len(rows)):
-            if n <= rows[i] or i == len(rows) - 1:
-                a, b = rows[i - 1], rows[i]
-                return ms[i - 1] + (ms[i] - ms[i - 1]) * (n - a) / (b - a)
-        raise AssertionError("unreachable")
+        base = _interp(self.rows, self.ms, n)
+        if context is None or not self.slope:
+            return base
+        return max(base + _interp(self.rows, self.slope, n) * (context - self.context), 0.5 * base)
 
     def relative(self) -> dict[int, float]:
-        """Each measured width's cost over one row's: {rows: ratio}."""
+        """Each measured width's cost over one row's, at the measured context: {rows: ratio}."""
         return {r: m / self.ms[0] for r, m in zip(self.rows, self.ms)}
 
     def to_dict(self) -> dict:
-        return {"rows": list(self.rows), "ms": [round(m, 3) for m in self.ms]}
+        return {"rows": list(self.rows), "ms": [round(m, 3) for m in self.ms], "context": self.context,
+                "slope": [round(x, 5) for x in self.slope]}
 
 
 @torch.inference_mode()
-def measure_pass_cost(backend, widths=WIDTHS, context: int = 128, reps: int = 2, seed: int = 0) -> PassCost:
-    """Time ``backend.forward`` on tree passes of each width after ``context`` cached tokens.
+def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: int = 512,
+                      long_widths=LONG_WIDTHS, reps: int = 2, seed: int = 0) -> PassCost:
+    """Time ``backend.forward`` on tree passes of each width after ``context`` cached tokens, then
+    ``long_widths`` again after ``long_context`` (0: skip; the cost's growth with context, per
+    width, is the slope between the two, interpolated over the other widths).
 
     Widths are taken round-robin ``reps`` times (so drift over the run touches every width alike)
-    after one untimed pass each; the median of each width's times counts. The cache is rolled back
-    after every pass and reset at the end. Passes ask for every row's logits and hidden state, as a
-    heads method's verification does."""
+    after one untimed round; the median of each width's times counts. The cache is rolled back
+    after every pass and reset at the end. Passes ask for every row's logits and hidden state, as
+    a heads method's verification does."""
     widths = sorted(set(int(w) for w in widths))
     if not widths or widths[0] != 1:
         raise ConfigError(f"pass-cost widths must include 1 (plain decoding), got {widths}")
-    if context < 1 or reps < 1:
-        raise ConfigError(f"context and reps must be >= 1, got {context} and {reps}")
+    if context < 1 or reps < 1 or (long_context and long_context <= context):
+        raise ConfigError(f"need context >= 1, reps >= 1 and long_context 0 or > context, got {context}, {reps} "
+                          f"and {long_context}")
     gen = torch.Generator().manual_seed(seed)
     vocab = int(backend.vocab_size)
+
+    def timed(ws) -> dict[int, float]:
+        L = backend.cache_length
+        times: dict[int, list[float]] = {w: [] for w in ws}
+        for rep in range(reps + 1):
+            for w in ws:
+                tree = chain(w - 1)
+                tokens = torch.randint(0, vocab, (w,), generator=gen)
+                t = time.perf_counter()
+                backend.forward(tokens, L + tree.depths, tree.mask, want_hidden=True)
+                dt = time.perf_counter() - t
+                backend.rollback(L)
+                if rep:  # the first round warms every shape up
+                    times[w].append(dt * 1e3)
+        return {w: statistics.median(v) for w, v in times.items()}
+
     backend.reset()
     backend.forward(torch.randint(0, vocab, (context,), generator=gen))
-    L = backend.cache_length
-    times: dict[int, list[float]] = {w: [] for w in widths}
-    for rep in range(reps + 1):
-        for w in widths:
-            tree = chain(w - 1)
-            tokens = torch.randint(0, vocab, (w,), generator=gen)
-            t = time.perf_counter()
-            backend.forward(tokens, L + tree.depths, tree.mask, want_hidden=True)
-            dt = time.perf_counter() - t
-            backend.rollback(L)
-            if rep:  # the first round warms every shape up
-                times[w].append(dt * 1e3)
+    short = timed(widths)
+    slope: tuple[float, ...] = ()
+    if long_context:
+        backend.forward(torch.randint(0, vocab, (long_context - context,), generator=gen))
+        lw = sorted({1, *(int(w) for w in long_widths if int(w) in short)})
+        far = timed(lw)
+        at = tuple((far[w] - short[w]) / (long_context - context) for w in lw)
+        slope = tuple(max(_interp(tuple(lw), at, w), 0.0) for w in widths)
     backend.reset()
-    return PassCost.monotone(widths, [statistics.median(times[w]) for w in widths])
+    return PassCost.monotone(widths, [short[w] for w in widths], context, slope)
 
 
 def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
@@ -158,16 +202,17 @@ def pass_cost(backend, key: str, *, path: Path | None = None, quiet: bool = Fals
     entry = saved.get("curves", {}).get(key) if saved else None
     if entry is not None:
         try:
-            return PassCost(tuple(entry["rows"]), tuple(entry["ms"]))
-        except (ConfigError, KeyError, TypeError):
+            return PassCost(tuple(entry["rows"]), tuple(entry["ms"]), int(entry["context"]), tuple(entry["slope"]))
+        except (ConfigError, KeyError, TypeError, ValueError):
             pass  # a damaged entry: measure again
     if not quiet:
         print("speculant: measuring this machine's verification cost by tree width (once; cached in "
               f"{path})", file=sys.stderr, flush=True)
     cost = measure_pass_cost(backend, **measure_kwargs)
     if not quiet:
-        rel = ", ".join(f"{r}: {x:.2f}x" for r, x in cost.relative().items() if r in (1, 8, 16, 32))
-        print(f"speculant: one row {cost.ms[0]:.0f} ms; relative cost by rows {rel}", file=sys.stderr, flush=True)
+        rel = ", ".join(f"{r}: {cost(r, 512) / cost(1, 512):.2f}x" for r in (8, 16, 32))
+        print(f"speculant: one row {cost(1, 512):.0f} ms after 512 tokens; relative cost by rows {rel}",
+              file=sys.stderr, flush=True)
     curves = dict(saved.get("curves", {})) if saved else {}
     curves[key] = cost.to_dict()
     try:

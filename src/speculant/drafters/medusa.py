@@ -285,7 +285,7 @@ class MedusaDrafter:
                 walk.append(i)
                 parent = paths[i]
         if self.sizer is not None:
-            m, c = self.sizer.choose(scores, walk, len(cont))
+            m, c = self.sizer.choose(scores, walk, len(cont), context=int(context.shape[0]))
         else:
             # the most heads' nodes m such that they and the chain's unmatched rest fit the budget
             # (positions increase along the walk: ancestors come first in the best-first order)

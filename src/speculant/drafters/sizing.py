@@ -7,7 +7,7 @@ draft tokens of a tree is the sum of its nodes' acceptance probabilities. For th
 and c rows of the prompt-lookup chain hung below them:
 
     E(m, c) = 1 + κ · Σ_{i<m} exp(s_i) + Σ_{j=k+1}^{k+c} r_j        (k: chain tokens the first m nodes hold)
-    T(m, c) = cost(1 + m + c) + overhead                            (milliseconds; cost: costmodel.PassCost)
+    T(m, c) = cost(1 + m + c, L) + overhead                         (ms; cost: costmodel.PassCost, L: context)
 
 and :meth:`TreeSizer.choose` takes the (m, c) with the most expected tokens per millisecond,
 E / T (the per-step rule of OPT-Tree, Wang et al. 2024, here with a measured cost curve). Where a
@@ -71,10 +71,12 @@ class TreeSizer:
         return out
 
     # ---- the choice --------------------------------------------------------------------------
-    def choose(self, scores: list[float], walk: list[int], n_chain: int) -> tuple[int, int]:
+    def choose(self, scores: list[float], walk: list[int], n_chain: int,
+               context: int | None = None) -> tuple[int, int]:
         """scores: the best-first nodes' log-scores; walk: the positions (in that list, increasing)
-        of the nodes holding the chain's first tokens; n_chain: the chain's length. Returns
-        (m, c): verify the first m nodes and c chain rows after the tokens they hold."""
+        of the nodes holding the chain's first tokens; n_chain: the chain's length; context: the
+        tokens the pass will attend to (the cost grows with them). Returns (m, c): verify the
+        first m nodes and c chain rows after the tokens they hold."""
         kappa = self.kappa
         r = self.chain_rates(n_chain)
         prefix = [0.0]
@@ -83,7 +85,9 @@ class TreeSizer:
         r_prefix = [0.0]
         for x in r:
             r_prefix.append(r_prefix[-1] + x)
-        cap = self.max_rows if self.max_rows is not None else 1 + len(scores) + n_chain
+        cap = 1 + len(scores) + n_chain
+        cap = min(cap, self.max_rows) if self.max_rows is not None else cap
+        time_of = [0.0] + [self.cost(rows, context) + self.overhead_ms for rows in range(1, cap + 1)]
         best, best_rate = (0, 0), -1.0
         k = 0  # chain tokens held by the first m nodes
         for m in range(len(scores) + 1):
@@ -94,7 +98,7 @@ class TreeSizer:
                 rows = 1 + m + c
                 if rows > cap:
                     break
-                rate = (heads + r_prefix[k + c] - r_prefix[k]) / (self.cost(rows) + self.overhead_ms)
+                rate = (heads + r_prefix[k + c] - r_prefix[k]) / time_of[rows]
                 if rate > best_rate + 1e-12:
                     best, best_rate = (m, c), rate
         self.last_choice = best
