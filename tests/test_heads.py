@@ -304,16 +304,15 @@ def test_sequential_draft_vocabulary(tmp_path, target):
 
 
 def _coarse_kind():
-    """The low-bit copy drafting shortlists through on this CPU: int4 with speculant's AMX kernel,
-    else int8 through PyTorch's own weight-only matmul."""
-    from speculant.kernels import cpu_kernels
-    from speculant.quant import Int4Linear, Int8Linear
-    return Int4Linear if cpu_kernels() is not None else Int8Linear
+    """The low-bit copy drafting shortlists through (int4: speculant's AMX kernel where it runs,
+    else PyTorch's int4 matmul)."""
+    from speculant.quant import Int4Linear
+    return Int4Linear
 
 
 def test_sequential_coarse_ranking_matches_the_exact_ranking():
-    """Drafting shortlists tokens through a low-bit copy of the draft vocabulary's output rows (int4
-    where speculant's AMX kernel runs, else int8) and ranks the shortlist exactly: the top-k then
+    """Drafting shortlists tokens through an int4 copy of the draft vocabulary's output rows (with
+    speculant's AMX kernel or PyTorch's int4 matmul) and ranks the shortlist exactly: the top-k then
     equals the exact top-k wherever the exact one is inside the shortlist (here: nearly always),
     and the log-probabilities stay close to the exact log-softmax."""
     from speculant.heads import SequentialHeads
@@ -339,8 +338,7 @@ def test_sequential_coarse_ranking_matches_the_exact_ranking():
 
 
 def test_medusa_coarse_ranking_matches_the_exact_ranking():
-    """Medusa heads drafting through the shared output layer shortlist with its low-bit copy (int4
-    or int8, as above) and rank the shortlist exactly: nearly always the exact top-k."""
+    """Medusa heads drafting through the shared output layer shortlist with its int4 copy and rank the shortlist exactly: nearly always the exact top-k."""
     Hc, Vc = 128, 4096
     torch.manual_seed(0)
     lm = torch.nn.Linear(Hc, Vc, bias=False)
@@ -360,3 +358,21 @@ def test_medusa_coarse_ranking_matches_the_exact_ranking():
         assert int(coarse.max()) < 4000
     assert isinstance(heads._coarse[2], _coarse_kind())
     assert agree >= 0.9 * 120 and top1 >= 0.97 * 120
+
+
+def test_coarse_ranker_picks_int4_then_int8_and_keeps_the_exact_top():
+    """int4 where the rows' width is a multiple of 64 (and their count of 16), int8 for other
+    shapes, none for small vocabularies; either shortlist, re-ranked exactly, keeps the exact top-1."""
+    from speculant.heads import _coarse_ranker, _shortlist_topk
+    from speculant.quant import Int4Linear, Int8Linear
+    torch.manual_seed(0)
+    assert _coarse_ranker(None) is None and _coarse_ranker(torch.randn(512, 128)) is None
+    for width, kind in ((128, Int4Linear), (96, Int8Linear)):
+        rows = (torch.randn(2048, width) * 0.05).to(torch.bfloat16)
+        coarse = _coarse_ranker(rows)
+        assert isinstance(coarse, kind)
+        states = torch.randn(32, width).to(torch.bfloat16)
+        idx, values, _ = _shortlist_topk(coarse, rows, states, 4)
+        exact = torch.nn.functional.linear(states, rows).float().topk(4, dim=-1)
+        assert (idx[:, 0] == exact.indices[:, 0]).float().mean() >= 0.95
+        torch.testing.assert_close(values[:, 0], exact.values[:, 0], atol=1e-2, rtol=1e-2)
