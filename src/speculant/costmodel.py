@@ -117,7 +117,7 @@ class PassCost:
 
 @torch.inference_mode()
 def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: int = 512,
-                      long_widths=LONG_WIDTHS, reps: int = 2, seed: int = 0) -> PassCost:
+                      long_widths=LONG_WIDTHS, reps: int = 3, seed: int = 0) -> PassCost:
     """Time ``backend.forward`` on tree passes of each width after ``context`` cached tokens, then
     ``long_widths`` again after ``long_context`` (0: skip; the cost's growth with context, per
     width, is the slope between the two, interpolated over the other widths).
