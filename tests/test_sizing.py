@@ -20,7 +20,7 @@ from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, SequentialHeads
 from speculant.tree import build_tree
 
-from test_medusa import H, V, prompts, run
+from test_medusa import H, V, plain, prompts, run, seq_heads_random, target  # noqa: F401 (fixtures)
 from tiny import tiny_llama
 
 FLAT = PassCost((1, 64), (100.0, 100.0))  # every width costs one row's pass (the AMX limit case)
@@ -186,36 +186,13 @@ def test_estimates_follow_what_is_accepted():
 
 # ---- lossless whatever the curve -----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0, vocab=V, hidden=H, scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def plain(target):
-    from speculant.drafters.base import NoDrafter
-    return [run(target, NoDrafter(), p).generated for p in prompts()]
-
-
-@pytest.fixture(scope="module")
-def seq_heads(target):
-    heads = SequentialHeads(HeadsConfig(3, 1, H, V, kind="sequential"), target.get_output_embeddings(),
-                            target.get_input_embeddings())
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in heads.parameters():
-            if p.requires_grad:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-    return heads.eval()
-
-
 @pytest.mark.parametrize("cost", [FLAT, STEEP, AVX512], ids=["flat", "steep", "avx512"])
 @pytest.mark.parametrize("lookup", [0, 3])
-def test_sized_trees_are_lossless(target, plain, seq_heads, cost, lookup):
+def test_sized_trees_are_lossless(target, plain, seq_heads_random, cost, lookup):
     sizer = TreeSizer(cost, max_rows=12)  # shared across prompts, as a decoder shares it
     sizes = set()
     for prompt, ref in zip(prompts(), plain):
-        drafter = MedusaDrafter(seq_heads, build_tree("2"), V, LookupDrafter(lookup) if lookup else None,
+        drafter = MedusaDrafter(seq_heads_random, build_tree("2"), V, LookupDrafter(lookup) if lookup else None,
                                 dynamic=DynamicTree(nodes=10, depth=3), sizer=sizer)
         propose = drafter.propose
 
@@ -233,9 +210,9 @@ def test_sized_trees_are_lossless(target, plain, seq_heads, cost, lookup):
         assert max(sizes) == min(12, 1 + 10 + lookup)
 
 
-def test_sizer_needs_a_dynamic_tree(seq_heads):
+def test_sizer_needs_a_dynamic_tree(seq_heads_random):
     with pytest.raises(ConfigError, match="needs a dynamic tree"):
-        MedusaDrafter(seq_heads, build_tree("2"), V, sizer=TreeSizer(FLAT))
+        MedusaDrafter(seq_heads_random, build_tree("2"), V, sizer=TreeSizer(FLAT))
 
 
 def test_decoder_tree_budget(tmp_path, monkeypatch):
