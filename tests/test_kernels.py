@@ -4,10 +4,11 @@ dequantized matrix, and row independence (a row's output never depends on the ot
 import pytest
 import torch
 
-from speculant.kernels import dequantize_int4, cpu_kernels, pack_bf16, pack_int4
+from speculant.kernels import dequantize_int4, cpu_kernels, int4_kernel, pack_bf16, pack_int4
 
 kernel = cpu_kernels()
-needs_kernel = pytest.mark.skipif(kernel is None, reason="needs AMX-INT8 and a C++ toolchain")
+needs_kernel = pytest.mark.skipif(kernel is None, reason="needs AVX-512 BF16 and a C++ toolchain")
+needs_int4 = pytest.mark.skipif(int4_kernel() is None, reason="needs AMX-INT8 and a C++ toolchain")
 
 
 def random_weight(N=96, K=256, G=64, seed=0):
@@ -31,7 +32,7 @@ def test_pack_dequantize_round_trip():
             pack_int4(bad, scale[: bad.shape[0], : bad.shape[1] // 64], offset[: bad.shape[0], : bad.shape[1] // 64])
 
 
-@needs_kernel
+@needs_int4
 @pytest.mark.parametrize("M", [1, 2, 7, 16, 17, 40])
 def test_kernel_matches_dequantized_matmul_and_rows_are_independent(M):
     """Within int8 activation rounding of the dequantized product; bit-identical per row."""
@@ -56,7 +57,7 @@ def quantized_activations(x):
     return (torch.round(g / scale) * scale).view_as(x)
 
 
-@needs_kernel
+@needs_int4
 def test_int4_linear_uses_the_kernel_and_is_row_independent():
     from torch import nn
     from speculant.quant import Int4Linear
@@ -100,7 +101,7 @@ def test_attention_matches_reference_and_is_row_invariant():
 @pytest.mark.parametrize("M", [1, 7, 16, 17, 32, 45, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_bf16_kernel_matches_fp32_matmul(M, bias):
-    """bf16_amx.cpp: fp32 accumulation over all of K, so the result is the exact product rounded
+    """bf16_amx.cpp / bf16_avx512.cpp: fp32 accumulation over all of K, so the result is the exact product rounded
     to bf16 (up to the order of the additions); every row count (one or two 16-row halves, slabs)."""
     g = torch.Generator().manual_seed(M)
     N, K = 96, 320
@@ -111,6 +112,9 @@ def test_bf16_kernel_matches_fp32_matmul(M, bias):
     y = kernel.bf16_mm(x, pack_bf16(w), b)
     assert y.dtype == torch.bfloat16 and y.shape == (M, N)
     torch.testing.assert_close(y.float(), ref.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2)
+    # every row is computed on its own: a one-row call gives it bit for bit (tree passes = path passes)
+    for m in {0, M // 2, M - 1}:
+        assert torch.equal(kernel.bf16_mm(x[m:m + 1].contiguous(), pack_bf16(w), b)[0], y[m])
     # the layout is a permutation: every weight lands in its tile slot
     wp = pack_bf16(w)
     assert wp.shape == (N // 16, K // 32, 16, 16, 2)

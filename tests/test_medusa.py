@@ -599,3 +599,31 @@ def test_default_hydra_tree_makes_room_for_the_lookup_chain(tmp_path):
     explicit = SpeculativeDecoder(lm, method="hydra", heads=heads, lookup_branch=12, tree="dynamic:20",
                                   dtype="float32")
     assert explicit.dynamic.nodes == 20  # a tree the user names is kept as it is
+
+
+def test_default_medusa_tree_is_sized_per_step_unless_the_budget_is_fixed(tmp_path):
+    """medusa with tree_budget="auto" (the default) grows a dynamic tree as deep as the heads, at
+    most DEFAULT_MAX_ROWS rows with the lookup chain, sized per step; "fixed" keeps the static tree
+    saved next to the heads. Greedy output equals plain decoding either way."""
+    import speculant
+    from speculant import SpeculativeDecoder
+    from speculant.api import DEFAULT_MAX_ROWS
+    from speculant.heads import SHIPPED_TREE_NAME, MedusaHeads, save_heads
+    from speculant.tree import build_tree
+    from tiny import tiny_model_dir
+
+    lm = speculant.load(tiny_model_dir(tmp_path / "m"), "float32")
+    heads = MedusaHeads(HeadsConfig(3, 1, lm.model.config.hidden_size, lm.logits_dim), lm.model.get_output_embeddings())
+    save_heads(heads, tmp_path / "heads")
+    (tmp_path / "heads" / SHIPPED_TREE_NAME).write_text("[[0], [1], [0, 0]]")
+    plain = SpeculativeDecoder(lm, method="ar", dtype="float32")
+    prompt = "w1 w2 w3 w1 w2 w3 w1"
+    for n in (0, 8, 30):
+        auto = SpeculativeDecoder(lm, method="medusa", heads=str(tmp_path / "heads"), lookup_branch=n, dtype="float32")
+        assert auto.dynamic is not None and auto.sizer is not None
+        assert auto.dynamic.nodes == max(DEFAULT_MAX_ROWS - 1 - n, 4) and auto.dynamic.depth == 0
+        assert auto.generate(prompt, 24).token_ids == plain.generate(prompt, 24).token_ids
+    fixed = SpeculativeDecoder(lm, method="medusa", heads=str(tmp_path / "heads"), dtype="float32", tree_budget="fixed")
+    assert fixed.dynamic is None and fixed.sizer is None
+    assert torch.equal(fixed.tree.mask, build_tree([[0], [1], [0, 0]]).mask)
+    assert fixed.generate(prompt, 24).token_ids == plain.generate(prompt, 24).token_ids

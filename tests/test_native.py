@@ -22,7 +22,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
-from speculant.kernels import cpu_kernels
+from speculant.kernels import int4_kernel
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
@@ -241,7 +241,7 @@ def test_quantized_native_sd_equals_ar(quant, dtype):
     target = tiny_qwen2(seed=0, scale=4.0, dtype=dtype)
     backend = NativeBackend(NativeModel.from_hf(target, quant, quant_head=True, keep_dense=False))
     assert isinstance(backend.model.blocks[0].q_proj, Int8Linear if quant == "int8" else Int4Linear)
-    if quant == "int4" and cpu_kernels() is not None:  # speculant's AMX kernel, not PyTorch's
+    if quant == "int4" and int4_kernel() is not None:  # speculant's AMX kernel, not PyTorch's
         assert backend.model.blocks[0].q_proj._kernel is not None
     draft = NativeBackend(perturbed(target, noise=0.3))
     # heads sharing the quantized output layer (no dense weight: called as a module)
@@ -319,7 +319,7 @@ def test_quality_scoring_on_tiny_model():
     assert 1.0 < ppl < 10 * V
 
 
-@pytest.mark.skipif(cpu_kernels() is None, reason="needs speculant's AMX int4 kernel")
+@pytest.mark.skipif(int4_kernel() is None, reason="needs speculant's AMX int4 kernel")
 @pytest.mark.parametrize("own_attention", [True, False])  # False: PyTorch's fused attention, padded calls
 @pytest.mark.parametrize("context", [3, 40, 509])  # 509 + tree: the keys cross a 512 padding block
 def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context, own_attention, monkeypatch):

@@ -53,6 +53,12 @@ DEFAULT_TREE_ROWS = 15
 # fixed sizes above are tree_budget="fixed".
 DEFAULT_MAX_ROWS = 32
 TREE_BUDGETS = ("auto", "fixed")
+# medusa's default with tree_budget="auto": a dynamic tree (as deep as the heads go)
+# sized per step, DEFAULT_MAX_ROWS - 1 - lookup_branch nodes at most; "fixed" keeps the static tree
+# shipped with the heads (tree.json). On the AVX-512 EPYC, same run, 6 prompts, medusa+lookup:
+# sized 1.60x over ar (tau 1.89) against 1.11x (tau 2.06) for the static 14-node tree
+# (bench-results/issue3-medusa-ab-s10.*), whose 23-row passes cost ~1.5x a one-row pass there.
+DEFAULT_MEDUSA_TREE = "dynamic:31"
 
 
 @dataclass(frozen=True)
@@ -143,9 +149,11 @@ class SpeculativeDecoder:
     medusa/bpd the Medusa checkpoint layout), or the heads object; default: the heads shipped for
     the target preset. lookup_branch: medusa/hydra only, N > 0 adds a prompt-lookup chain of N
     tokens as one more branch of the tree (drafters/medusa.py). ``tree`` for hydra may also be
-    "dynamic", "dynamic:N" or "dynamic:N:D" (the default: a tree of N = 15 nodes, depth D <= 2,
+    "dynamic", "dynamic:N" or "dynamic:N:D" (hydra's default: a tree of N = 15 nodes, depth D <= 2,
     grown at every step from the heads' probabilities, ``drafters.medusa.DynamicTree``; with a lookup branch of
-    N' tokens, 15 - N' nodes (at least 4), so a step verifies 16 rows either way).
+    N' tokens, 15 - N' nodes (at least 4), so a step verifies 16 rows either way; with tree_budget
+    "auto" up to DEFAULT_MAX_ROWS rows, sized per step). medusa's default with tree_budget "auto" is
+    a dynamic tree sized per step too (DEFAULT_MEDUSA_TREE); with "fixed", the shipped static tree.
     target / draft: a LoadedModel or a spec for ``speculant.load`` (directory, .gguf, preset).
     draft_quant: "auto" (int4 for a bf16 draft, else none), "none", "int8" or "int4": weight-only
     quantization of the draft (a private copy).
@@ -161,7 +169,7 @@ class SpeculativeDecoder:
     this machine once (cached, ``costmodel.pass_cost``) and size every step's tree to the most
     expected tokens per millisecond (``drafters.sizing.TreeSizer``; at most DEFAULT_MAX_ROWS rows);
     a ``costmodel.PassCost`` does the same with a given curve; "fixed": every step verifies the
-    tree's full size (hydra: DEFAULT_TREE_ROWS + 1 rows with a lookup branch).
+    tree's full size (hydra: DEFAULT_TREE_ROWS + 1 rows with a lookup branch; medusa: its static tree).
     """
 
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
@@ -200,6 +208,9 @@ class SpeculativeDecoder:
             self.dynamic, tree = DynamicTree.parse(tree), None
         elif tree is not None:
             build_tree(tree)  # a bad tree spec fails before any model is loaded
+        elif method == "medusa" and tree_budget != "fixed":  # sized per step; "fixed": the shipped static tree
+            self.dynamic = DynamicTree.parse(DEFAULT_MEDUSA_TREE)
+            self.dynamic = dataclasses.replace(self.dynamic, nodes=max(DEFAULT_MAX_ROWS - 1 - lookup_branch, 4))
         elif method == "hydra":
             self.dynamic = DynamicTree.parse(DEFAULT_HYDRA_TREE)
             sized = tree_budget != "fixed"  # the most rows a sized tree may take, else the fixed size

@@ -175,9 +175,9 @@ def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
                 break
     except OSError:
         pass
-    from .kernels import cpu_kernels
+    from .kernels import kernels_name
 
-    kernels = "own-kernels" if cpu_kernels() is not None else "torch-kernels"
+    kernels = f"{kernels_name()}-kernels"
     return "|".join([cpu, f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", kernels,
                      model_name, str(dtype).removeprefix("torch."), runtime])
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from .errors import ConfigError
 from .packing import unpack_linears
-from .kernels import GROUP, dequantize_int4, cpu_kernels, pack_int4
+from .kernels import GROUP, dequantize_int4, int4_kernel, pack_int4
 
 QUANT_MODES = ("none", "int8", "int4")
 DENSE_ABOVE_ROWS = 4
@@ -104,7 +104,7 @@ class Int4Linear(_WeightOnly):
         if k % group_size:
             raise ConfigError(f"int4 needs in_features divisible by {group_size}, got {k}")
         self.group_size = group_size
-        self._kernel = cpu_kernels() if n % 16 == 0 and group_size == GROUP else None
+        self._kernel = int4_kernel() if n % 16 == 0 and group_size == GROUP else None
         if self._kernel is not None:  # speculant's layout, made 4096 rows at a time (bounded memory:
             packed = []               # a whole 152k x 1536 output layer in float32 would be 0.9 GB)
             for r in range(0, n, 4096):
