@@ -356,6 +356,15 @@ def test_medusa_coarse_ranking_matches_the_exact_ranking():
         coarse = heads.draft_topk(hidden, 4, 3, 4000)
         agree += int((coarse == exact).all(-1).sum()); top1 += int((coarse[:, 0] == exact[:, 0]).sum())
         assert int(coarse.max()) < 4000
+        # with log-probabilities (dynamic trees): the same tokens, scored close to the exact log-softmax
+        idx, logp = heads.draft_topk(hidden, 4, 3, 4000, logprobs=True)
+        assert torch.equal(idx, coarse) and logp.shape == (3, 4) and bool((logp <= 0.05).all())
+        ref = heads(hidden)[:3, :4000].float().log_softmax(-1).gather(-1, idx)
+        torch.testing.assert_close(logp, ref, atol=0.1, rtol=0.0)
+        heads.coarse_ranking = False
+        idx, logp = heads.draft_topk(hidden, 4, 3, 4000, logprobs=True)
+        assert torch.equal(idx, exact)
+        torch.testing.assert_close(logp, heads(hidden)[:3, :4000].float().log_softmax(-1).gather(-1, idx))
     assert isinstance(heads._coarse[2], _coarse_kind())
     assert agree >= 0.9 * 120 and top1 >= 0.97 * 120
 

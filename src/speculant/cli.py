@@ -44,7 +44,7 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
-                        "speed (auto: int4 for bf16, default)")
+                        "speed (auto, the default: int4 for a bf16 draft where speculant's AMX int4 kernel runs, else none)")
     p.add_argument("--backend", choices=["hf", "native"], default="hf",
                    help="model runtime: transformers (hf, default) or speculant's own Llama/Qwen2 forward (native)")
     p.add_argument("--target-quant", choices=["none", "int8", "int4"], default="none",

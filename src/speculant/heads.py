@@ -163,12 +163,14 @@ class MedusaHeads(nn.Module):
 
     @torch.no_grad()
     def draft_topk(self, hidden: torch.Tensor, k: int, depth: int | None = None,
-                   limit: int | None = None) -> torch.Tensor:
+                   limit: int | None = None, logprobs: bool = False):
         """hidden (H,) -> (depth, k) long: the k best tokens (< ``limit``) of the first ``depth``
         heads, as ``self(hidden)[:depth, :limit].topk(k)`` ranks them. Through a shared dense
-        output layer, where the int4 kernel runs, the top k + COARSE_EXTRA of an int4 copy of the
-        layer are ranked exactly instead (reads ~1/4 of the bytes; differs only when the exact
-        top k falls outside that shortlist)."""
+        output layer, where a low-bit copy of it runs (``_coarse_ranker``), the top k +
+        COARSE_EXTRA of that copy are ranked exactly instead (reads ~1/4 of the bytes; differs only
+        when the exact top k falls outside that shortlist). ``logprobs``: also return their
+        log-probabilities (depth, k) float, normalised by the low-bit logits' log-sum-exp where
+        the shortlist is used (dynamic trees score paths with them)."""
         depth = self.num_heads if depth is None else depth
         layer = self._shared[0] if self._shared else None
         weight = getattr(layer, "weight", None)
@@ -181,8 +183,11 @@ class MedusaHeads(nn.Module):
             if coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
                 x = hidden.to(self.dtype)
                 states = torch.stack([self.heads[j](x) for j in range(depth)])  # (depth, H)
-                return _shortlist_topk(coarse, rows, states, k)[0]
-        return self(hidden)[:depth, :limit].topk(k, dim=-1, sorted=True).indices
+                idx, values, rough = _shortlist_topk(coarse, rows, states, k)
+                return (idx, values - rough.logsumexp(-1, keepdim=True)) if logprobs else idx
+        logits = self(hidden)[:depth, :limit].float()
+        top = logits.topk(k, dim=-1, sorted=True)
+        return (top.indices, top.values - logits.logsumexp(-1, keepdim=True)) if logprobs else top.indices
 
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under Medusa's names (contiguous copies, ready for safetensors)."""

@@ -243,17 +243,20 @@ class MedusaDrafter:
         import heapq
 
         cfg = self.dynamic
-        logp = self.heads(hidden)[: self._dyn_depth, : self.V].float().log_softmax(-1)  # (D, V)
-        top = logp.topk(min(cfg.top_k, self.V), dim=-1, sorted=True)  # (D, k)
-        val, idx = top.values.tolist(), top.indices
-        k = idx.shape[1]
+        k = min(cfg.top_k, self.V)
+        if hasattr(self.heads, "draft_topk"):  # MedusaHeads: through the low-bit shortlist where it runs
+            idx, val = self.heads.draft_topk(hidden, k, self._dyn_depth, self.V, logprobs=True)  # (D, k) each
+        else:
+            logp = self.heads(hidden)[: self._dyn_depth, : self.V].float().log_softmax(-1)  # (D, V)
+            val, idx = logp.topk(k, dim=-1, sorted=True)
+        val, ranked, k = val.tolist(), idx.tolist(), idx.shape[1]
         heap = [(-min(val[0][r], 0.0), (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
         heapq.heapify(heap)
         paths, tokens, scores = [], [], []
         while heap and len(paths) < nodes:
             neg, path = heapq.heappop(heap)
             paths.append(path)
-            tokens.append(int(idx[len(path) - 1, path[-1]]))
+            tokens.append(ranked[len(path) - 1][path[-1]])
             scores.append(-neg)
             if len(path) < self._dyn_depth:
                 for r in range(k):
