@@ -20,10 +20,11 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=4, help="draft length for sd and lookup (default: %(default)s)")
     p.add_argument("--tree", default=None,
                    help="mcsd/medusa/hydra tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths; "
-                        "hydra also dynamic[:N[:D]] (a tree of N nodes, depth <= D, grown at every step from the "
-                        "heads' probabilities; N is the most, see --tree-budget). Default: 2x1x1x1 for mcsd, the tree "
-                        "shipped with the heads for medusa, dynamic for hydra (depth 2, up to 32 rows sized per "
-                        "step; with --tree-budget fixed 15 nodes, or 15 - N with a lookup branch of N)")
+                        "medusa/hydra also dynamic[:N[:D]] (a tree of N nodes, depth <= D, grown at every step from "
+                        "the heads' probabilities; N is the most, see --tree-budget). Default: 2x1x1x1 for mcsd; "
+                        "medusa: dynamic, up to 32 rows sized per step (with --tree-budget fixed: the tree shipped "
+                        "with the heads); hydra: dynamic, depth 2, up to 32 rows sized per step (with --tree-budget "
+                        "fixed 15 nodes, or 15 - N with a lookup branch of N)")
     p.add_argument("--tree-file", default=None, help="medusa/hydra/mcsd: a JSON file with a list of paths")
     p.add_argument("--heads", default=None,
                    help="medusa/hydra/bpd: a heads directory (medusa/bpd: Medusa heads in the Medusa checkpoint "
