@@ -135,3 +135,13 @@ def test_train_heads_build_tree_and_medusa_generate(dirs, capsys, tmp_path):
     assert main(["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "medusa", "--heads",
                  str(seq), PROMPT]) == 2
     assert "use --method hydra" in capsys.readouterr().err
+
+
+def test_demo_methods_are_checked_before_any_model_loads():
+    from speculant.bench.demo import parse_methods
+    from speculant.errors import ConfigError
+
+    assert parse_methods("mcsd, hydra+lookup") == ("mcsd", "hydra+lookup")
+    for bad in ("", "mcsd,bogus", "lookup"):
+        with pytest.raises(ConfigError, match="demo methods must be"):
+            parse_methods(bad)
