@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include "amx_tiles.h"
+#include "bf16_mm.h"
 
 namespace {
 
@@ -81,15 +82,9 @@ void pair(const at::BFloat16* x, int64_t K, int r0, int r1, const at::BFloat16* 
 // x (M, K) bf16 contiguous; wp (N/16, K/32, 16, 16, 2) bf16; bias (N,) bf16 or empty -> (M, N) bf16.
 torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
   TORCH_CHECK(speculant_amx::permitted(), "bf16_mm needs AMX (the kernel refused the tile-data permission)");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
-  TORCH_CHECK(wp.dim() == 5 && wp.scalar_type() == at::kBFloat16 && wp.is_contiguous() && wp.size(2) == 16 &&
-              wp.size(3) == 16 && wp.size(4) == 2, "wp must be (N/16, K/32, 16, 16, 2) bf16");
-  const int64_t M = x.size(0), K = x.size(1), NB = wp.size(0), N = NB * 16;
-  TORCH_CHECK(wp.size(1) * 32 == K, "x has ", K, " columns, the weight ", wp.size(1) * 32);
-  TORCH_CHECK(NB % 2 == 0, "the weight needs a multiple of 32 output channels, has ", N);
-  const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kBFloat16 && bias.is_contiguous()),
-              "bias must be (N,) bf16");
+  const speculant_bf16::Shape shape = speculant_bf16::check_args(x, wp, bias);
+  const int64_t M = shape.M, K = shape.K, N = shape.N, NB = N / 16;
+  const bool has_bias = shape.has_bias;
   auto y = torch::empty({M, N}, x.options());
   const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
   const at::BFloat16* w = wp.data_ptr<at::BFloat16>();
@@ -108,8 +103,8 @@ torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
         const at::BFloat16* w0 = w + 2 * p * block;
         __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
         if (has_bias) {
-          b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bp + 32 * p))), 16));
-          b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bp + 32 * p + 16))), 16));
+          b0 = speculant_bf16::load_fp32(bp + 32 * p);
+          b1 = speculant_bf16::load_fp32(bp + 32 * p + 16);
         }
         for (int64_t m0 = s0; m0 < s0 + S; m0 += 32) {
           const int rows = (int)std::min<int64_t>(32, s0 + S - m0), r0 = std::min(rows, 16), r1 = rows - r0;

@@ -20,6 +20,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "bf16_mm.h"
+
 #include <array>
 #include <utility>
 #include <vector>
@@ -61,23 +63,13 @@ constexpr std::array<TileFn, sizeof...(R)> table(std::integer_sequence<int, R...
 const auto kTiles4 = table<4>(std::make_integer_sequence<int, kRows>{});
 const auto kTiles2 = table<2>(std::make_integer_sequence<int, kRows>{});
 
-inline __m512 bf16_to_fp32(const at::BFloat16* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-
 }  // namespace
 
 // x (M, K) bf16 contiguous; wp (N/16, K/32, 16, 16, 2) bf16; bias (N,) bf16 or empty -> (M, N) bf16.
 torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
-  TORCH_CHECK(wp.dim() == 5 && wp.scalar_type() == at::kBFloat16 && wp.is_contiguous() && wp.size(2) == 16 &&
-              wp.size(3) == 16 && wp.size(4) == 2, "wp must be (N/16, K/32, 16, 16, 2) bf16");
-  const int64_t M = x.size(0), K = x.size(1), NB = wp.size(0), N = NB * 16;
-  TORCH_CHECK(wp.size(1) * 32 == K, "x has ", K, " columns, the weight ", wp.size(1) * 32);
-  TORCH_CHECK(NB % 2 == 0, "the weight needs a multiple of 32 output channels, has ", N);
-  const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kBFloat16 && bias.is_contiguous()),
-              "bias must be (N,) bf16");
+  const speculant_bf16::Shape shape = speculant_bf16::check_args(x, wp, bias);
+  const int64_t M = shape.M, K = shape.K, N = shape.N, NB = N / 16;
+  const bool has_bias = shape.has_bias;
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   const int32_t* xp = (const int32_t*)x.data_ptr<at::BFloat16>();  // rows as K/2 input pairs
@@ -101,7 +93,7 @@ torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
       for (int64_t m = 0; m < M; ++m)
         for (int64_t j = 0; j < B; ++j) {
           __m512 v = _mm512_loadu_ps(buf.data() + m * ldc + 16 * j);
-          if (has_bias) v = _mm512_add_ps(v, bf16_to_fp32(bp + 16 * (nb0 + j)));
+          if (has_bias) v = _mm512_add_ps(v, speculant_bf16::load_fp32(bp + 16 * (nb0 + j)));
           _mm256_storeu_si256((__m256i*)(yp + m * N + 16 * (nb0 + j)), (__m256i)_mm512_cvtneps_pbh(v));
         }
     }
