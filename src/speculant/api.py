@@ -53,12 +53,12 @@ DEFAULT_TREE_ROWS = 15
 # fixed sizes above are tree_budget="fixed".
 DEFAULT_MAX_ROWS = 32
 TREE_BUDGETS = ("auto", "fixed")
-# medusa's default with tree_budget="auto": a dynamic tree (as deep as the heads go)
-# sized per step, DEFAULT_MAX_ROWS - 1 - lookup_branch nodes at most; "fixed" keeps the static tree
+# medusa's default with tree_budget="auto": a dynamic tree as deep as the heads go, sized per
+# step, DEFAULT_MAX_ROWS - 1 - lookup_branch nodes at most (as hydra's); "fixed" keeps the static tree
 # shipped with the heads (tree.json). On the AVX-512 EPYC, same run, 6 prompts, medusa+lookup:
 # sized 1.60x over ar (tau 1.89) against 1.11x (tau 2.06) for the static 14-node tree
 # (bench-results/issue3-medusa-ab-s10.*), whose 23-row passes cost ~1.5x a one-row pass there.
-DEFAULT_MEDUSA_TREE = "dynamic:31"
+DEFAULT_MEDUSA_TREE = "dynamic"  # nodes: set from DEFAULT_MAX_ROWS and the lookup branch
 
 
 @dataclass(frozen=True)
@@ -219,11 +219,8 @@ class SpeculativeDecoder:
             self.dynamic, tree = DynamicTree.parse(tree), None
         elif tree is not None:
             build_tree(tree)  # a bad tree spec fails before any model is loaded
-        elif method == "medusa" and tree_budget != "fixed":  # sized per step; "fixed": the shipped static tree
-            self.dynamic = DynamicTree.parse(DEFAULT_MEDUSA_TREE)
-            self.dynamic = dataclasses.replace(self.dynamic, nodes=max(DEFAULT_MAX_ROWS - 1 - lookup_branch, 4))
-        elif method == "hydra":
-            self.dynamic = DynamicTree.parse(DEFAULT_HYDRA_TREE)
+        elif method == "hydra" or (method == "medusa" and tree_budget != "fixed"):  # medusa "fixed": its static tree
+            self.dynamic = DynamicTree.parse(DEFAULT_HYDRA_TREE if method == "hydra" else DEFAULT_MEDUSA_TREE)
             sized = tree_budget != "fixed"  # the most rows a sized tree may take, else the fixed size
             rows = DEFAULT_MAX_ROWS - 1 if sized else DEFAULT_TREE_ROWS
             if lookup_branch or sized:

@@ -54,7 +54,8 @@ def available() -> bool:
 class PackedLinear(nn.Module):
     """``y = x @ W.T + b`` with W held in a blocked layout (bf16, CPU, inference only).
 
-    Two layouts: speculant's own (``kernels/bf16_amx.cpp`` / ``bf16_avx512.cpp``) where its kernels run and the shape suits it (both sizes multiples of 32), else
+    Two layouts: speculant's own (``kernels/bf16_amx.cpp`` / ``bf16_avx512.cpp``) where its
+    kernels run and the shape suits it (both sizes multiples of 32), else
     oneDNN's (``mkldnn._reorder_linear_weight``).
     """
 

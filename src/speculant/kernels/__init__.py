@@ -10,8 +10,9 @@ BF16 (Intel Sapphire Rapids and later) on Linux. Without them, or if the build f
 
 ``bf16_avx512.cpp``: bf16_amx.cpp's matmul (same interface and layout) for CPUs with AVX-512
 BF16 but no AMX (AMD Zen 4 and later): VDPBF16PS, each weight vector used by up to 6 rows at
-once, rows independent of each other too. Qwen2.5-1.5B's 28 layers' matmuls on 2 Zen 4 cores, ms: 65 own / 109 oneDNN at 1 row, 123 /
-149 at 16, 217 / 236 at 32 (beyond ~8 rows the arithmetic, not reading the weights, bounds it).
+once, rows independent of each other too. Qwen2.5-1.5B's 28 layers' matmuls on 2 Zen 4 cores,
+ms: 65 own / 109 oneDNN at 1 row, 123 / 149 at 16, 217 / 236 at 32 (beyond ~8 rows the
+arithmetic, not reading the weights, bounds it).
 On such a CPU :func:`cpu_kernels` builds this file and attention.cpp (no int4 kernel: it needs AMX).
 
 ``attention.cpp``: attention of a few new tokens over the bf16 KV cache, each (token, head)
@@ -91,8 +92,7 @@ def int4_kernel():
 
 def kernels_name() -> str:
     """Which kernels run here: "amx", "avx512" (bf16 matmul and attention only) or "torch"."""
-    kernels = cpu_kernels()
-    return "torch" if kernels is None else "amx" if hasattr(kernels, "int4_mm") else "avx512"
+    return "torch" if cpu_kernels() is None else "amx" if int4_kernel() is not None else "avx512"
 
 
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
