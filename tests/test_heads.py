@@ -272,6 +272,45 @@ def test_sequential_round_trip_and_errors(tmp_path, target):
         SequentialHeads(seq_cfg(), target.get_output_embeddings(), torch.nn.Embedding(V, H + 1))
 
 
+def test_context_layer_is_causal_incremental_round_trips_and_starts_as_the_identity(tmp_path, target):
+    """The prefix-attention layer: a fresh one is the identity; position t's output depends on
+    positions <= t only; decoding it piece by piece through a ContextCache gives the whole-sequence
+    output; it is saved and loaded with the heads; bad configs are clear errors."""
+    import dataclasses
+    from speculant.heads import ContextCache, SequentialHeads
+    lm, emb = target.get_output_embeddings(), target.get_input_embeddings()
+    ccfg = dataclasses.replace(seq_cfg(), context_size=32)
+    h = torch.randn(1, 9, H)
+    torch.testing.assert_close(SequentialHeads(ccfg, lm, emb).context(h), h)
+    heads = randomize(SequentialHeads(ccfg, lm, emb))
+    full = heads.context(h)[0]
+    assert not torch.allclose(full, h[0], atol=1e-3)
+    later = h.clone()
+    later[0, 6:] += 1.0
+    changed = heads.context(later)[0]
+    torch.testing.assert_close(changed[:6], full[:6])
+    assert not torch.allclose(changed[6:], full[6:], atol=1e-3)
+    cache = ContextCache()
+    parts = [heads.context.extend(cache, h[0, a:b]) for a, b in ((0, 4), (4, 5), (5, 9))]
+    torch.testing.assert_close(torch.cat(parts), full)
+    assert cache.length == 9
+    save_heads(heads, tmp_path / "c")
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["speculant_context_size"] == 32
+    loaded = load_heads(tmp_path / "c", target).float()
+    assert loaded.config == ccfg
+    torch.testing.assert_close(loaded.context(h), heads.context(h))
+    # the config promises a context layer the weights lack: a clear error naming the missing tensors
+    save_heads(randomize(SequentialHeads(seq_cfg(), lm, emb)), tmp_path / "s")
+    raw = json.loads((tmp_path / "s" / "config.json").read_text())
+    (tmp_path / "s" / "config.json").write_text(json.dumps({**raw, "speculant_context_size": 32}))
+    with pytest.raises(ModelLoadError, match="missing tensors.*context"):
+        load_heads(tmp_path / "s", target)
+    with pytest.raises(ConfigError, match="context .*option of sequential heads"):
+        HeadsConfig(2, 1, H, V, context_size=8)
+    with pytest.raises(ConfigError, match="context_size must be"):
+        HeadsConfig(2, 1, H, V, kind="sequential", context_size=-1)
+
+
 def test_sequential_draft_vocabulary(tmp_path, target):
     """With a draft vocabulary the heads rank only those tokens (the same order as the full logits
     restricted to them); it is saved, reloaded, and a corrupt one is a clear error."""

@@ -366,6 +366,43 @@ def seq_heads_small_vocab(target, plain):
     return heads.eval()
 
 
+@pytest.fixture(scope="module")
+def seq_heads_context(target, plain):
+    """The trained sequential heads behind a random (not identity) context layer."""
+    import dataclasses
+    from speculant.heads import SequentialHeads
+    trained = fit_sequential(target, plain, 100)
+    heads = SequentialHeads(dataclasses.replace(trained.config, context_size=32), target.get_output_embeddings(),
+                            target.get_input_embeddings())
+    heads.load_state_dict(trained.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in heads.context.named_parameters():
+            p.copy_((1.0 if "norm" in name else 0.0) + 0.05 * torch.randn(p.shape, generator=g))
+    return heads.eval()
+
+
+def test_context_layer_reads_every_committed_position(target, plain, seq_heads_context):
+    """With a context layer the loop hands the drafter the prefill's and every accepted node's
+    hidden states, in order: the heads' first state after decoding equals the layer's output over
+    the target's hidden states of all committed tokens, computed in one pass."""
+    heads, checked = seq_heads_context, 0
+    for prompt, ref in zip(prompts(), plain):
+        drafter = MedusaDrafter(heads, build_tree("3x2x1"), V)
+        assert drafter.needs_all_hidden
+        state = run(target, drafter, prompt)
+        assert state.generated == ref
+        L = drafter._context_cache.length
+        if L > state.context.shape[0]:  # the last block was cut at max_new_tokens: its tail is unknown here
+            continue
+        with torch.no_grad():
+            hidden = target.get_decoder()(input_ids=state.context[:L].view(1, -1)).last_hidden_state
+            want = heads.context(hidden.to(heads.dtype))[0, -1]
+        torch.testing.assert_close(drafter.hidden, want, atol=1e-4, rtol=1e-4)
+        checked += 1
+    assert checked >= 2
+
+
 def test_sequential_tree_children_follow_their_own_path(target, seq_heads_random):
     """Every node holds the rank-r token of the heads' step along ITS path: recomputed here node by
     node from the hidden state, the root and the path's tokens."""
@@ -391,7 +428,8 @@ def test_sequential_tree_children_follow_their_own_path(target, seq_heads_random
 
 
 @pytest.mark.parametrize("tree", TREES)
-@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained", "seq_heads_small_vocab"])
+@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained", "seq_heads_small_vocab",
+                                   "seq_heads_context"])
 def test_sequential_greedy_identical(request, target, plain, tree, which):
     heads = request.getfixturevalue(which)
     calls = 0
@@ -422,7 +460,8 @@ DYNAMIC = ["dynamic:1", "dynamic:6:2", "dynamic:10"]
 
 
 @pytest.mark.parametrize("spec", DYNAMIC)
-@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained", "seq_heads_small_vocab"])
+@pytest.mark.parametrize("which", ["seq_heads_random", "seq_heads_trained", "seq_heads_small_vocab",
+                                   "seq_heads_context"])
 def test_dynamic_tree_greedy_identical(request, target, plain, spec, which):
     from speculant.drafters.lookup import LookupDrafter
     from speculant.drafters.medusa import DynamicTree

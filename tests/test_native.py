@@ -71,6 +71,14 @@ def test_logits_match_hf(model):
     close(a.logits, b.logits)
     close(a.hidden, b.hidden)
     assert b.logits.dtype == torch.float32 and b.logits.shape == (2, V)
+    for be in (hf, nat):  # want_hidden="all": logits of the rows, hidden states of every new token
+        be.rollback(be.cache_length - 3)
+    a_all = hf.forward(three, rows=torch.tensor([2]), want_hidden="all")
+    b_all = nat.forward(three, rows=torch.tensor([2]), want_hidden="all")
+    assert a_all.logits.shape == (1, V) and a_all.hidden.shape == b_all.hidden.shape == (3, a.hidden.shape[1])
+    close(a_all.hidden, b_all.hidden)
+    close(a_all.hidden[[0, 2]], a.hidden)
+    close(a_all.logits, a.logits[1:])
     # a tree with explicit positions whose mask window also covers the last 2 cached entries
     tree = build_tree("3x2x1")
     L = nat.cache_length

@@ -253,6 +253,28 @@ def test_sequential_heads_train_save_load_and_score(target, tmp_path):
         train_heads(target, heads_cfg(), data, tmp_path / "bad", init_from=tmp_path / "seq", steps=1, **FAST)
 
 
+def test_sequential_heads_with_a_context_layer_train_from_plain_heads(target, tmp_path):
+    """A context layer trains on whole windows of the feature table; heads without one can start
+    heads with one (the fresh layer is the identity, so the starting metrics are the plain heads'
+    final ones); the result saves and loads with its layer; a width mismatch is a clear error."""
+    data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
+    plain_cfg = HeadsConfig(K, 1, H, V, base_model="tiny-llama", kind="sequential")
+    plain = train_heads(target, plain_cfg, data, tmp_path / "plain", steps=10, save_every=100, rows_per_batch=64,
+                        **FAST)
+    cfg = dataclasses.replace(plain_cfg, context_size=32)
+    rep = train_heads(target, cfg, data, tmp_path / "ctx", steps=30, save_every=100, init_from=tmp_path / "plain",
+                      lr_context=1e-2, **FAST)
+    assert rep["initial"]["top1"] == pytest.approx(plain["final"]["top1"], abs=1e-6)
+    assert rep["initial"]["loss"] == pytest.approx(plain["final"]["loss"], rel=1e-5)
+    assert rep["final"]["loss"] < rep["initial"]["loss"]
+    heads = load_heads(tmp_path / "ctx", target)
+    assert heads.config.context_size == 32 and heads.context is not None
+    assert float(heads.context.o.weight.detach().abs().max()) > 0  # the layer learnt something
+    with pytest.raises(ConfigError, match="init-from"):
+        train_heads(target, dataclasses.replace(cfg, context_size=16), data, tmp_path / "bad",
+                    init_from=tmp_path / "ctx", steps=1, **FAST)
+
+
 @pytest.mark.parametrize("kind", ["medusa", "sequential"])
 def test_training_over_the_data_vocabulary(target, tmp_path, kind):
     """train_vocab='data': the loss covers only the tokens in the records (11 here), yet the heads

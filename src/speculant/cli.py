@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mode", choices=["medusa1", "medusa2"], default="medusa1")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
     t.add_argument("--epochs", type=float, default=1.0)
-    t.add_argument("--batch-size", type=int, default=2, help="windows per micro-batch (medusa2)")
+    t.add_argument("--batch-size", type=int, default=2,
+                   help="windows per micro-batch (medusa2, and heads with a context layer)")
     t.add_argument("--rows-per-batch", type=int, default=512,
                    help="medusa1: positions per micro-batch, drawn from a table of the frozen backbone's hidden "
                         "states computed once (default: %(default)s)")
@@ -147,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequential heads: propose only N tokens (the training answers' most frequent, then the "
                         "lowest ids), so each depth reads N rows of the output layer instead of all "
                         "(default: %(default)s, all)")
+    t.add_argument("--context-layer", type=int, default=0, metavar="WIDTH",
+                   help="sequential heads: a prefix-attention layer (one transformer block with this MLP width) "
+                        "over the target's hidden states of the whole context, read by the heads instead of the "
+                        "last position's alone (Hydra++) (default: %(default)s, none)")
+    t.add_argument("--lr-context", type=float, default=None,
+                   help="learning rate of the context layer (default: --lr-heads)")
     t.add_argument("--feature-weight", type=float, default=0.0,
                    help="sequential heads: weight of an EAGLE-style loss pulling each step's state onto the "
                         "target's hidden state at that position (default: %(default)s, off)")
@@ -296,14 +303,15 @@ def cmd_train_heads(args) -> int:
     model = dec.target.model
     cfg = HeadsConfig(args.num_heads, args.num_layers, model.config.get_text_config().hidden_size,
                       dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
-                      base_model=dec.target.name, kind=args.head_kind, draft_vocab=args.draft_vocab)
+                      base_model=dec.target.name, kind=args.head_kind, draft_vocab=args.draft_vocab,
+                      context_size=args.context_layer)
     report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
                          batch_size=args.batch_size, rows_per_batch=args.rows_per_batch,
                          train_vocab=args.train_vocab, feature_weight=args.feature_weight,
                          teacher_weight=args.teacher_weight,
                          feature_cache=args.feature_cache, feature_noise=args.feature_noise,
                          weight_decay=args.weight_decay, eval_every=args.eval_every, grad_accum=args.grad_accum, seq_len=args.seq_len,
-                         lr_heads=args.lr_heads, lr_backbone=args.lr_backbone, lam=args.lam,
+                         lr_heads=args.lr_heads, lr_context=args.lr_context, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
                          lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,
                          resume=not args.no_resume, seed=args.seed)

@@ -170,15 +170,16 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
     t_start = time.perf_counter()
     # 0. prefill: the target caches every prompt token but the last (the first root)
     needs_hidden = getattr(drafter, "needs_hidden", False)  # heads read the target's hidden state
+    every_row = needs_hidden and getattr(drafter, "needs_all_hidden", False)  # ... at every committed position
     target.reset()
     t = time.perf_counter()
     pre = None
     if prompt.shape[0] > 1:
         rows = torch.tensor([prompt.shape[0] - 2]) if needs_hidden else torch.empty(0, dtype=torch.long)
-        pre = target.forward(prompt[:-1], rows=rows, want_hidden=needs_hidden)
+        pre = target.forward(prompt[:-1], rows=rows, want_hidden="all" if every_row else needs_hidden)
     st.verify_s += time.perf_counter() - t
     if needs_hidden:
-        drafter.begin(prompt, hidden=pre.hidden[0] if pre is not None else None)
+        drafter.begin(prompt, hidden=None if pre is None else pre.hidden if every_row else pre.hidden[0])
     else:
         drafter.begin(prompt)
     while state.finish_reason is None:
@@ -200,7 +201,7 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         target.compact(L, torch.tensor(path, dtype=torch.long))
         t = time.perf_counter()
         if needs_hidden:  # the hidden state at the last accepted node predicts what follows
-            drafter.observe(path, token, hidden=out.hidden[path[-1]])
+            drafter.observe(path, token, hidden=out.hidden[path] if every_row else out.hidden[path[-1]])
         else:
             drafter.observe(path, token)
         st.draft_s += time.perf_counter() - t

@@ -18,7 +18,7 @@ import torch
 @dataclass(frozen=True)
 class ForwardOut:
     logits: torch.Tensor  # (m, V) float32, one row per requested position
-    hidden: torch.Tensor | None = None  # (m, H) final normed hidden state, if requested
+    hidden: torch.Tensor | None = None  # (m, H) final normed hidden state, if requested ((n, H): want_hidden="all")
 
 
 class KVCacheLike(Protocol):
@@ -60,7 +60,7 @@ class Backend(Protocol):
         positions: torch.Tensor | None = None,  # (n,) long; None = cache_length + arange(n)
         tree_mask: torch.Tensor | None = None,  # (n, c + n) bool over the last c cached + n new; None = causal
         rows: torch.Tensor | None = None,  # (m,) which of the n rows need logits; None = all
-        want_hidden: bool = False,
+        want_hidden: bool | str = False,  # True: hidden of the `rows`; "all": of all n rows (logits: `rows`)
     ) -> ForwardOut: ...
 
     def rollback(self, length: int) -> None: ...

@@ -56,13 +56,13 @@ class HFBackend(CacheBacked):
             past_key_values=self.cache,
             use_cache=True,
         )
-        h = out.last_hidden_state[0]  # (n, H)
+        h = full = out.last_hidden_state[0]  # (n, H)
         if rows is not None:
             h = h.index_select(0, rows)
         logits = self.head(h).float()  # (m, V)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return ForwardOut(logits, h if want_hidden else None)
+        return ForwardOut(logits, full if want_hidden == "all" else h if want_hidden else None)
 
     def reset(self) -> None:
         self.cache = KVCache(self.num_layers)

@@ -337,11 +337,12 @@ class NativeBackend(CacheBacked):
             h = _rms_norm(x, blk.post_norm, m.eps)
             x = x + blk.down_proj(F.silu(blk.gate_proj(h)) * blk.up_proj(h))
         cache.advance(n)
+        full = _rms_norm(x, m.norm, m.eps) if want_hidden == "all" else None  # (n, H)
         if rows is not None:
             x = x.index_select(0, rows)
         h = _rms_norm(x, m.norm, m.eps)  # (m, H)
         logits = m.lm_head(h).float()  # (m, V)
-        return ForwardOut(logits, h if want_hidden else None)
+        return ForwardOut(logits, full if full is not None else h if want_hidden else None)
 
     def reset(self) -> None:
         self.cache.reset()

@@ -35,6 +35,7 @@ from typing import Protocol
 import torch
 
 from ..errors import ConfigError
+from ..heads import ContextCache
 from ..tree import TreeBuffers, chain, compile_paths
 from .base import Draft
 from .lookup import LookupDrafter
@@ -154,13 +155,32 @@ class MedusaDrafter:
             self._heads_nodes = torch.tensor([both.paths.index(p) for p in tree.paths[1:]], dtype=torch.long)
             self._branch = torch.tensor([both.paths.index(p) for p in branch], dtype=torch.long)
             self.tree = both
-        self.hidden: torch.Tensor | None = None  # (H,) target hidden state before the next root
+        self.hidden: torch.Tensor | None = None  # (H,) the heads' first state before the next root
         self.head_calls = 0
+        # sequential heads with a context layer read every committed position's hidden state: the
+        # loop then passes all of them (prefill rows, accepted path) instead of the last one
+        self.context = getattr(heads, "context", None) if self.conditioned else None
+        self.needs_all_hidden = self.context is not None
+        self._context_cache: ContextCache | None = None
+
+    @torch.no_grad()
+    def _first_state(self, hidden: torch.Tensor | None) -> torch.Tensor | None:
+        """The target's hidden state(s) at the newly committed positions -> the heads' first state
+        at the last one: that row itself, or (context layer) the layer's output there. hidden: (H,),
+        or (n, H) with a context layer."""
+        if self.context is None or hidden is None:
+            return hidden
+        if hidden.dim() != 2 or hidden.shape[0] < 1:
+            raise ValueError(f"a context layer needs the (n, H) states of every committed position, got "
+                             f"{tuple(hidden.shape)}")
+        return self.context.extend(self._context_cache, hidden.to(self.heads.dtype))[-1]
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """New sequence. ``hidden`` (H,), optional: the target's hidden state at ``prompt[-2]``
-        (the row before the first root), if the loop's prefill returns it."""
-        self.hidden = hidden
+        (the row before the first root), if the loop's prefill returns it; with a context layer
+        (``needs_all_hidden``), the (T-1, H) states of ``prompt[:-1]``."""
+        self._context_cache = ContextCache() if self.context is not None else None
+        self.hidden = self._first_state(hidden)
 
     @torch.no_grad()
     def candidates(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -336,10 +356,14 @@ class MedusaDrafter:
 
     def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
         """``hidden`` (H,): the target's final hidden state at node ``path[-1]`` (the one whose
-        output produced ``next_token``); None falls back to a root-only proposal."""
-        if hidden is not None and hidden.dim() != 1:
+        output produced ``next_token``); with a context layer, the (len(path), H) states of every
+        node of ``path``. None falls back to a root-only proposal."""
+        if hidden is not None and self.context is None and hidden.dim() != 1:
             raise ValueError(f"hidden must be the (H,) state of the last accepted node, got {tuple(hidden.shape)}")
-        self.hidden = hidden
+        if hidden is not None and self.context is not None and hidden.shape[0] != len(path):
+            raise ValueError(f"a context layer needs the states of the {len(path)} accepted nodes, got "
+                             f"{tuple(hidden.shape)}")
+        self.hidden = self._first_state(hidden)
         if self.sizer is not None:
             self.sizer.observe(path)
 

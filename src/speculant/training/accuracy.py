@@ -60,6 +60,8 @@ def head_topk_accuracy(target, heads: MedusaHeads | SequentialHeads, sequences: 
             continue
         start = int(prompt_lens[s]) if prompt_lens is not None else 0
         hidden = decoder(input_ids=ids[None]).last_hidden_state[0]  # (T, H)
+        if getattr(heads, "context", None) is not None:  # the heads read the context layer's output
+            hidden = heads.context(hidden[None].to(heads.dtype))[0]
         inputs = row_inputs(ids.cpu(), K).to(device) if getattr(heads, "conditioned", False) else None  # (T, K)
         for a in range(0, T - 2, chunk):
             b = min(a + chunk, T - 2)  # positions t in [a, b): head 0 needs t + 2 < T

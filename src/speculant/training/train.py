@@ -65,6 +65,7 @@ class TrainConfig:
     grad_accum: int = 1
     seq_len: int = 512
     lr_heads: float = 1e-3
+    lr_context: float | None = None  # sequential heads' context layer (None: lr_heads)
     lr_backbone: float = 1e-4
     lr_warmup_steps: int = 0
     weight_decay: float = 0.0
@@ -137,10 +138,15 @@ class _Trainable(nn.Module):
         self.model, self.heads = model, heads
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, joint: bool = False, hidden: torch.Tensor | None = None,
-                tokens: torch.Tensor | None = None, vocab: torch.Tensor | None = None, want_states: bool = False):
+                tokens: torch.Tensor | None = None, vocab: torch.Tensor | None = None, want_states: bool = False,
+                seq: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         """``tokens`` (n, K): the inputs of sequential heads (``_FeatureTable.inputs``); ``vocab``
         (V',): score only these tokens (``TrainConfig.train_vocab``). ``want_states`` (sequential
-        heads): also return their states (K, n, H), as a third value."""
+        heads): also return their states (K, n, H), as a third value. ``seq`` (heads with a context
+        layer, instead of ``hidden``): windows of backbone states (B, T, H) and the (window, position)
+        (n,), (n,) of each row (``_FeatureTable.window_batch``)."""
+        if seq is not None:  # heads with a context layer: it reads whole windows, the heads its rows
+            hidden = self.heads.context(seq[0])[seq[1], seq[2]]
         if hidden is None:
             hidden = self.backbone(ids, attn, joint)
         lm = self.model.get_output_embeddings()(hidden) if joint else None
@@ -163,11 +169,49 @@ class _FeatureTable:
     position or -1 (``losses.row_targets``); inputs (N, K) long, the tokens t+1 .. t+K that
     sequential heads read (``losses.row_inputs``); next_rows (N, K) long, the row holding the
     hidden state of position t+1+d, or -1 (the feature loss's targets). ~3 KB a row for a 1.5B
-    model in bf16."""
+    model in bf16.
 
-    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor, next_rows: torch.Tensor):
+    With ``windows`` (for heads with a context layer, which read whole sequences): the backbone
+    states of every window, prompt included (list of (T_w, H)); ``starts`` (W + 1,) long, window w's
+    rows being ``starts[w] .. starts[w+1]-1``; ``positions`` (N,) long, each row's position in its window."""
+
+    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor, next_rows: torch.Tensor,
+                 windows: list[torch.Tensor] | None = None, starts: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None):
         self.hidden, self.targets, self.inputs, self.next_rows = hidden, targets, inputs, next_rows
+        self.windows, self.starts, self.positions = windows, starts, positions
         self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation)
+
+    def saved(self) -> tuple:
+        return (self.hidden, self.targets, self.inputs, self.next_rows, self.windows, self.starts, self.positions)
+
+    def window_batch(self, ws: Sequence[int], noise: float = 0.0) -> tuple[torch.Tensor, tuple]:
+        """Windows ``ws`` -> (their rows (n,), ``seq`` for ``_Trainable``: the windows' states padded
+        on the right (B, T, H), with ``noise`` as in ``TrainConfig.feature_noise``, and each row's
+        (window in the batch, position))."""
+        T = max(self.windows[w].shape[0] for w in ws)
+        pad = self.windows[ws[0]].new_zeros(len(ws), T, self.windows[ws[0]].shape[1])
+        rows, b_of, pos = [], [], []
+        for b, w in enumerate(ws):
+            pad[b, : self.windows[w].shape[0]] = self.windows[w]
+            r = torch.arange(int(self.starts[w]), int(self.starts[w + 1]))
+            rows.append(r)
+            b_of.append(torch.full_like(r, b))
+            pos.append(self.positions[r])
+        if noise:
+            rms = pad.float().pow(2).mean(-1, keepdim=True).sqrt()
+            pad = (pad.float() + (torch.rand(pad.shape) * 2 - 1) * (noise * rms)).to(pad.dtype)
+        return torch.cat(rows), (pad, torch.cat(b_of), torch.cat(pos))
+
+    def window_order(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
+        """The windows of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
+        W = len(self.windows)
+        per_epoch = math.ceil(W / per_batch)
+        epoch, i = divmod(m * world + rank, per_epoch)
+        if self._perm is None or self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            self._perm = (epoch, torch.randperm(W, generator=g))
+        return self._perm[1][i * per_batch:(i + 1) * per_batch].tolist()
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
@@ -175,9 +219,11 @@ class _FeatureTable:
     @classmethod
     @torch.no_grad()
     def build(cls, items: list[tuple[list[int], list[bool]]], num_heads: int, trainable: "_Trainable", device,
-              max_tokens: int = 4096, desc: str = "features", progress: bool = True) -> "_FeatureTable":
+              max_tokens: int = 4096, desc: str = "features", progress: bool = True,
+              keep_windows: bool = False) -> "_FeatureTable":
         """Run the backbone over ``items`` (windows, sorted by length into batches of about
-        ``max_tokens`` tokens so little is spent on padding)."""
+        ``max_tokens`` tokens so little is spent on padding). ``keep_windows``: keep every window's
+        states too (heads with a context layer)."""
         from tqdm.auto import tqdm
 
         order = sorted(range(len(items)), key=lambda j: len(items[j][0]))
@@ -190,6 +236,7 @@ class _FeatureTable:
         if cur:
             groups.append(cur)
         hs, ts, ins, nxt = [], [], [], []
+        wins, starts, poss = [None] * len(items), [0] * (len(items) + 1), [None] * len(items)
         base = 0  # rows so far
         for g in tqdm(groups, desc=desc, unit="batch", disable=not progress):
             ids, attn, mask = collate([items[j] for j in g])
@@ -205,12 +252,19 @@ class _FeatureTable:
                 row_of[:n][keep] = base + torch.arange(int(keep.sum()))
                 pos = torch.arange(n)[keep]
                 nxt.append(row_of[pos[:, None] + torch.arange(1, num_heads + 1)[None]])  # (kept, K)
+                wins[j], starts[j], poss[j] = hidden[r, :n].clone() if keep_windows else None, base, pos
                 base += int(keep.sum())
         H = trainable.heads.config.hidden_size
         if not hs:
             empty = torch.zeros(0, num_heads, dtype=torch.long)
             return cls(torch.zeros(0, H), empty, empty.clone(), empty.clone())
-        return cls(torch.cat(hs), torch.cat(ts), torch.cat(ins), torch.cat(nxt))
+        extra = ()
+        if keep_windows:  # rows were appended group by group: put the windows in row order
+            order = sorted(range(len(items)), key=lambda j: starts[j])
+            counts = [len(poss[j]) for j in order]
+            extra = ([wins[j] for j in order], torch.tensor([0] + counts).cumsum(0),
+                     torch.cat([poss[j] for j in order]))
+        return cls(torch.cat(hs), torch.cat(ts), torch.cat(ins), torch.cat(nxt), *extra)
 
     def rows(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> torch.Tensor:
         """Row indices of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
@@ -231,11 +285,17 @@ def _evaluate(trainable: _Trainable, batches: list[list[int]], items: list, cfg:
     loss_s, top1_s, top5_s, n_s = (torch.zeros(K, dtype=torch.float64) for _ in range(4))
     lm_s, lm_n = 0.0, 0
     if table is not None and not joint:
-        for a in range(0, len(table), cfg.rows_per_batch):
-            h = table.hidden[a:a + cfg.rows_per_batch].to(device)
-            _, hl = trainable(None, None, hidden=h, tokens=table.inputs[a:a + cfg.rows_per_batch].to(device))
-            _, per, t1, t5, n = medusa_loss_rows(hl, table.targets[a:a + cfg.rows_per_batch].to(device),
-                                                 cfg.lam, top5=True)
+        if table.windows is not None:  # a context layer: whole windows, then their rows
+            chunks = [table.window_batch(range(a, min(a + cfg.batch_size, len(table.windows))))
+                      for a in range(0, len(table.windows), cfg.batch_size)]
+        else:
+            chunks = [(torch.arange(a, min(a + cfg.rows_per_batch, len(table))), None)
+                      for a in range(0, len(table), cfg.rows_per_batch)]
+        for rows, seq in chunks:
+            h = None if seq is not None else table.hidden[rows].to(device)
+            seq = None if seq is None else tuple(t.to(device) for t in seq)
+            _, hl = trainable(None, None, hidden=h, tokens=table.inputs[rows].to(device), seq=seq)
+            _, per, t1, t5, n = medusa_loss_rows(hl, table.targets[rows].to(device), cfg.lam, top5=True)
             n = n.double()
             loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
     else:
@@ -408,10 +468,16 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
     if init_from is not None:
         start = load_heads(init_from, model, dtype=torch.float32)
         shape = dataclasses.replace(start.config, base_model=heads_cfg.base_model)
-        if shape != heads_cfg:
+        # heads without a context layer may start heads with one (the new layer starts as the identity)
+        if shape != heads_cfg and shape != dataclasses.replace(heads_cfg, context_size=0):
             raise ConfigError(f"--init-from {init_from}: its heads ({shape}) are not the ones being trained "
-                              f"({heads_cfg}); match --num-heads, --num-layers, --head-kind and --per-head-projection")
-        heads.load_weights(start.medusa_state_dict())
+                              f"({heads_cfg}); match --num-heads, --num-layers, --head-kind, --per-head-projection "
+                              "and --context-layer")
+        state = start.medusa_state_dict()
+        if shape.context_size == heads_cfg.context_size:
+            heads.load_weights(state)
+        else:
+            heads.load_state_dict(state, strict=False)  # everything but context.*, checked just above
     if heads_cfg.draft_vocab:
         heads.set_draft_vocab(draft_vocabulary([records[i] for i in perm[n_held:]], heads_cfg.draft_vocab,
                                                heads_cfg.vocab_size))
@@ -420,33 +486,38 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         feat = _Trainable(model, heads).to(accelerator.device)
         show = cfg.progress and accelerator.is_local_main_process
         cache = None
+        with_windows = bool(heads_cfg.context_size)
         if cfg.feature_cache:  # same records, split, windows, K and backbone: the same tables
             key = hashlib.sha256(json.dumps([data_sha256,
                                              cfg.seed, cfg.held_out_fraction, cfg.seq_len, cfg.train_on_prompt,
                                              heads_cfg.num_heads, heads_cfg.base_model, heads_cfg.hidden_size,
-                                             str(next(model.parameters()).dtype)]).encode()).hexdigest()[:16]
+                                             str(next(model.parameters()).dtype)]
+                                            + (["windows"] if with_windows else [])).encode()).hexdigest()[:16]
             cache = Path(cfg.feature_cache) / f"features-{key}.pt"
         if cache is not None and cache.is_file():
             saved = torch.load(cache, weights_only=True)
             train_table, held_table = (_FeatureTable(*saved[k]) for k in ("train", "held"))
         else:
             train_table = _FeatureTable.build(train, heads_cfg.num_heads, feat, accelerator.device,
-                                              desc="backbone features (train)", progress=show)
+                                              desc="backbone features (train)", progress=show,
+                                              keep_windows=with_windows)
             held_table = _FeatureTable.build(held, heads_cfg.num_heads, feat, accelerator.device,
-                                             desc="backbone features (held out)", progress=show)
+                                             desc="backbone features (held out)", progress=show,
+                                             keep_windows=with_windows)
             if cache is not None and accelerator.is_main_process:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_suffix(".tmp")
-                torch.save({k: (t.hidden, t.targets, t.inputs, t.next_rows)
-                            for k, t in (("train", train_table), ("held", held_table))}, tmp)
+                torch.save({k: t.saved() for k, t in (("train", train_table), ("held", held_table))}, tmp)
                 os.replace(tmp, cache)  # appears whole
-        per_epoch = math.ceil(len(train_table) / cfg.rows_per_batch)
+        per_epoch = math.ceil((len(train_table.windows) / cfg.batch_size) if with_windows
+                              else len(train_table) / cfg.rows_per_batch)
     else:
         batches = Batches(train, cfg.batch_size, cfg.seed, rank, world)
         per_epoch = batches.per_epoch
     total = cfg.steps or max(1, math.ceil(cfg.epochs * per_epoch / (world * cfg.grad_accum)))
     fingerprint = {"mode": cfg.mode, "heads": heads_cfg.to_json(), "seed": cfg.seed, "steps": total,
-                   "batch_size": cfg.rows_per_batch if flat else cfg.batch_size, "flat": flat,
+                   "batch_size": cfg.rows_per_batch if flat and not heads_cfg.context_size else cfg.batch_size,
+                   "flat": flat, "lr_context": cfg.lr_context,
                    "train_vocab": cfg.train_vocab, "feature_weight": cfg.feature_weight, "feature_noise": cfg.feature_noise,
                    "teacher_weight": cfg.teacher_weight,
                    "weight_decay": cfg.weight_decay,
@@ -467,8 +538,13 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         peft_model = get_peft_model(model, lora)  # injects LoRA layers into `model` in place
     try:
         trainable = _Trainable(model, heads)
-        groups = [{"params": list(heads.parameters()), "lr": cfg.lr_heads}]
+        context = getattr(heads, "context", None)  # sequential heads' context layer: its own learning rate
+        in_context = {id(p) for p in context.parameters()} if context is not None else set()
+        groups = [{"params": [p for p in heads.parameters() if id(p) not in in_context], "lr": cfg.lr_heads}]
         lambdas = [_lr_lambda(total, cfg.lr_warmup_steps)]
+        if context is not None:
+            groups.append({"params": list(context.parameters()), "lr": cfg.lr_context or cfg.lr_heads})
+            lambdas.append(_lr_lambda(total, cfg.lr_warmup_steps))
         if peft_model is not None:
             groups.append({"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr_backbone})
             lambdas.append(_lr_lambda(total, cfg.lr_warmup_steps, cfg.warmup_heads_steps))
@@ -511,13 +587,19 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
                 sync = contextlib.nullcontext() if a == cfg.grad_accum - 1 else accelerator.no_sync(trainable)
                 with sync:
                     if train_table is not None:
-                        rows = train_table.rows(m, cfg.rows_per_batch, cfg.seed, rank, world)
-                        hidden = train_table.hidden[rows].to(device)
-                        if cfg.feature_noise:
+                        hidden = seq = None
+                        if train_table.windows is not None:  # a context layer: whole windows
+                            rows, seq = train_table.window_batch(
+                                train_table.window_order(m, cfg.batch_size, cfg.seed, rank, world), cfg.feature_noise)
+                            seq = tuple(t.to(device) for t in seq)
+                        else:
+                            rows = train_table.rows(m, cfg.rows_per_batch, cfg.seed, rank, world)
+                            hidden = train_table.hidden[rows].to(device)
+                        if cfg.feature_noise and hidden is not None:
                             rms = hidden.float().pow(2).mean(-1, keepdim=True).sqrt()
                             noise = (torch.rand(hidden.shape, device=device) * 2 - 1) * (cfg.feature_noise * rms)
                             hidden = (hidden.float() + noise).to(hidden.dtype)
-                        res = trainable(None, None, hidden=hidden,
+                        res = trainable(None, None, hidden=hidden, seq=seq,
                                         tokens=train_table.inputs[rows].to(device),
                                         vocab=vocab.to(device) if vocab is not None else None,
                                         want_states=bool(cfg.feature_weight))
