@@ -25,7 +25,9 @@ class Draft:
 
 class Drafter(Protocol):
     """Optional attribute ``needs_hidden: bool``: if True, ``begin`` and ``observe`` also get
-    ``hidden=`` (H,), the target's final hidden state at the node before the next root."""
+    ``hidden=`` (H,), the target's final hidden state at the node before the next root. With
+    ``needs_all_hidden`` also True they get the states of every newly committed position instead:
+    (T-1, H) for the prompt's prefill in ``begin``, (len(path), H) for the accepted path in ``observe``."""
 
     def begin(self, prompt: torch.Tensor) -> None:
         """Start a new sequence; ``prompt`` (T,) long."""

@@ -19,6 +19,9 @@ Sequential heads (``heads.conditioned``, :class:`speculant.heads.SequentialHeads
 tokens of the path they extend: the tree is then expanded depth by depth, a node's children being
 the top-ranked tokens of the heads' step from that node's own state (one projection per depth, over
 the nodes of that depth that have children). The same path lists describe both kinds of tree.
+With a context layer (``heads.context``, prefix attention) the heads' first state is that layer's
+output over the hidden states of every committed position, so the drafter asks the loop for all of
+them (``needs_all_hidden``) and keeps the layer's keys and values in a ``ContextCache``.
 
 Optionally (``lookup``) the tree gets one more branch under the root: a chain of the tokens that
 followed the latest earlier occurrence of the context's last n-gram (prompt lookup), unfilled
