@@ -165,6 +165,7 @@ class MedusaDrafter:
         self.context = getattr(heads, "context", None) if self.conditioned else None
         self.needs_all_hidden = self.context is not None
         self._context_cache: ContextCache | None = None
+        self._observe_ms = 0.0
 
     @torch.no_grad()
     def _first_state(self, hidden: torch.Tensor | None) -> torch.Tensor | None:
@@ -341,7 +342,7 @@ class MedusaDrafter:
                 return self._dynamic_draft(context, root)
             t = time.perf_counter()
             draft = self._dynamic_draft(context, root)
-            self.sizer.drafting_took((time.perf_counter() - t) * 1e3)
+            self.sizer.drafting_took((time.perf_counter() - t) * 1e3 + self._observe_ms)
             return draft
         if self.conditioned:
             heads_tokens = self.expand(self.hidden, root)
@@ -366,7 +367,9 @@ class MedusaDrafter:
         if hidden is not None and self.context is not None and hidden.shape[0] != len(path):
             raise ValueError(f"a context layer needs the states of the {len(path)} accepted nodes, got "
                              f"{tuple(hidden.shape)}")
+        t = time.perf_counter()
         self.hidden = self._first_state(hidden)
+        self._observe_ms = (time.perf_counter() - t) * 1e3  # a context layer's step: drafting cost too
         if self.sizer is not None:
             self.sizer.observe(path)
 
