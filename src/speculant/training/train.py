@@ -146,7 +146,7 @@ class _Trainable(nn.Module):
         layer, instead of ``hidden``): windows of backbone states (B, T, H) and the (window, position)
         (n,), (n,) of each row (``_FeatureTable.window_batch``)."""
         if seq is not None:  # heads with a context layer: it reads whole windows, the heads its rows
-            hidden = self.heads.context(seq[0])[seq[1], seq[2]]
+            hidden = self.heads.context(seq[0].to(self.heads.dtype))[seq[1], seq[2]]
         if hidden is None:
             hidden = self.backbone(ids, attn, joint)
         lm = self.model.get_output_embeddings()(hidden) if joint else None
