@@ -38,8 +38,8 @@ from torch import nn
 
 from .errors import ConfigError, ModelLoadError
 
-__all__ = ["HEAD_KINDS", "ContextCache", "ContextLayer", "HeadsConfig", "MedusaHeads", "ResBlock", "SequentialHeads", "load_heads", "make_heads",
-           "save_heads"]
+__all__ = ["HEAD_KINDS", "ContextCache", "ContextLayer", "HeadsConfig", "MedusaHeads", "ResBlock", "SequentialHeads",
+           "load_heads", "make_heads", "save_heads"]
 
 HEAD_KINDS = ("medusa", "sequential")
 

@@ -286,11 +286,11 @@ def _evaluate(trainable: _Trainable, batches: list[list[int]], items: list, cfg:
     lm_s, lm_n = 0.0, 0
     if table is not None and not joint:
         if table.windows is not None:  # a context layer: whole windows, then their rows
-            chunks = [table.window_batch(range(a, min(a + cfg.batch_size, len(table.windows))))
-                      for a in range(0, len(table.windows), cfg.batch_size)]
+            chunks = (table.window_batch(range(a, min(a + cfg.batch_size, len(table.windows))))
+                      for a in range(0, len(table.windows), cfg.batch_size))
         else:
-            chunks = [(torch.arange(a, min(a + cfg.rows_per_batch, len(table))), None)
-                      for a in range(0, len(table), cfg.rows_per_batch)]
+            chunks = ((torch.arange(a, min(a + cfg.rows_per_batch, len(table))), None)
+                      for a in range(0, len(table), cfg.rows_per_batch))
         for rows, seq in chunks:
             h = None if seq is not None else table.hidden[rows].to(device)
             seq = None if seq is None else tuple(t.to(device) for t in seq)
