@@ -205,13 +205,15 @@ class _FeatureTable:
 
     def window_order(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
         """The windows of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
-        W = len(self.windows)
-        per_epoch = math.ceil(W / per_batch)
-        epoch, i = divmod(m * world + rank, per_epoch)
+        return self._shuffled(len(self.windows), m, per_batch, seed, rank, world).tolist()
+
+    def _shuffled(self, n: int, m: int, per_batch: int, seed: int, rank: int, world: int) -> torch.Tensor:
+        """Slice ``m * world + rank`` of a seeded permutation of range(n), a new one every epoch."""
+        epoch, i = divmod(m * world + rank, math.ceil(n / per_batch))
         if self._perm is None or self._perm[0] != epoch:
             g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            self._perm = (epoch, torch.randperm(W, generator=g))
-        return self._perm[1][i * per_batch:(i + 1) * per_batch].tolist()
+            self._perm = (epoch, torch.randperm(n, generator=g))
+        return self._perm[1][i * per_batch:(i + 1) * per_batch]
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
@@ -268,12 +270,7 @@ class _FeatureTable:
 
     def rows(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> torch.Tensor:
         """Row indices of micro-batch ``m`` of process ``rank``: a seeded permutation per epoch."""
-        per_epoch = math.ceil(len(self) / per_batch)
-        epoch, i = divmod(m * world + rank, per_epoch)
-        if self._perm is None or self._perm[0] != epoch:
-            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            self._perm = (epoch, torch.randperm(len(self), generator=g))
-        return self._perm[1][i * per_batch:(i + 1) * per_batch]
+        return self._shuffled(len(self), m, per_batch, seed, rank, world)
 
 
 @torch.no_grad()
