@@ -124,3 +124,19 @@ def test_bf16_kernel_matches_fp32_matmul(M, bias):
 def test_pack_bf16_rejects_odd_shapes():
     with pytest.raises(ValueError, match="multiple|% 32"):
         pack_bf16(torch.zeros(48, 64, dtype=torch.bfloat16))
+
+
+@needs_kernel
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load():
+    """PyTorch's extension builder waits forever on a `lock` file a killed build left behind;
+    speculant clears it under its own flock (which dies with its process) and loads."""
+    import subprocess
+    import sys
+
+    from speculant import kernels
+    build = kernels._build_directory(kernels._kernel_sources()[0])
+    (build / "lock").touch()
+    code = "from speculant.kernels import cpu_kernels; assert cpu_kernels() is not None"
+    done = subprocess.run([sys.executable, "-c", code], timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (build / "lock").exists()

@@ -44,6 +44,7 @@ from typing import Any, Iterator
 import torch
 
 from .errors import ConfigError, ModelLoadError, VocabMismatchError
+from .runtime import file_lock
 
 GGUF_MAGIC = b"GGUF"
 COMPLETE_MARKER = "SPECULANT_COMPLETE.json"
@@ -216,24 +217,6 @@ def _sha256(path: Path, desc: str) -> str:
     return h.hexdigest()
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Serialize conversions of one model between processes (two 1 GB conversions at once on a
-    2-core machine would double the memory peak for nothing). No-op where fcntl is missing."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
-        yield
-        return
-    with open(lock_path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _share(path: Path) -> None:
     """Make a cache entry readable by all (mkdtemp/mkstemp create it private)."""
     for p in [path, *path.iterdir()] if path.is_dir() else [path]:
@@ -348,7 +331,8 @@ def _convert(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, Any
                              "'GGUF'); pass a valid .gguf file, a transformers model directory, "
                              f"or one of the presets: {', '.join(PRESETS)}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / ".locks" / f"{target.name}.lock"):
+    # one conversion of a model at a time (two 1 GB conversions at once on 2 cores double the memory peak)
+    with file_lock(target.parent / ".locks" / f"{target.name}.lock"):
         if _is_complete(target):  # another process finished it while we waited
             return target
         t0 = time.perf_counter()

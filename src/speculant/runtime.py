@@ -1,11 +1,15 @@
 """Process-wide settings for speed on CPU, applied by the command line (a library leaves them to
-the program that imports it: call :func:`tune_allocator` yourself)."""
+the program that imports it: call :func:`tune_allocator` yourself), and the inter-process lock
+that guards shared cache entries (:func:`file_lock`)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import sys
+from pathlib import Path
+from typing import Iterator
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -28,3 +32,21 @@ def tune_allocator(mmap_threshold: int = 64 << 20, trim_threshold: int = 256 << 
     except (OSError, AttributeError):  # musl and others have no mallopt
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+
+
+@contextlib.contextmanager
+def file_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (created with its directory): one process at a
+    time, and the lock goes with a process that dies. No-op where fcntl is missing."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -52,6 +53,25 @@ def cpu_has_avx512_bf16() -> bool:
     return {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= _cpu_flags()
 
 
+def _kernel_sources() -> tuple[str, list[str], list[str]] | None:
+    """(module name, C++ sources, compiler flags) of the kernels this CPU runs, or None."""
+    avx512 = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
+    if cpu_has_amx_int8():
+        return ("speculant_cpu_kernels", ["int4_amx.cpp", "attention.cpp", "bf16_amx.cpp"],
+                avx512 + ["-mamx-tile", "-mamx-int8", "-mamx-bf16"])
+    if cpu_has_avx512_bf16():
+        return "speculant_avx512_kernels", ["bf16_avx512.cpp", "attention.cpp"], avx512
+    return None
+
+
+def _build_directory(name: str) -> Path:
+    """Where module ``name`` is compiled: under ``$TORCH_EXTENSIONS_DIR`` or PyTorch's default root."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    return root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}"
+
+
 @functools.cache
 def cpu_kernels():
     """The compiled extension module, or None where it cannot run. Every module has
@@ -60,20 +80,25 @@ def cpu_kernels():
     them (PyTorch's kernels are used instead). Built (or loaded) once per process."""
     if os.environ.get("SPECULANT_NO_KERNELS"):
         return None
-    here = Path(__file__).parent
-    avx512 = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
-    if cpu_has_amx_int8():
-        name, sources = "speculant_cpu_kernels", ["int4_amx.cpp", "attention.cpp", "bf16_amx.cpp"]
-        flags = avx512 + ["-mamx-tile", "-mamx-int8", "-mamx-bf16"]
-    elif cpu_has_avx512_bf16():
-        name, sources, flags = "speculant_avx512_kernels", ["bf16_avx512.cpp", "attention.cpp"], avx512
-    else:
+    spec = _kernel_sources()
+    if spec is None:
         return None
+    name, sources, flags = spec
+    here = Path(__file__).parent
     try:
         from torch.utils.cpp_extension import load
 
-        module = load(name=name, sources=[str(here / s) for s in sources], extra_cflags=flags,
-                      extra_ldflags=["-fopenmp"], verbose=False)
+        from ..runtime import file_lock
+
+        build = _build_directory(name)
+        build.mkdir(parents=True, exist_ok=True)
+        # PyTorch guards a build with a `lock` file that a killed build leaves behind, and every
+        # later load then waits for it forever. Speculant's processes take this flock first (it
+        # dies with its process), so a `lock` found while holding it is such a leftover.
+        with file_lock(build / "speculant.flock"):
+            (build / "lock").unlink(missing_ok=True)
+            module = load(name=name, sources=[str(here / s) for s in sources], extra_cflags=flags,
+                          extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
         if hasattr(module, "amx_available") and not module.amx_available():
             raise RuntimeError("the operating system refused AMX tile data to this process")
         return module
