@@ -355,11 +355,11 @@ def seq_heads_trained(target, plain):
 
 
 @pytest.fixture(scope="module")
-def seq_heads_small_vocab(target, plain):
+def seq_heads_small_vocab(target, seq_heads_trained):
     """Trained sequential heads that may only propose the 24 tokens of lowest id."""
     import dataclasses
     from speculant.heads import SequentialHeads
-    trained = fit_sequential(target, plain, 100)
+    trained = seq_heads_trained
     cfg = dataclasses.replace(trained.config, draft_vocab=24)
     heads = SequentialHeads(cfg, target.get_output_embeddings(), target.get_input_embeddings())
     heads.load_state_dict({**trained.state_dict(), "draft_vocab": torch.arange(24)})
@@ -367,11 +367,11 @@ def seq_heads_small_vocab(target, plain):
 
 
 @pytest.fixture(scope="module")
-def seq_heads_context(target, plain):
+def seq_heads_context(target, seq_heads_trained):
     """The trained sequential heads behind a random (not identity) context layer."""
     import dataclasses
     from speculant.heads import SequentialHeads
-    trained = fit_sequential(target, plain, 100)
+    trained = seq_heads_trained
     heads = SequentialHeads(dataclasses.replace(trained.config, context_size=32), target.get_output_embeddings(),
                             target.get_input_embeddings())
     heads.load_state_dict(trained.state_dict(), strict=False)

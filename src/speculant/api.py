@@ -82,14 +82,19 @@ class GenerationResult:
                 "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
 
 
-def _auto_draft_quant(dtype) -> str:
-    """draft_quant="auto" for the hf backend: int4 for a bf16 draft where speculant's int4 kernel
-    runs (AMX: flat cost to 16 rows); elsewhere the bf16 draft, packed. PyTorch's int4 matmul
-    grows with the rows: on the AVX-512 EPYC the 0.5B draft's pass at 1 / 4 / 8 rows took 25.7 /
-    38.9 / 105.9 ms in int4 against 28.5 / 34.0 / 43.8 ms packed bf16 (speculant's AVX-512 kernel)."""
+def auto_draft_quant(dtype, backend: str = "hf") -> str:
+    """What draft_quant="auto" means for a draft of ``dtype``: "none" unless it is bf16; then on
+    the native backend int4, and on the hf backend int4 only where speculant's int4 kernel runs
+    (AMX: flat cost to 16 rows), elsewhere the bf16 draft, packed. PyTorch's int4 matmul grows with
+    the rows: on the AVX-512 EPYC the 0.5B draft's pass at 1 / 4 / 8 rows took 25.7 / 38.9 / 105.9
+    ms in int4 against 28.5 / 34.0 / 43.8 ms packed bf16 (speculant's AVX-512 kernel)."""
+    if parse_dtype(dtype) != torch.bfloat16:
+        return "none"
+    if backend == "native":
+        return "int4"
     from .kernels import int4_kernel
 
-    return "int4" if parse_dtype(dtype) == torch.bfloat16 and int4_kernel() is not None else "none"
+    return "int4" if int4_kernel() is not None else "none"
 
 
 def _as_model(spec: str | LoadedModel | None, dtype: str, quant: str = "none") -> LoadedModel | None:
@@ -98,7 +103,7 @@ def _as_model(spec: str | LoadedModel | None, dtype: str, quant: str = "none") -
     if spec is None:
         return None
     if quant == "auto":
-        quant = _auto_draft_quant(spec.dtype if isinstance(spec, LoadedModel) else dtype)
+        quant = auto_draft_quant(spec.dtype if isinstance(spec, LoadedModel) else dtype)
     if quant not in QUANT_MODES:
         raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
     if not isinstance(spec, LoadedModel):
@@ -132,7 +137,7 @@ def _native(spec: str | LoadedModel | None, dtype: str, quant: str, quant_head: 
     if spec is None:
         return None
     if quant == "auto":
-        quant = "int4" if parse_dtype(spec.dtype if isinstance(spec, LoadedModel) else dtype) == torch.bfloat16 else "none"
+        quant = auto_draft_quant(spec.dtype if isinstance(spec, LoadedModel) else dtype, "native")
     if quant not in QUANT_MODES:
         raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
     if not isinstance(spec, LoadedModel):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, load_native
+from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH, parse_acceptance
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
@@ -234,11 +234,7 @@ def run_bench(cfg: BenchConfig) -> dict:
 
 
 def _draft_quant(cfg: BenchConfig) -> str:
-    if cfg.draft_quant != "auto":
-        return cfg.draft_quant
-    from ..models import parse_dtype
-
-    return "int4" if parse_dtype(cfg.dtype) == torch.bfloat16 else "none"
+    return auto_draft_quant(cfg.dtype, "native") if cfg.draft_quant == "auto" else cfg.draft_quant
 
 
 def _run_one(runner, ids: torch.Tensor, max_new_tokens: int):

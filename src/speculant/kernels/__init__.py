@@ -38,11 +38,12 @@ __all__ = ["GROUP", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "d
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
-        return set(Path("/proc/cpuinfo").read_text().split())
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return set()
+        return frozenset()
 
 
 def cpu_has_amx_int8() -> bool:

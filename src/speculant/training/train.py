@@ -238,7 +238,7 @@ class _FeatureTable:
         if cur:
             groups.append(cur)
         hs, ts, ins, nxt = [], [], [], []
-        wins, starts, poss = [None] * len(items), [0] * (len(items) + 1), [None] * len(items)
+        wins, starts, poss = [None] * len(items), [0] * len(items), [None] * len(items)  # by window
         base = 0  # rows so far
         for g in tqdm(groups, desc=desc, unit="batch", disable=not progress):
             ids, attn, mask = collate([items[j] for j in g])
