@@ -2,7 +2,7 @@
 PY ?= python3
 PIP := $(PY) -m pip
 
-.PHONY: install demo test test-fast bench install-llamacpp
+.PHONY: install demo test test-fast bench install-llamacpp install-openvino install-llama-server
 
 install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
@@ -32,3 +32,18 @@ LLAMACPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA
 
 install-llamacpp:
 	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(PIP) install --no-cache-dir llama-cpp-python==0.3.36
+
+# Benchmark extra: llama.cpp's own `llama-server` (the llama.cpp vendored in llama-cpp-python
+# 0.3.36), for the bench's llama-server rows (plain, draft-model and n-gram speculation). Built from
+# the PyPI sdist into $(SPECULANT_CACHE)/peers/llama.cpp-0.3.36/ (default ~/.cache/speculant);
+# ~8 min on 2 cores, skipped when already built. AVX-512 is enabled only if the CPU has it.
+install-llama-server:
+	PY=$(PY) bash tools/build_llama_server.sh 0.3.36
+
+# Benchmark extra (not a test dependency): OpenVINO GenAI, for the openvino rows of `speculant
+# bench`. Its packages pull transformers 5.5.x, so they get a venv of their own at
+# $(SPECULANT_CACHE)/peers/openvino-venv (pinned: torch 2.13.0 CPU first, then openvino 2026.4.1,
+# openvino-genai 2026.4.1.0, optimum-intel 2.2.0, nncf 3.4.0), and both Qwen presets are exported
+# once to int4 IR from the bf16 safetensors cache ($(SPECULANT_CACHE)/peers/openvino-ir/). Idempotent.
+install-openvino: install
+	$(PY) tools/install_openvino.py

@@ -22,7 +22,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
-from speculant.kernels import int4_kernel
+from speculant.kernels import int4_kernel, x86_kernels
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
@@ -234,7 +234,7 @@ def test_dequantized_large_inputs_match_kernel():
     lin = torch.nn.Linear(128, 192).to(torch.bfloat16)
     for q in (Int8Linear(lin, keep_dense=False), Int4Linear(lin, keep_dense=False)):
         assert q.weight is None
-        if getattr(q, "_kernel", None) is not None:  # speculant's int4 kernel takes any width, row-invariant
+        if getattr(q, "kind", "torch") != "torch":  # speculant's int4 kernels take any width, row-invariant
             x = torch.randn(300, 128, dtype=torch.bfloat16)
             assert torch.equal(q(x), torch.cat([q(x[i:i + 4]) for i in range(0, 300, 4)]))
             continue
@@ -244,13 +244,22 @@ def test_dequantized_large_inputs_match_kernel():
         assert (big - small).abs().max().item() <= 0.05 * small.abs().max().item()
 
 
-@pytest.mark.parametrize("quant,dtype", [("int8", torch.float32), ("int8", torch.bfloat16), ("int4", torch.bfloat16)])
-def test_quantized_native_sd_equals_ar(quant, dtype):
+@pytest.mark.parametrize("quant,dtype,isa", [("int8", torch.float32, ""), ("int8", torch.bfloat16, ""),
+                                             ("int4", torch.bfloat16, ""), ("int4", torch.bfloat16, "portable")])
+def test_quantized_native_sd_equals_ar(quant, dtype, isa, monkeypatch):
+    """isa "portable": int4_x86.cpp's portable C++ path, forced as a user would (SPECULANT_INT4_ISA)."""
+    if isa and x86_kernels() is None:
+        pytest.skip("needs speculant's x86 kernels (an x86-64 CPU and a C++ toolchain)")
+    if isa:
+        monkeypatch.setenv("SPECULANT_INT4_ISA", isa)
     target = tiny_qwen2(seed=0, scale=4.0, dtype=dtype)
     backend = NativeBackend(NativeModel.from_hf(target, quant, quant_head=True, keep_dense=False))
     assert isinstance(backend.model.blocks[0].q_proj, Int8Linear if quant == "int8" else Int4Linear)
-    if quant == "int4" and int4_kernel() is not None:  # speculant's AMX kernel, not PyTorch's
-        assert backend.model.blocks[0].q_proj._kernel is not None
+    if quant == "int4" and (int4_kernel() is not None or x86_kernels() is not None):  # speculant's, not PyTorch's
+        assert backend.model.blocks[0].q_proj.kind in ("amx", "x86")
+        assert backend.model.blocks[0].qkv is not None  # q, k, v joined into one call
+    if isa:
+        assert backend.model.blocks[0].q_proj._isa == isa
     draft = NativeBackend(perturbed(target, noise=0.3))
     # heads sharing the quantized output layer (no dense weight: called as a module)
     shared = random_heads(64, backend.model.get_output_embeddings()).to(dtype)
@@ -327,17 +336,24 @@ def test_quality_scoring_on_tiny_model():
     assert 1.0 < ppl < 10 * V
 
 
-@pytest.mark.skipif(int4_kernel() is None, reason="needs speculant's AMX int4 kernel")
+@pytest.mark.skipif(int4_kernel() is None and x86_kernels() is None, reason="needs one of speculant's int4 kernels")
+@pytest.mark.parametrize("isa", ["", "portable"])  # "": the best this CPU has; portable: forced (SPECULANT_INT4_ISA)
 @pytest.mark.parametrize("own_attention", [True, False])  # False: PyTorch's fused attention, padded calls
 @pytest.mark.parametrize("context", [3, 40, 509])  # 509 + tree: the keys cross a 512 padding block
-def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context, own_attention, monkeypatch):
-    """With the int4 kernel (row-independent) and the padded attention calls, every node of a tree
-    pass gets exactly the logits a one-token pass over its own path gives: bf16/int4 speculative
-    decoding reproduces plain decoding bit for bit, not just in float32."""
+def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context, own_attention, isa, monkeypatch):
+    """With the int4 kernel (row-independent) and row-invariant attention (speculant's kernel, or
+    PyTorch's in padded calls), every node of a tree pass gets exactly the logits a one-token pass
+    over its own path gives: bf16/int4 speculative decoding reproduces plain decoding bit for bit,
+    not just in float32."""
+    if isa:
+        if x86_kernels() is None:
+            pytest.skip("needs speculant's x86 kernels")
+        monkeypatch.setenv("SPECULANT_INT4_ISA", isa)
     model = NativeModel.from_hf(tiny_qwen2(seed=2, dtype=torch.bfloat16), "int4", quant_head=True, keep_dense=False)
     if not own_attention:
         import speculant.backends.native as native
         monkeypatch.setattr(native, "cpu_kernels", lambda: None)
+        monkeypatch.setattr(native, "x86_kernels", lambda: None)
     tree = build_tree("3x2x2x1")  # 3 + 6 + 12 + 12 = 33 nodes + root: several attention calls
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, V, (context,), generator=g)

@@ -21,10 +21,13 @@ def test_quantized_linear_is_close_and_dense_path_exact(cls, tol):
     torch.manual_seed(0)
     lin = nn.Linear(128, 48, bias=True).to(torch.bfloat16)
     q = cls(lin)
-    few = torch.randn(2, q.dense_above_rows // 2, 128, dtype=torch.bfloat16)  # quantized kernel
+    few = torch.randn(2, min(q.dense_above_rows // 2, 8), 128, dtype=torch.bfloat16)  # quantized kernel
     ref = lin(few).float()
     rel = ((q(few).float() - ref).norm() / ref.norm()).item()
     assert 0 < rel < tol
+    if getattr(q, "kind", None) == "x86":  # speculant's x86 kernel is used at every width
+        assert q.dense_above_rows > 1 << 20
+        return
     many = torch.randn(q.dense_above_rows + 1, 128, dtype=torch.bfloat16)  # dense path
     assert torch.equal(q(many), lin(many))
 

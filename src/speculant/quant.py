@@ -29,9 +29,11 @@ from torch import nn
 
 from .errors import ConfigError
 from .packing import unpack_linears
-from .kernels import GROUP, dequantize_int4, int4_kernel, pack_int4
+from .kernels import (GROUP, INT4_ISAS, dequantize_int4, dequantize_int4_x86, int4_isa, int4_kernel, pack_int4,
+                      pack_int4_x86, x86_kernels)
 
 QUANT_MODES = ("none", "int8", "int4")
+_NO_BIAS = torch.empty(0)
 DENSE_ABOVE_ROWS = 4
 
 
@@ -88,12 +90,19 @@ class Int4Linear(_WeightOnly):
     """Asymmetric int4 with one (scale, offset) per ``group_size`` input channels:
     w ≈ q * scale + offset, q in [0, 15].
 
-    Where speculant's own kernel runs (``speculant.kernels``: AMX-INT8, groups of 64), the
-    weight is packed in its layout: its cost is about flat from 1 to 16 rows, so a tree
-    verification pass costs about what one token does, and each row's result does not depend on
-    the others; activations are then quantized to int8 per row and 64 inputs (as llama.cpp does).
-    Elsewhere PyTorch's ``_weight_int4pack_mm_for_cpu`` is used (bf16 activations; cost linear
-    in the rows).
+    Three kernels, chosen by what the CPU has (``kind``):
+
+    - ``"amx"``: speculant's AMX kernel (``kernels/int4_amx.cpp``, Intel Sapphire Rapids and later);
+    - ``"x86"``: speculant's kernel for every other x86 CPU (``kernels/int4_x86.cpp``: AVX-512 VNNI,
+      AVX2 with or without AVX-VNNI, or portable C++; ``SPECULANT_INT4_ISA`` forces one);
+    - ``"torch"``: PyTorch's ``_weight_int4pack_mm_for_cpu`` (bf16 activations; cost linear in
+      the rows), where neither builds.
+
+    Both of speculant's read each weight once per pass for up to 16-32 rows, so a tree verification
+    pass costs about what one token does, and compute every row on its own (a row's result does not
+    depend on the other rows); activations are quantized to int8 per row and group (as llama.cpp
+    does). The x86 kernel also gives the same bits on every code path, so the output does not depend
+    on which x86 CPU runs it.
     """
 
     max_kernel_rows = 192
@@ -105,37 +114,94 @@ class Int4Linear(_WeightOnly):
             raise ConfigError(f"int4 needs in_features divisible by {group_size}, got {k}")
         self.group_size = group_size
         self._kernel = int4_kernel() if n % 16 == 0 and group_size == GROUP else None
-        if self._kernel is not None:  # speculant's layout, made 4096 rows at a time (bounded memory:
-            packed = []               # a whole 152k x 1536 output layer in float32 would be 0.9 GB)
+        self._isa = int4_isa() if self._kernel is None and n % 16 == 0 and group_size % 16 == 0 else None
+        self.kind = "amx" if self._kernel is not None else "x86" if self._isa is not None else "torch"
+        if self.kind != "torch":  # speculant's layouts, made 4096 rows at a time (bounded memory:
+            pack = pack_int4 if self.kind == "amx" else pack_int4_x86  # a 152k x 1536 output layer in
+            packed = []                                                # float32 would be 0.9 GB)
             for r in range(0, n, 4096):
                 q, scale, lo = _int4_codes(linear.weight[r:r + 4096], group_size)
-                packed.append(pack_int4(q, scale[..., 0], lo[..., 0]))
+                packed.append(pack(q, scale[..., 0], lo[..., 0]))
             self.register_buffer("qweight", torch.cat([p[0] for p in packed]))
             self.register_buffer("scales_zeros", torch.cat([p[1] for p in packed]))
-            self.dense_above_rows = 16  # flat up to 16 rows: the dense bf16 path only pays beyond
-            # without a dense weight, the kernel (32 rows per weight unpack) beats dequantizing for
-            # any width: a 600-token prefill of the 1.5B model takes 1.8 s through it, 6.6-7.5 s
-            # through a dequantized copy per layer
+            # flat to 16 rows and more: the dense bf16 path only pays beyond (AMX), or never (x86)
+            self.dense_above_rows = 16 if self.kind == "amx" else 1 << 62
+            # without a dense weight, the kernel beats dequantizing for any width: a 600-token
+            # prefill of the 1.5B model takes 1.8 s through the AMX kernel, 6.6-7.5 s through a
+            # dequantized copy per layer
             self.max_kernel_rows = 1 << 62
         else:  # PyTorch's layout: w = (q - 8) * scale + zero
             q, scale, lo = _int4_codes(linear.weight, group_size)
             self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             sz = torch.cat([scale, lo + 8 * scale], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
             self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))
+        self._bias32 = linear.bias.detach().float().contiguous() if linear.bias is not None else torch.empty(0)
+
+    @classmethod
+    def concat(cls, layers: "list[Int4Linear]") -> "Int4Linear":
+        """One layer computing ``layers`` side by side (outputs concatenated), e.g. q, k and v
+        projections as one call: the same weights, so the same bits per output (speculant's kernels
+        compute every channel on its own). Only for speculant's layouts, without dense weights."""
+        first = layers[0]
+        if any(l.kind != first.kind or l.kind == "torch" or l.weight is not None or l.in_features != first.in_features
+               or l.dtype != first.dtype or l.group_size != first.group_size for l in layers):
+            raise ValueError("concat needs int4 layers of one speculant kernel, one input size, no dense weights")
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.weight, out.bias = None, None
+        out.in_features, out.dtype, out.group_size = first.in_features, first.dtype, first.group_size
+        out.out_features = sum(l.out_features for l in layers)
+        out._kernel, out._isa, out.kind = first._kernel, first._isa, first.kind
+        out.dense_above_rows, out.max_kernel_rows = first.dense_above_rows, first.max_kernel_rows
+        out.register_buffer("qweight", torch.cat([l.qweight for l in layers]))
+        out.register_buffer("scales_zeros", torch.cat([l.scales_zeros for l in layers]))
+        biases = [l._bias32 if l._bias32.numel() else torch.zeros(l.out_features) for l in layers]
+        out._bias32 = torch.cat(biases) if any(l._bias32.numel() for l in layers) else torch.empty(0)
+        if out.kind == "amx" and out._bias32.numel():
+            out.bias = out._bias32.to(out.dtype)
+        return out
+
+    def _x86(self, x2: torch.Tensor, out_fp32: bool, bias: bool = True) -> torch.Tensor:
+        """(M, K) -> (M, N) through int4_x86.cpp, the bias added in float32 (if ``bias``)."""
+        return x86_kernels().int4_gemm(x2.contiguous(), self.qweight, self.scales_zeros,
+                                       self._bias32 if bias else _NO_BIAS, out_fp32, INT4_ISAS[self._isa])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind != "x86" or (self.weight is not None and x.reshape(-1, x.shape[-1]).shape[0] > self.dense_above_rows):
+            return super().forward(x)
+        shape = x.shape
+        return self._x86(x.reshape(-1, shape[-1]).to(self.dtype), False).view(*shape[:-1], self.out_features)
+
+    def forward_float(self, x: torch.Tensor) -> torch.Tensor:
+        """forward in float32 (the output layer's logits: no bf16 rounding of the result)."""
+        if self.kind != "x86":
+            return self(x).float()
+        shape = x.shape
+        return self._x86(x.reshape(-1, shape[-1]).to(self.dtype), True).view(*shape[:-1], self.out_features)
 
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
         if self._kernel is not None:
             return self._kernel.int4_mm(x2.contiguous(), self.qweight, self.scales_zeros)
+        if self.kind == "x86":
+            return self._x86(x2, False, bias=False)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scales_zeros)
 
     def dequantize(self) -> torch.Tensor:
-        if self._kernel is not None:
+        if self.kind == "amx":
             return dequantize_int4(self.qweight, self.scales_zeros, self.scales_zeros.dtype)
+        if self.kind == "x86":
+            return dequantize_int4_x86(self.qweight, self.scales_zeros, self.scales_zeros.dtype)
         n, k = self.out_features, self.in_features
         q = unpack_int4(self.qweight, n, k).view(n, k // self.group_size, self.group_size)
         scale, zero = self.scales_zeros.transpose(0, 1).contiguous().unbind(-1)  # (N, G) each
         offset = (zero - 8 * scale).unsqueeze(-1)  # w = q * scale + (zero - 8 scale)
         return torch.addcmul(offset, q.to(scale.dtype), scale.unsqueeze(-1)).view(n, k)
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (R,) of the dense matrix the quantized weight stands for: (R, K)."""
+        if self.kind == "x86":
+            return dequantize_int4_x86(self.qweight, self.scales_zeros, self.scales_zeros.dtype, rows)
+        return self.dequantize()[rows]
 
 
 def _int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
-from ..kernels import cpu_kernels
+from ..kernels import cpu_kernels, x86_kernels
 from ..packing import unpack_linears
 from ..quant import QUANT_MODES, quantize_linear
 from .base import CacheBacked, ForwardOut
@@ -43,6 +43,7 @@ SUPPORTED = ("llama", "qwen2")
 INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _attention_plan)
 Q_BLOCK, KV_BLOCK = 32, 512  # PyTorch's CPU flash attention blocks for short queries / long keys
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_CAUSAL = torch.empty(0, dtype=torch.bool)  # kernels' attend: no mask = causal
 
 
 def _rope_theta(cfg) -> float:
@@ -69,13 +70,41 @@ def _check_config(cfg) -> None:
 
 
 class NativeBlock(nn.Module):
-    """One decoder layer's weights (modules and tensors shared with their source)."""
+    """One decoder layer's weights (modules and tensors shared with their source).
+
+    Where q/k/v (and gate/up) are int4 layers of one of speculant's kernels without dense weights,
+    they are also joined into one layer each (``qkv``, ``gate_up``): one kernel call instead of three
+    (two), the activations quantized once, the same bits (every output channel is computed on its
+    own)."""
 
     def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, proj: dict[str, nn.Module]):
         super().__init__()
         self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
         for name in _PROJ:
             setattr(self, name, proj[name])
+        self.qkv = _joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
+        self.gate_up = _joined([proj["gate_proj"], proj["up_proj"]])
+        self.widths = (proj["q_proj"].out_features, proj["k_proj"].out_features, proj["v_proj"].out_features)
+
+    def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv is None:
+            return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        return self.qkv(h).split(self.widths, dim=-1)
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _joined(layers: list[nn.Module]) -> nn.Module | None:
+    """Int4Linear.concat of ``layers`` if they are int4 layers it can join, else None."""
+    from ..quant import Int4Linear
+
+    if all(isinstance(l, Int4Linear) and l.kind != "torch" and l.weight is None for l in layers):
+        return Int4Linear.concat(layers)
+    return None
 
 
 class NativeModel(nn.Module):
@@ -272,6 +301,13 @@ class NativeBackend(CacheBacked):
         every method) take one call; query row j*n + i is head j of token i."""
         m, cache = self.model, self.cache
         Hkv, D, T = m.kv_heads, m.head_dim, past + n
+        x86 = x86_kernels() if m.dtype == torch.bfloat16 else None
+        if x86 is not None:  # speculant's own: row-invariant by construction at any width, no padding
+            allowed = self._mask(n, past, tree_mask) if tree_mask is not None else _CAUSAL
+
+            def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+                return x86.attend(q.contiguous(), cache.kv[layer, 0], cache.kv[layer, 1], allowed, past, 0)
+            return attend
         allowed = self._mask(n, past, tree_mask)  # (n, T)
         if n > INVARIANT_ROWS:
             mask = torch.zeros(n, T, dtype=m.dtype).masked_fill_(~allowed, float("-inf")).repeat(g, 1)[None, None]
@@ -283,7 +319,7 @@ class NativeBackend(CacheBacked):
                 return o.view(Hkv, g, n, D).permute(2, 0, 1, 3)
             return attend
         kernels = cpu_kernels() if m.dtype == torch.bfloat16 else None
-        if kernels is not None:  # speculant's own: row-invariant by construction, no padding
+        if kernels is not None:  # speculant's AVX-512 kernel: row-invariant by construction, no padding
 
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
                 return kernels.attend(q.contiguous(), cache.kv[layer, 0], cache.kv[layer, 1], allowed)
@@ -328,20 +364,21 @@ class NativeBackend(CacheBacked):
         x = m.embed[tokens]  # (n, H)
         for i, blk in enumerate(m.blocks):
             h = _rms_norm(x, blk.in_norm, m.eps)
-            q = _rotate(blk.q_proj(h).view(n, Hq, D), cos, sin)
-            k = _rotate(blk.k_proj(h).view(n, Hkv, D), cos, sin)
-            v = blk.v_proj(h).view(n, Hkv, D)
+            q, k, v = blk.project_qkv(h)
+            q = _rotate(q.reshape(n, Hq, D), cos, sin)
+            k = _rotate(k.reshape(n, Hkv, D), cos, sin)
+            v = v.reshape(n, Hkv, D)
             cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
             o = attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D)
             x = x + blk.o_proj(o)
-            h = _rms_norm(x, blk.post_norm, m.eps)
-            x = x + blk.down_proj(F.silu(blk.gate_proj(h)) * blk.up_proj(h))
+            x = x + blk.mlp(_rms_norm(x, blk.post_norm, m.eps))
         cache.advance(n)
         full = _rms_norm(x, m.norm, m.eps) if want_hidden == "all" else None  # (n, H)
         if rows is not None:
             x = x.index_select(0, rows)
         h = _rms_norm(x, m.norm, m.eps)  # (m, H)
-        logits = m.lm_head(h).float()  # (m, V)
+        head = m.lm_head
+        logits = head.forward_float(h) if hasattr(head, "forward_float") else head(h).float()  # (m, V)
         return ForwardOut(logits, full if full is not None else h if want_hidden else None)
 
     def reset(self) -> None:

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import sys
 import warnings
 from pathlib import Path
 
 import torch
 
-__all__ = ["GROUP", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4", "int4_kernel",
-           "kernels_name", "pack_bf16", "pack_int4"]
+__all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4",
+           "dequantize_int4_x86", "int4_isa", "int4_kernel", "kernels_name", "pack_bf16", "pack_int4", "pack_int4_x86",
+           "x86_kernels"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step
 
@@ -85,6 +87,16 @@ def cpu_kernels():
     if spec is None:
         return None
     name, sources, flags = spec
+    module = _build(name, sources, flags)
+    if module is not None and hasattr(module, "amx_available") and not module.amx_available():
+        warnings.warn("speculant's AMX kernels are not available (the operating system refused AMX tile data to "
+                      "this process); using PyTorch's instead", RuntimeWarning, stacklevel=2)
+        return None
+    return module
+
+
+def _build(name: str, sources: list[str], flags: list[str]):
+    """Compile (or load the cached build of) extension ``name``; None, with a warning, if that fails."""
     here = Path(__file__).parent
     try:
         from torch.utils.cpp_extension import load
@@ -98,22 +110,59 @@ def cpu_kernels():
         # dies with its process), so a `lock` found while holding it is such a leftover.
         with file_lock(build / "speculant.flock"):
             (build / "lock").unlink(missing_ok=True)
-            module = load(name=name, sources=[str(here / s) for s in sources], extra_cflags=flags,
-                          extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
-        if hasattr(module, "amx_available") and not module.amx_available():
-            raise RuntimeError("the operating system refused AMX tile data to this process")
-        return module
-    except Exception as e:  # noqa: BLE001 - no compiler / ninja / AMX: fall back, say why once
-        warnings.warn(f"speculant's CPU kernels are not available ({type(e).__name__}: {e}); using PyTorch's "
-                      "instead (bf16: oneDNN's matmul; int4: its cost grows with the rows verified)",
-                      RuntimeWarning, stacklevel=2)
+            return load(name=name, sources=[str(here / s) for s in sources], extra_cflags=flags,
+                        extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+    except Exception as e:  # noqa: BLE001 - no compiler / ninja: fall back, say why once
+        warnings.warn(f"speculant's CPU kernels ({name}) are not available ({type(e).__name__}: {e}); using "
+                      "PyTorch's instead (bf16: oneDNN's matmul; int4: its cost grows with the rows verified)",
+                      RuntimeWarning, stacklevel=3)
         return None
 
 
 def int4_kernel():
-    """The kernel module if it has speculant's int4 matmul (AMX machines), else None."""
+    """The kernel module if it has speculant's AMX int4 matmul (AMX machines), else None. Setting
+    ``SPECULANT_INT4_ISA`` (see :func:`int4_isa`) turns it off in favour of ``int4_x86.cpp``."""
+    if os.environ.get("SPECULANT_INT4_ISA"):
+        return None
     kernels = cpu_kernels()
     return kernels if hasattr(kernels, "int4_mm") else None
+
+
+# int4_x86.cpp's code paths: the value int4_gemm's `isa` argument takes for each
+INT4_ISAS = {"avx512-vnni": 1, "avx2-vnni": 2, "avx2": 3, "portable": 4}
+
+
+@functools.cache
+def x86_kernels():
+    """The module of ``int4_x86.cpp`` and ``attention_x86.cpp``, built for any x86-64 CPU (each code
+    path compiled for its instruction set, chosen at run time), or None where it cannot be built
+    (not x86, no compiler) or ``SPECULANT_NO_KERNELS`` is set. Built (or loaded) once per process."""
+    if os.environ.get("SPECULANT_NO_KERNELS") or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    return _build("speculant_x86_kernels", ["int4_x86.cpp", "attention_x86.cpp", "x86_module.cpp"],
+                  ["-O3", "-ffp-contract=off", "-fopenmp"])
+
+
+def int4_isa() -> str | None:
+    """The code path of ``int4_x86.cpp`` that runs here: ``SPECULANT_INT4_ISA`` (one of
+    :data:`INT4_ISAS`, e.g. ``portable`` to test the fallback) if set, else the best this CPU has;
+    None without the module. Every path gives the same bits."""
+    module = x86_kernels()
+    if module is None:
+        return None
+    forced = os.environ.get("SPECULANT_INT4_ISA", "").strip().lower()
+    if forced:
+        if forced not in INT4_ISAS:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"SPECULANT_INT4_ISA={forced!r}: choose one of {', '.join(INT4_ISAS)}")
+        if not module.int4_isa_supported(INT4_ISAS[forced]):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"SPECULANT_INT4_ISA={forced!r}: this CPU lacks those instructions")
+        return forced
+    best = module.int4_best_isa()
+    return next(name for name, v in INT4_ISAS.items() if v == best)
 
 
 def kernels_name() -> str:
@@ -153,3 +202,46 @@ def dequantize_int4(qpack: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloa
     s, o = scales.float().permute(2, 0, 3, 1).reshape(2, NB * 16, -1)  # (N, G) each
     w = q.view(NB * 16, -1, GROUP).float() * s[..., None] + o[..., None]
     return w.view(NB * 16, quads * 4).to(dtype)
+
+
+def pack_int4_x86(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes q (N, K) in [0, 15], scale and offset (N, G) (w = q * scale + offset, groups of K / G
+    inputs) -> (qpack (N/16, K/8, 64) uint8, scales (N/16, G, 2, 16) bf16), the layout of
+    int4_x86.cpp: byte 4 c + i of octet p holds q[c, 8 p + i] (low nibble) and q[c, 8 p + 4 + i]
+    (high nibble). N must be a multiple of 16, and a group a multiple of 16 inputs."""
+    N, K = q.shape
+    G = scale.shape[-1]
+    if N % 16 or K % 8 or G < 1 or K % G or (K // G) % 16:
+        raise ValueError(f"pack_int4_x86 needs N % 16 == 0 and groups of a multiple of 16 inputs, got ({N}, {K}) "
+                         f"in {G} groups")
+    r = q.to(torch.uint8).view(N // 16, 16, K // 8, 2, 4)  # [nb, c, octet, half, i]
+    qpack = (r[:, :, :, 0] | (r[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(N // 16, K // 8, 64).contiguous()
+    sz = torch.stack([scale, offset]).reshape(2, N // 16, 16, G).permute(1, 3, 0, 2)  # (nb, G, 2, 16)
+    return qpack, sz.to(torch.bfloat16).contiguous()
+
+
+def unpack_int4_x86(qpack: torch.Tensor) -> torch.Tensor:
+    """The codes q (N, K) uint8 of a packed weight (pack_int4_x86's inverse)."""
+    NB, octets, _ = qpack.shape
+    b = qpack.view(NB, octets, 16, 4)  # [nb, octet, c, i]
+    q = torch.stack([b & 15, b >> 4], dim=3)  # [nb, octet, c, half, i]
+    return q.permute(0, 2, 1, 3, 4).reshape(NB * 16, octets * 8)
+
+
+def dequantize_int4_x86(qpack: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16,
+                        rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The (N, K) matrix a packed weight stands for (w = q * scale + offset, in ``dtype``), or only
+    its ``rows`` (R,) (long; any order)."""
+    NB, octets, _ = qpack.shape
+    G = scales.shape[1]
+    if rows is not None:
+        blocks = rows // 16
+        q = unpack_int4_x86(qpack[blocks]).view(rows.numel(), 16, octets * 8)
+        q = q[torch.arange(rows.numel()), rows % 16]  # (R, K)
+        s, o = scales[blocks].float().permute(2, 0, 3, 1)[:, torch.arange(rows.numel()), rows % 16]  # (R, G) each
+    else:
+        q = unpack_int4_x86(qpack)
+        s, o = scales.float().permute(2, 0, 3, 1).reshape(2, NB * 16, G)
+    n = q.shape[0]
+    w = q.view(n, G, -1).float() * s[..., None] + o[..., None]
+    return w.view(n, octets * 8).to(dtype)

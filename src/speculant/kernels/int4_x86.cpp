@@ -1,0 +1,459 @@
+// Weight-only int4 matmul for x86 CPUs without AMX: AVX-512 VNNI (Intel Ice Lake and later, AMD
+// Zen 4 and later), AVX2 with or without AVX-VNNI, and a portable C++ path.
+//
+// y (M, N) = x (M, K) @ W.T (+ bias), W stored as 4-bit codes q in [0, 15] with one (scale, offset)
+// per group of G inputs: w = q * scale + offset. x is bf16; y is bf16 or fp32.
+//
+// Why: decoding is bound by reading the weights, so a tree verification pass of a few rows should
+// cost about what one row costs. Here every 64-byte vector of codes (16 channels x 8 inputs) is
+// loaded and unpacked once per pass and multiplied with up to kRows rows of activations before the
+// next is read; rows past kRows re-read the codes from cache, not from memory.
+//
+// Arithmetic (what llama.cpp does for its Q4 x Q8 dot products): activations are quantized per row
+// and per group to int8 (absmax): x[m, k] ~ a[m, g] * xq[m, k]. Per group the integer dot product
+// d = sum_k q xq is exact (VPDPBUSD, or VPMADDUBSW + VPMADDWD, or plain C++), and
+//     acc[m, n] += a[m, g] * (scale[n, g] * d + offset[n, g] * sum_k xq)
+// is folded in fp32 with separate multiplies and adds (no FMA), in group order. So every row is
+// computed on its own, in the same order whatever M is (a tree verification pass gives each row
+// bit for bit what a one-row pass gives), and every code path (AVX-512, AVX2, portable) gives the
+// same bits: the output does not depend on which of these CPUs runs it. The file is compiled with
+// -ffp-contract=off so that the compiler does not fuse the fold's multiplies and adds.
+//
+// Packed layout (pack_int4_x86 in kernels/__init__.py):
+//   qpack  (N/16, K/8, 64) uint8: block nb (channels 16 nb .. 16 nb + 15), input octet p (inputs
+//          8 p .. 8 p + 7): byte 4 c + i holds q[16 nb + c, 8 p + i] in its low nibble and
+//          q[16 nb + c, 8 p + 4 + i] in its high nibble. Unpacked, the low nibbles are VPDPBUSD's
+//          16 lanes x 4 bytes for inputs 8p..8p+3, the high nibbles for 8p+4..8p+7.
+//   scales (N/16, K/G, 2, 16) bf16: (scale, offset) of group g for the block's 16 channels.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+namespace {
+
+enum Isa : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2Vnni = 2, kAvx2 = 3, kPortable = 4 };
+
+constexpr int64_t kRowTile = 64;
+// Codes are prefetched this many bytes ahead: the hardware prefetcher alone left the vector units
+// waiting on memory (whole-model passes on a Zen 4, 2 cores: 8 rows 63 -> 44 ms, 16 rows 103 -> 83 ms).
+constexpr int64_t kPrefetch = 4096;  // rows per pass over the weights (their int8 activations stay in L2)
+
+struct Problem {
+  const int8_t* xq;   // (M, K) int8 activations
+  const float* a;     // (M, G) activation scales
+  const float* ax;    // (M, G) a * (sum of each group's xq), the offsets' factor
+  const uint8_t* q;   // (NB, K/8, 64) codes
+  const uint16_t* sz; // (NB, G, 2, 16) bf16 bits
+  const float* bias;  // (N,) or nullptr
+  int64_t M, K, N, G, gsize;
+  float* y32;         // (M, N) fp32 output, or
+  uint16_t* y16;      // (M, N) bf16 output
+};
+
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, as VCVTNEPS2BF16
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// ------------------------------------------------------------------ portable C++ (any CPU)
+
+// One row's activations -> int8 codes, per-group scale and code sum. The vector versions below
+// reproduce these operations exactly: amax, scale = amax / 127, xq = round-to-even(x * (127 / amax)).
+void quantize_row_portable(const uint16_t* x, int64_t K, int64_t gsize, int8_t* xq, float* a, float* ax) {
+  for (int64_t g = 0; g * gsize < K; ++g) {
+    const uint16_t* p = x + g * gsize;
+    float mx = 0.f;
+    for (int64_t k = 0; k < gsize; ++k) mx = std::fmax(mx, std::fabs(bf16_to_float(p[k])));
+    const float inv = mx > 0 ? 127.f / mx : 0.f;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < gsize; ++k) {
+      const int32_t v = (int32_t)std::nearbyint(bf16_to_float(p[k]) * inv);
+      xq[g * gsize + k] = (int8_t)v;
+      sum += v;
+    }
+    a[g] = mx > 0 ? mx / 127.f : 1.f;
+    ax[g] = a[g] * (float)sum;
+  }
+}
+
+// acc += a * (s * d) + o * ax, the fold every path performs, operation by operation (two fused
+// multiply-adds: std::fma rounds exactly as the vector FMA instructions do).
+inline float fold(float acc, int32_t d, float s, float o, float ax, float a) {
+  const float t = (float)d * s;
+  return std::fma(o, ax, std::fma(t, a, acc));
+}
+
+void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc, int64_t count) {
+  for (int64_t c = 0; c < count; ++c) {
+    const float v = P.bias ? acc[c] + P.bias[n0 + c] : acc[c];
+    if (P.y32) P.y32[m * P.N + n0 + c] = v;
+    else P.y16[m * P.N + n0 + c] = float_to_bf16(v);
+  }
+}
+
+void chunk_portable(const Problem& P, int64_t nb, int64_t m0, int rows) {
+  const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
+  const uint16_t* sb = P.sz + nb * P.G * 32;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t m = m0 + r;
+    const int8_t* x = P.xq + m * P.K;
+    float acc[16] = {0.f};
+    for (int64_t g = 0; g < P.G; ++g) {
+      for (int c = 0; c < 16; ++c) {
+        int32_t d = 0;
+        for (int64_t k = g * P.gsize; k < (g + 1) * P.gsize; ++k) {
+          const uint8_t byte = qb[(k / 8) * 64 + 4 * c + (k % 4)];
+          const int32_t code = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
+          d += code * (int32_t)x[k];
+        }
+        acc[c] = fold(acc[c], d, bf16_to_float(sb[g * 32 + c]), bf16_to_float(sb[g * 32 + 16 + c]),
+                      P.ax[m * P.G + g], P.a[m * P.G + g]);
+      }
+    }
+    store_row(P, m, nb * 16, acc, 16);
+  }
+}
+
+// ------------------------------------------------------------------ AVX2 (+ AVX-VNNI)
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+inline __m256 load8_bf16_avx2(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+void quantize_row_avx2(const uint16_t* x, int64_t K, int64_t gsize, int8_t* xq, float* a, float* ax) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t g = 0; g * gsize < K; ++g) {
+    const uint16_t* p = x + g * gsize;
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t k = 0; k < gsize; k += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load8_bf16_avx2(p + k)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, amax);
+    float mx = 0.f;
+    for (float v : lanes) mx = std::fmax(mx, v);
+    const __m256 inv = _mm256_set1_ps(mx > 0 ? 127.f / mx : 0.f);
+    __m256i sum = _mm256_setzero_si256();
+    for (int64_t k = 0; k < gsize; k += 8) {
+      const __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(load8_bf16_avx2(p + k), inv));  // round to even
+      sum = _mm256_add_epi32(sum, qi);
+      const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+      _mm_storel_epi64((__m128i*)(xq + g * gsize + k), _mm_packs_epi16(w16, w16));
+    }
+    alignas(32) int32_t s[8];
+    _mm256_store_si256((__m256i*)s, sum);
+    int32_t total = 0;
+    for (int32_t v : s) total += v;
+    a[g] = mx > 0 ? mx / 127.f : 1.f;
+    ax[g] = a[g] * (float)total;
+  }
+}
+
+inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Rows m0 .. m0+R-1 of channel block nb, 8 channels (half h) at a time; O octets per group.
+template <int R, int O>
+void chunk_avx2(const Problem& P, int64_t nb, int64_t m0) {
+  const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
+  const uint16_t* sb = P.sz + nb * P.G * 32;
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < P.G; ++g) {
+      const uint8_t* qg = qb + g * O * 64 + 32 * h;
+      const int8_t* xg = P.xq + m0 * P.K + g * (8 * O);
+      __m256i d32[R], d16[R];
+      for (int r = 0; r < R; ++r) d32[r] = d16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+      for (int p = 0; p < O; ++p) {
+        if (h == 0) _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
+        const __m256i w = _mm256_loadu_si256((const __m256i*)(qg + 64 * p));
+        const __m256i lo = _mm256_and_si256(w, nib), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = xg + r * P.K + 8 * p;
+          // u8 codes x s8 activations: |pair sums| <= 2 * 15 * 127, four octets' sums fit int16
+          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(x))),
+                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(x + 4))));
+          d16[r] = _mm256_add_epi16(d16[r], t);
+        }
+        if ((p & 3) == 3 || p == O - 1)
+          for (int r = 0; r < R; ++r) {
+            d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(d16[r], ones));
+            d16[r] = _mm256_setzero_si256();
+          }
+      }
+      const __m256 s = load8_bf16_avx2(sb + g * 32 + 8 * h), o = load8_bf16_avx2(sb + g * 32 + 16 + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        const int64_t mg = (m0 + r) * P.G + g;
+        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(d32[r]), s);
+        acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(P.a[mg]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(o, _mm256_set1_ps(P.ax[mg]), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[r]);
+      store_row(P, m0 + r, nb * 16 + 8 * h, out, 8);
+    }
+  }
+}
+
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+
+template <int R, int O>
+void chunk_avx2_vnni(const Problem& P, int64_t nb, int64_t m0) {
+  constexpr int C = R <= 2 ? 2 : 1;
+  const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
+  const uint16_t* sb = P.sz + nb * P.G * 32;
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < P.G; ++g) {
+      const uint8_t* qg = qb + g * O * 64 + 32 * h;
+      const int8_t* xg = P.xq + m0 * P.K + g * (8 * O);
+      __m256i d[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) d[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+      for (int p = 0; p < O; ++p) {
+        if (h == 0) _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
+        const __m256i w = _mm256_loadu_si256((const __m256i*)(qg + 64 * p));
+        const __m256i lo = _mm256_and_si256(w, nib), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = xg + r * P.K + 8 * p;
+          d[r][0] = _mm256_dpbusd_avx_epi32(d[r][0], lo, _mm256_set1_epi32(load4(x)));
+          d[r][C - 1] = _mm256_dpbusd_avx_epi32(d[r][C - 1], hi, _mm256_set1_epi32(load4(x + 4)));
+        }
+      }
+      const __m256 s = load8_bf16_avx2(sb + g * 32 + 8 * h), o = load8_bf16_avx2(sb + g * 32 + 16 + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        const int64_t mg = (m0 + r) * P.G + g;
+        const __m256i dot = C == 2 ? _mm256_add_epi32(d[r][0], d[r][C - 1]) : d[r][0];
+        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), s);
+        acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(P.a[mg]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(o, _mm256_set1_ps(P.ax[mg]), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[r]);
+      store_row(P, m0 + r, nb * 16 + 8 * h, out, 8);
+    }
+  }
+}
+
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------ AVX-512 VNNI
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
+
+inline __m512 load16_bf16_avx512(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+void quantize_row_avx512(const uint16_t* x, int64_t K, int64_t gsize, int8_t* xq, float* a, float* ax) {
+  for (int64_t g = 0; g * gsize < K; ++g) {
+    const uint16_t* p = x + g * gsize;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t k = 0; k < gsize; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load16_bf16_avx512(p + k)));
+    const float mx = _mm512_reduce_max_ps(amax);  // max is exact in any order
+    const __m512 inv = _mm512_set1_ps(mx > 0 ? 127.f / mx : 0.f);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = 0; k < gsize; k += 16) {
+      const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(load16_bf16_avx512(p + k), inv));  // round to even
+      sum = _mm512_add_epi32(sum, qi);
+      _mm_storeu_si128((__m128i*)(xq + g * gsize + k), _mm512_cvtsepi32_epi8(qi));
+    }
+    a[g] = mx > 0 ? mx / 127.f : 1.f;
+    ax[g] = a[g] * (float)_mm512_reduce_add_epi32(sum);  // integer sum: exact in any order
+  }
+}
+
+// Rows m0 .. m0+R-1 of channel block nb; O octets (8 inputs) per group, known at compile time so
+// that the accumulators stay in registers. One integer chain per row (two for R <= 2, where a
+// single chain would wait on VPDPBUSD's latency): integer sums, exact in any order.
+template <int R, int O>
+void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
+  constexpr int C = R <= 2 ? 2 : 1;
+  const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
+  const uint16_t* sb = P.sz + nb * P.G * 32;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* x0 = P.xq + m0 * P.K;
+  for (int64_t g = 0; g < P.G; ++g) {
+    const uint8_t* qg = qb + g * O * 64;
+    const int8_t* xg = x0 + g * (8 * O);
+    __m512i d[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) d[r][c] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int p = 0; p < O; ++p) {
+      _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
+      const __m512i w = _mm512_loadu_si512((const void*)(qg + 64 * p));
+      const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = xg + r * P.K + 8 * p;
+        d[r][0] = _mm512_dpbusd_epi32(d[r][0], lo, _mm512_set1_epi32(load4(x)));
+        d[r][C - 1] = _mm512_dpbusd_epi32(d[r][C - 1], hi, _mm512_set1_epi32(load4(x + 4)));
+      }
+    }
+    const __m512 s = load16_bf16_avx512(sb + g * 32), o = load16_bf16_avx512(sb + g * 32 + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int64_t mg = (m0 + r) * P.G + g;
+      const __m512i dot = C == 2 ? _mm512_add_epi32(d[r][0], d[r][C - 1]) : d[r][0];
+      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), s);
+      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(P.a[mg]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(P.ax[mg]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float out[16];
+    _mm512_store_ps(out, acc[r]);
+    store_row(P, m0 + r, nb * 16, out, 16);
+  }
+}
+
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------ dispatch
+
+using ChunkFn = void (*)(const Problem&, int64_t, int64_t);
+
+// Chunk functions by octets per group (O) and rows (1 .. most): fns[r - 1] handles r rows.
+template <int O, int... Rs>
+constexpr std::array<ChunkFn, sizeof...(Rs)> avx512_table(std::integer_sequence<int, Rs...>) {
+  return {&chunk_avx512<Rs + 1, O>...};
+}
+template <int O, int... Rs>
+constexpr std::array<ChunkFn, sizeof...(Rs)> avx2_table(std::integer_sequence<int, Rs...>) {
+  return {&chunk_avx2<Rs + 1, O>...};
+}
+template <int O, int... Rs>
+constexpr std::array<ChunkFn, sizeof...(Rs)> avx2_vnni_table(std::integer_sequence<int, Rs...>) {
+  return {&chunk_avx2_vnni<Rs + 1, O>...};
+}
+
+constexpr int kAvx512Rows = 8, kAvx2Rows = 4;
+
+template <int O>
+const ChunkFn* chunk_table(Isa isa) {
+  static const auto a = avx512_table<O>(std::make_integer_sequence<int, kAvx512Rows>{});
+  static const auto b = avx2_vnni_table<O>(std::make_integer_sequence<int, kAvx2Rows>{});
+  static const auto c = avx2_table<O>(std::make_integer_sequence<int, kAvx2Rows>{});
+  return isa == kAvx512Vnni ? a.data() : isa == kAvx2Vnni ? b.data() : c.data();
+}
+
+bool cpu_supports(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case kAvx512Vnni:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    case kAvx2Vnni: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+    case kAvx2: return __builtin_cpu_supports("avx2");
+    case kPortable: return true;
+    default: return false;
+  }
+}
+
+Isa best_isa() {
+  for (Isa isa : {kAvx512Vnni, kAvx2Vnni, kAvx2})
+    if (cpu_supports(isa)) return isa;
+  return kPortable;
+}
+
+}  // namespace
+
+// x (M, K) bf16 contiguous; qpack (N/16, K/8, 64) uint8; scales (N/16, G, 2, 16) bf16; bias (N,) fp32
+// or empty; out_fp32: return fp32 (else bf16); isa: 0 = the best this CPU has, else force
+// 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable. Returns (M, N).
+torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
+                        int64_t isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
+  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
+              "qpack must be (N/16, K/8, 64) uint8");
+  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+              scales.size(0) == qpack.size(0) && scales.size(2) == 2 && scales.size(3) == 16,
+              "scales must be (N/16, G, 2, 16) bf16");
+  const int64_t M = x.size(0), K = x.size(1), NB = qpack.size(0), N = NB * 16, G = scales.size(1);
+  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
+  TORCH_CHECK(G > 0 && K % G == 0 && (K / G == 32 || K / G == 64 || K / G == 128), "groups of ",
+              K / std::max<int64_t>(G, 1), " inputs: need 32, 64 or 128");
+  const bool has_bias = bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
+              "bias must be (N,) float32");
+  Isa use = isa == kAuto ? best_isa() : (Isa)isa;
+  TORCH_CHECK(use >= kAvx512Vnni && use <= kPortable, "unknown isa ", isa);
+  TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
+  const int64_t gsize = K / G;
+
+  auto y = torch::empty({M, N}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
+  auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));
+  auto a = torch::empty({M, G}, x.options().dtype(at::kFloat));
+  auto ax = torch::empty({M, G}, x.options().dtype(at::kFloat));
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  int8_t* xqp = xq.data_ptr<int8_t>();
+  float* ap = a.data_ptr<float>();
+  float* axp = ax.data_ptr<float>();
+  auto quantize = use == kAvx512Vnni ? quantize_row_avx512 : use == kPortable ? quantize_row_portable : quantize_row_avx2;
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) quantize(xp + m * K, K, gsize, xqp + m * K, ap + m * G, axp + m * G);
+  });
+
+  Problem P{xqp, ap, axp, qpack.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()),
+            has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
+            out_fp32 ? y.data_ptr<float>() : nullptr,
+            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>())};
+  const ChunkFn* fns = use == kPortable ? nullptr : gsize == 32 ? chunk_table<4>(use) : gsize == 64 ? chunk_table<8>(use)
+                                                                                     : chunk_table<16>(use);
+  const int most = use == kAvx512Vnni ? kAvx512Rows : kAvx2Rows;
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t t0 = 0; t0 < M; t0 += kRowTile) {
+      const int64_t t1 = std::min(M, t0 + kRowTile);
+      for (int64_t nb = b0; nb < b1; ++nb)
+        for (int64_t m = t0; m < t1; m += most) {
+          const int rows = (int)std::min<int64_t>(most, t1 - m);
+          if (use == kPortable) chunk_portable(P, nb, m, rows);
+          else fns[rows - 1](P, nb, m);
+        }
+    }
+  });
+  return y;
+}
+
+// Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable.
+int64_t int4_best_isa() { return best_isa(); }
+
+// Whether this CPU runs code path isa (1-4, as above).
+bool int4_isa_supported(int64_t isa) { return isa >= kAvx512Vnni && isa <= kPortable && cpu_supports((Isa)isa); }

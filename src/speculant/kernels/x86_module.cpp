@@ -1,0 +1,19 @@
+// The kernels for x86 CPUs without AMX, one module whatever the CPU: each code path is compiled for
+// its instruction set (#pragma GCC target) and chosen at run time from what the CPU has.
+#include <torch/extension.h>
+
+torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
+                        int64_t isa);  // int4_x86.cpp
+int64_t int4_best_isa();
+bool int4_isa_supported(int64_t isa);
+torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed, int64_t past,
+                         int64_t isa);  // attention_x86.cpp
+bool attend_isa_supported(int64_t isa);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int4_gemm", &int4_gemm, "int4 weight x int8 activation matmul, row-invariant, the same bits on every code path");
+  m.def("int4_best_isa", &int4_best_isa, "the code path int4_gemm takes here: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable");
+  m.def("int4_isa_supported", &int4_isa_supported, "whether this CPU runs an int4_gemm code path");
+  m.def("attend", &attend_x86, "row-invariant attention over a bf16 KV cache, the same bits on every code path");
+  m.def("attend_isa_supported", &attend_isa_supported, "whether this CPU runs an attend code path (1, 3, 4)");
+}
