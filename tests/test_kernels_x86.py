@@ -158,3 +158,47 @@ def test_forced_isa_environment(monkeypatch):
     monkeypatch.setenv("SPECULANT_INT4_ISA", "sse9")
     with pytest.raises(ConfigError, match="choose one of"):
         k.int4_isa()
+
+
+@pytest.mark.parametrize("isa", [att_param(i) for i in ATT_ISAS])
+def test_layer_ops_match_torch_and_every_path(isa):
+    """RMSNorm, silu(gate) * up and RoPE with the cache write: within bf16 rounding of PyTorch's
+    float32 computation, row by row the same as alone, and the same bits on every code path."""
+    import torch.nn.functional as F
+    gen = torch.Generator().manual_seed(0)
+    i, P = ATT_ISAS[isa], ATT_ISAS["portable"]
+    x = (torch.randn(5, 96, generator=gen) * 3).bfloat16()
+    w = torch.randn(96, generator=gen).bfloat16()
+    y = kernels.rms_norm(x, w, 1e-6, i)
+    ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    torch.testing.assert_close(y.float(), ref, atol=0.02, rtol=0.01)
+    assert torch.equal(y, kernels.rms_norm(x, w, 1e-6, P))
+    assert torch.equal(y[2], kernels.rms_norm(x[2:3].contiguous(), w, 1e-6, i)[0])
+
+    gu = (torch.randn(4, 2 * 80, generator=gen) * 4).bfloat16()
+    y = kernels.silu_mul(gu, i)
+    ref = F.silu(gu[:, :80].float()) * gu[:, 80:].float()
+    torch.testing.assert_close(y.float(), ref, atol=0.02, rtol=0.01)
+    assert torch.equal(y, kernels.silu_mul(gu, P))
+
+    n, Hq, Hkv, D, C, start = 3, 4, 2, 64, 10, 5
+    qkv = torch.randn(n, (Hq + 2 * Hkv) * D, generator=gen).bfloat16()
+    pos = torch.arange(start, start + n).float()
+    freqs = pos[:, None] / 10000 ** (torch.arange(0, D, 2).float() / D)
+    cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+    slab = torch.zeros(2, Hkv, C, D).bfloat16()
+    q = kernels.rope_qkv(qkv, cos, sin, Hq, Hkv, slab, start, i)
+
+    def rope(t):  # (n, H, D) float
+        half = D // 2
+        c, s = cos[:, None], sin[:, None]
+        return torch.cat([t[..., :half] * c - t[..., half:] * s, t[..., half:] * c + t[..., :half] * s], -1)
+
+    heads = qkv.float().view(n, Hq + 2 * Hkv, D)
+    torch.testing.assert_close(q.float(), rope(heads[:, :Hq]), atol=0.03, rtol=0.01)
+    torch.testing.assert_close(slab[0, :, start:start + n].float(), rope(heads[:, Hq:Hq + Hkv]).transpose(0, 1),
+                               atol=0.03, rtol=0.01)
+    assert torch.equal(slab[1, :, start:start + n], qkv.view(n, Hq + 2 * Hkv, D)[:, Hq + Hkv:].transpose(0, 1))
+    assert slab[:, :, :start].abs().sum() == 0 and slab[:, :, start + n:].abs().sum() == 0
+    slab2 = torch.zeros_like(slab)
+    assert torch.equal(q, kernels.rope_qkv(qkv, cos, sin, Hq, Hkv, slab2, start, P)) and torch.equal(slab, slab2)

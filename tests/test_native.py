@@ -367,3 +367,37 @@ def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context, ow
         for j in path:
             out = b.forward(tokens[j:j + 1]).logits[0]
         assert torch.equal(out, wide[node]), node
+
+
+@pytest.mark.skipif(int4_kernel() is None and x86_kernels() is None, reason="needs one of speculant's int4 kernels")
+@pytest.mark.parametrize("tied", [False, True])
+def test_int4_model_is_saved_once_and_read_back_bit_identical(tmp_path, monkeypatch, tied):
+    """The first int4 load of a directory quantizes and saves it; later loads read the saved file
+    (no dense weights read) and give the same logits bit for bit; a damaged file is rebuilt."""
+    from speculant.backends import native_store
+
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "m"
+    tiny_qwen2(seed=3, tied=tied, dtype=torch.bfloat16).save_pretrained(src)
+    tokens = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(0))
+
+    def logits(model):
+        return NativeBackend(model).forward(tokens).logits
+
+    first = logits(NativeModel.from_dir(src, torch.bfloat16, "int4", quant_head=True))
+    saved = list((tmp_path / "cache" / "native").glob("*.safetensors"))
+    assert len(saved) == 1 and "-int4-" in saved[0].name and saved[0].name.endswith("-head-v1.safetensors")
+    monkeypatch.setattr(NativeModel, "_read_dir", lambda *a, **k: pytest.fail("read the dense weights again"))
+    second = NativeModel.from_dir(src, torch.bfloat16, "int4", quant_head=True)
+    assert torch.equal(first, logits(second))
+    assert second.blocks[0].qkv is not None and second.blocks[0].q_proj.qweight.data_ptr() == \
+        second.blocks[0].qkv.qweight.data_ptr()  # the parts are views of the joined layer
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
+    del second  # it maps the file: replace the file (a new inode), as every writer here does
+    damaged = saved[0].with_name("damaged")
+    damaged.write_bytes(b"not a safetensors file")
+    damaged.replace(saved[0])
+    third = NativeModel.from_dir(src, torch.bfloat16, "int4", quant_head=True)
+    assert torch.equal(first, logits(third))
+    assert native_store.load_store(saved[0], third.config, None, torch.bfloat16) is not None  # rewritten

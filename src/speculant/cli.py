@@ -77,11 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
     b.add_argument("--methods", default="ar,sd,mcsd,lookup,medusa,bpd,hf-assisted",
-                   help="comma-separated: ar, sd, mcsd, lookup, medusa, medusa+lookup, hydra, hydra+lookup, bpd, "
-                        "hf-assisted, llamacpp (llama.cpp's "
-                        "plain greedy decoding of the target's GGUF; needs `make install-llamacpp`); each of ours "
-                        "optionally NAME:RULE with an approximate acceptance rule, e.g. medusa:typical, "
-                        "bpd:topk=2+min=1 (default: %(default)s)")
+                   help="comma-separated: ar, sd, mcsd, lookup, medusa, medusa+lookup, hydra, hydra+lookup, bpd "
+                        "(speculant's own; each optionally NAME:RULE with an approximate acceptance rule, e.g. "
+                        "medusa:typical, bpd:topk=2+min=1), and peer rows: hf-assisted (transformers' assisted "
+                        "generation); llama-server, llama-server+draft, llama-server+ngram (llama.cpp's server "
+                        "on the target's GGUF: plain, the draft's GGUF as draft model, n-gram lookup; needs "
+                        "`make install-llama-server`); openvino, openvino+lookup, openvino+draft (OpenVINO GenAI, "
+                        "int4: plain, prompt lookup, the 0.5B draft; needs `make install-openvino`); a peer "
+                        "that is not installed is skipped with a message (default: %(default)s)")
     b.add_argument("--hydra-heads", default=None,
                    help="hydra: sequential heads directory (default: the ones shipped for the target preset)")
     b.add_argument("--per-category", type=int, default=1, help="prompts per Spec-Bench category")
@@ -252,8 +255,8 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from .bench.harness import BenchConfig, run_bench
+def cmd_bench(args, argv: list[str] | None = None) -> int:
+    from .bench.harness import BenchConfig, command_line, run_bench
 
     cfg = BenchConfig(target=args.target, draft=args.draft or DEFAULT_DRAFT, methods=tuple(args.methods.split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
@@ -264,7 +267,7 @@ def cmd_bench(args) -> int:
                       quant_head=args.quant_head, tree_budget=args.tree_budget,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out)
-    run_bench(cfg)
+    run_bench(cfg, command=command_line(argv))
     return 0
 
 
@@ -348,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tune_allocator()
     try:
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo,
+        commands = {"generate": cmd_generate, "bench": lambda a: cmd_bench(a, argv), "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree}
         return commands[args.command](args)
     except SpeculantError as e:

@@ -36,6 +36,7 @@ class Stats:
     new_tokens: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    prefill_s: float = 0.0  # the target's prefill forward (part of verify_s)
     wall_s: float = 0.0
     acceptance: str = "exact"  # the rule that ran; anything but "exact" may change the output
 
@@ -61,6 +62,7 @@ class Stats:
             "drafted_positions": sum(self.drafted_per_call),
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
+            "prefill_s": self.prefill_s,
             "other_s": max(self.wall_s - self.draft_s - self.verify_s, 0.0),
             "wall_s": self.wall_s,
             "tokens_per_s": self.new_tokens / self.wall_s if self.wall_s else 0.0,
@@ -177,7 +179,8 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
     if prompt.shape[0] > 1:
         rows = torch.tensor([prompt.shape[0] - 2]) if needs_hidden else torch.empty(0, dtype=torch.long)
         pre = target.forward(prompt[:-1], rows=rows, want_hidden="all" if every_row else needs_hidden)
-    st.verify_s += time.perf_counter() - t
+    st.prefill_s = time.perf_counter() - t
+    st.verify_s += st.prefill_s
     if needs_hidden:
         drafter.begin(prompt, hidden=None if pre is None else pre.hidden if every_row else pre.hidden[0])
     else:

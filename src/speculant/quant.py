@@ -138,28 +138,59 @@ class Int4Linear(_WeightOnly):
         self._bias32 = linear.bias.detach().float().contiguous() if linear.bias is not None else torch.empty(0)
 
     @classmethod
-    def concat(cls, layers: "list[Int4Linear]") -> "Int4Linear":
-        """One layer computing ``layers`` side by side (outputs concatenated), e.g. q, k and v
-        projections as one call: the same weights, so the same bits per output (speculant's kernels
-        compute every channel on its own). Only for speculant's layouts, without dense weights."""
-        first = layers[0]
-        if any(l.kind != first.kind or l.kind == "torch" or l.weight is not None or l.in_features != first.in_features
-               or l.dtype != first.dtype or l.group_size != first.group_size for l in layers):
-            raise ValueError("concat needs int4 layers of one speculant kernel, one input size, no dense weights")
+    def from_packed(cls, qweight: torch.Tensor, scales: torch.Tensor, bias32: torch.Tensor | None, kind: str,
+                    in_features: int, dtype: torch.dtype = torch.bfloat16, group_size: int = GROUP) -> "Int4Linear":
+        """A layer over already packed weights (speculant's ``kind`` "amx" or "x86" layout; e.g. read
+        from a saved model). The tensors are used as they are (no copy)."""
+        if kind not in ("amx", "x86"):
+            raise ValueError(f"from_packed takes speculant's layouts (amx, x86), not {kind!r}")
         out = cls.__new__(cls)
         nn.Module.__init__(out)
         out.weight, out.bias = None, None
-        out.in_features, out.dtype, out.group_size = first.in_features, first.dtype, first.group_size
-        out.out_features = sum(l.out_features for l in layers)
-        out._kernel, out._isa, out.kind = first._kernel, first._isa, first.kind
-        out.dense_above_rows, out.max_kernel_rows = first.dense_above_rows, first.max_kernel_rows
-        out.register_buffer("qweight", torch.cat([l.qweight for l in layers]))
-        out.register_buffer("scales_zeros", torch.cat([l.scales_zeros for l in layers]))
-        biases = [l._bias32 if l._bias32.numel() else torch.zeros(l.out_features) for l in layers]
-        out._bias32 = torch.cat(biases) if any(l._bias32.numel() for l in layers) else torch.empty(0)
-        if out.kind == "amx" and out._bias32.numel():
-            out.bias = out._bias32.to(out.dtype)
+        out.in_features, out.dtype, out.group_size = in_features, dtype, group_size
+        out.out_features = qweight.shape[0] * 16
+        out.kind = kind
+        out._kernel = int4_kernel() if kind == "amx" else None
+        out._isa = int4_isa() if kind == "x86" else None
+        if (kind == "amx" and out._kernel is None) or (kind == "x86" and out._isa is None):
+            raise ConfigError(f"these int4 weights are packed for speculant's {kind} kernel, which does not run here")
+        out.dense_above_rows = 16 if kind == "amx" else 1 << 62
+        out.max_kernel_rows = 1 << 62
+        out.register_buffer("qweight", qweight)
+        out.register_buffer("scales_zeros", scales)
+        out._bias32 = bias32 if bias32 is not None else torch.empty(0)
+        if kind == "amx" and out._bias32.numel():
+            out.bias = out._bias32.to(dtype)
         return out
+
+    @classmethod
+    def concat(cls, layers: "list[Int4Linear]") -> "Int4Linear":
+        """One layer computing ``layers`` side by side (outputs concatenated), e.g. q, k and v
+        projections as one call: the same weights, so the same bits per output (speculant's kernels
+        compute every channel on its own). Only for speculant's layouts, without dense weights.
+        ``layers`` become views of the joined layer's buffers (no second copy of the weights)."""
+        first = layers[0]
+        if any(l.kind != first.kind or l.kind == "torch" or l.weight is not None or l.in_features != first.in_features
+               or l.dtype != first.dtype or l.group_size != first.group_size or l.out_features % 16 for l in layers):
+            raise ValueError("concat needs int4 layers of one speculant kernel, one input size, no dense weights")
+        biases = [l._bias32 if l._bias32.numel() else torch.zeros(l.out_features) for l in layers]
+        bias = torch.cat(biases) if any(l._bias32.numel() for l in layers) else None
+        out = cls.from_packed(torch.cat([l.qweight for l in layers]), torch.cat([l.scales_zeros for l in layers]),
+                              bias, first.kind, first.in_features, first.dtype, first.group_size)
+        start = 0
+        for l in layers:
+            part = out.rows(start, start + l.out_features)
+            l.qweight, l.scales_zeros, l._bias32, l.bias = part.qweight, part.scales_zeros, part._bias32, part.bias
+            start += l.out_features
+        return out
+
+    def rows(self, start: int, stop: int) -> "Int4Linear":
+        """Output channels start .. stop-1 (multiples of 16) as a layer sharing this one's buffers."""
+        if start % 16 or stop % 16 or not 0 <= start < stop <= self.out_features or self.kind == "torch":
+            raise ValueError(f"rows({start}, {stop}): multiples of 16 within {self.out_features}, speculant's layouts")
+        bias = self._bias32[start:stop] if self._bias32.numel() else None
+        return Int4Linear.from_packed(self.qweight[start // 16:stop // 16], self.scales_zeros[start // 16:stop // 16],
+                                      bias, self.kind, self.in_features, self.dtype, self.group_size)
 
     def _x86(self, x2: torch.Tensor, out_fp32: bool, bias: bool = True) -> torch.Tensor:
         """(M, K) -> (M, N) through int4_x86.cpp, the bias added in float32 (if ``bias``)."""

@@ -34,6 +34,19 @@ def tune_allocator(mmap_threshold: int = 64 << 20, trim_threshold: int = 256 << 
     return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
 
 
+def release_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``): after dropping a
+    large temporary built from many blocks under ``mmap_threshold`` (which stay in the heap), e.g.
+    the model quantized on a first load. Returns False where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 @contextlib.contextmanager
 def file_lock(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock_path`` (created with its directory): one process at a

@@ -26,6 +26,7 @@ over a ``StaticKVCache`` with the same forward / rollback / compact semantics as
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from torch import nn
 from ..errors import ConfigError, ModelLoadError
 from ..kernels import cpu_kernels, x86_kernels
 from ..packing import unpack_linears
-from ..quant import QUANT_MODES, quantize_linear
+from ..quant import QUANT_MODES, Int4Linear, quantize_linear
 from .base import CacheBacked, ForwardOut
 from .native_cache import StaticKVCache
 
@@ -77,13 +78,16 @@ class NativeBlock(nn.Module):
     (two), the activations quantized once, the same bits (every output channel is computed on its
     own)."""
 
-    def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, proj: dict[str, nn.Module]):
+    def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, proj: dict[str, nn.Module],
+                 qkv: nn.Module | None = None, gate_up: nn.Module | None = None):
+        """``qkv`` / ``gate_up``: the joined layers when the caller has them (``proj``'s are then
+        views of them); else they are joined here where possible."""
         super().__init__()
         self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
         for name in _PROJ:
             setattr(self, name, proj[name])
-        self.qkv = _joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
-        self.gate_up = _joined([proj["gate_proj"], proj["up_proj"]])
+        self.qkv = qkv if qkv is not None else _joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
+        self.gate_up = gate_up if gate_up is not None else _joined([proj["gate_proj"], proj["up_proj"]])
         self.widths = (proj["q_proj"].out_features, proj["k_proj"].out_features, proj["v_proj"].out_features)
 
     def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -206,18 +210,67 @@ class NativeModel(nn.Module):
                 where.update({k: path / f for k in h.keys()})
         prefix = "model." if any(k.startswith("model.layers.") for k in where) else ""
 
-        def get(name: str) -> torch.Tensor:
+        kind = _int4_layout(group_size) if quant == "int4" and not keep_dense else None
+        if kind is None:
+            return cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
+        from ..runtime import file_lock, release_memory
+        from .native_store import load_store, save_store, store_path
+
+        store = store_path(path, [path / f for f in files], quant_head, kind, group_size)
+        model = load_store(store, cfg, gen, dtype)
+        if model is not None:
+            return model
+        with file_lock(store.with_name(store.name + ".lock")):
+            model = load_store(store, cfg, gen, dtype)  # made by another process meanwhile?
+            if model is not None:
+                return model
+            print(f"speculant: quantizing {path.name} to int4 once for this machine's kernel ({kind}); "
+                  f"saved to {store}", file=sys.stderr, flush=True)
+            model = cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
+            if all(b.qkv is not None and b.gate_up is not None for b in model.blocks):
+                try:
+                    save_store(model, store, kind, group_size, quant_head)
+                except OSError as e:
+                    print(f"speculant: could not save the int4 model ({e}); it will be quantized again next time",
+                          file=sys.stderr, flush=True)
+                    return model
+                del model  # read it back: the embedding mapped, not resident
+                release_memory()
+                return load_store(store, cfg, gen, dtype)
+            return model
+
+    @classmethod
+    def _read_dir(cls, path: Path, files: list[str], where: dict, prefix: str, cfg, gen, dtype: torch.dtype,
+                  quant: str, quant_head: bool, group_size: int, keep_dense: bool) -> "NativeModel":
+        """from_dir's reading and quantizing, tensor by tensor."""
+        from safetensors import safe_open
+
+        from ..runtime import release_memory
+
+        def get(name: str, copy: bool = True) -> torch.Tensor:
             if name not in where:
                 raise ModelLoadError(f"{path} lacks the tensor {name!r}")
             # the file is mapped for this one tensor only (a mapping held open would count every
-            # page read so far in RSS), and the tensor is a private copy, not a view of the map
+            # page read so far in RSS), and the tensor is a private copy, not a view of the map;
+            # with copy=False it is the mapping itself (its pages read when touched)
             with safe_open(str(where[name]), framework="pt") as h:
                 t = h.get_tensor(name)
-            return t.to(dtype) if t.dtype != dtype else t.clone()
+            return t.to(dtype) if t.dtype != dtype else t.clone() if copy else t
 
         def linear(name: str, do_quant: bool) -> nn.Module:
-            w = get(name + ".weight")
             b = get(name + ".bias") if name + ".bias" in where else None
+            if do_quant and quant == "int4" and not keep_dense and _int4_layout(group_size) is not None:
+                with safe_open(str(where[name + ".weight"]), framework="pt") as h:
+                    sl = h.get_slice(name + ".weight")
+                    n, k = sl.get_shape()
+                    if n > 8192 and n % 16 == 0 and b is None:  # a large output layer: 4,096 rows at a time,
+                        parts = []                               # never the whole dense matrix in memory
+                        for r in range(0, n, 4096):
+                            lin = nn.Linear(k, min(4096, n - r), bias=False, device="meta")
+                            lin.weight = nn.Parameter(sl[r:r + 4096].to(dtype), requires_grad=False)
+                            parts.append(quantize_linear(lin, quant, group_size, keep_dense=False))
+                        return Int4Linear.concat(parts)
+            w = get(name + ".weight")
             lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
             lin.weight = nn.Parameter(w, requires_grad=False)
             if b is not None:
@@ -232,10 +285,13 @@ class NativeModel(nn.Module):
             proj = {n: linear(p + ("self_attn." if n in _PROJ[:4] else "mlp.") + n, True) for n in _PROJ}
             blocks.append(NativeBlock(get(p + "input_layernorm.weight"), get(p + "post_attention_layernorm.weight"),
                                       proj))
-        embed = get(f"{prefix}embed_tokens.weight")
-        if "lm_head.weight" in where and not getattr(cfg, "tie_word_embeddings", False):
-            head = linear("lm_head", quant_head)
-        else:  # tied: the output layer is the embedding matrix
+            if quant != "none":
+                release_memory()  # the layer's dense weights and quantizing temporaries, freed: give them back
+        untied = "lm_head.weight" in where and not getattr(cfg, "tie_word_embeddings", False)
+        head = linear("lm_head", quant_head) if untied else None  # before the embedding: a lower peak
+        # a quantized model's embedding: the mapped tensor, not a second copy of 0.5 GB (1.5B model)
+        embed = get(f"{prefix}embed_tokens.weight", copy=quant == "none")
+        if head is None:  # tied: the output layer is the embedding matrix
             head = nn.Linear(embed.shape[1], embed.shape[0], bias=False, device="meta")
             head.weight = nn.Parameter(embed, requires_grad=False)
             if quant_head and quant != "none":
@@ -244,6 +300,15 @@ class NativeModel(nn.Module):
         model = cls(cfg, embed, blocks, norm, head, gen, quant)
         model.requires_grad_(False)
         return model.eval()
+
+
+def _int4_layout(group_size: int) -> str | None:
+    """The packed layout int4 layers get here: "amx" or "x86" (speculant's kernels), else None."""
+    from ..kernels import int4_isa, int4_kernel
+
+    if group_size != 64:
+        return None
+    return "amx" if int4_kernel() is not None else "x86" if int4_isa() is not None else None
 
 
 def _check_quant(quant: str, dtype: torch.dtype) -> None:
@@ -359,24 +424,39 @@ class NativeBackend(CacheBacked):
         g = Hq // Hkv
         attend = self._attention_plan(n, past, tree_mask, g)
         freqs = positions.float()[:, None] * m.inv_freq[None, :]  # (n, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (n, 1, D)
-        cos, sin = emb.cos().to(m.dtype), emb.sin().to(m.dtype)
         x = m.embed[tokens]  # (n, H)
-        for i, blk in enumerate(m.blocks):
-            h = _rms_norm(x, blk.in_norm, m.eps)
-            q, k, v = blk.project_qkv(h)
-            q = _rotate(q.reshape(n, Hq, D), cos, sin)
-            k = _rotate(k.reshape(n, Hkv, D), cos, sin)
-            v = v.reshape(n, Hkv, D)
-            cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
-            o = attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D)
-            x = x + blk.o_proj(o)
-            x = x + blk.mlp(_rms_norm(x, blk.post_norm, m.eps))
+        fused = x86_kernels() if m.dtype == torch.bfloat16 else None
+        if fused is not None:  # layer_x86.cpp: norms, RoPE + cache write, SiLU * up in one call each
+            cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+            for i, blk in enumerate(m.blocks):
+                h = fused.rms_norm(x, blk.in_norm, m.eps, 0)
+                qkv = blk.qkv(h) if blk.qkv is not None else torch.cat(blk.project_qkv(h), dim=-1)
+                q = fused.rope_qkv(qkv.contiguous(), cos, sin, Hq, Hkv, cache.kv[i], past, 0)  # (n, Hq, D)
+                o = attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D)
+                x = x + blk.o_proj(o)
+                h = fused.rms_norm(x, blk.post_norm, m.eps, 0)
+                gu = blk.gate_up(h) if blk.gate_up is not None else torch.cat([blk.gate_proj(h), blk.up_proj(h)], -1)
+                x = x + blk.down_proj(fused.silu_mul(gu.contiguous(), 0))
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (n, 1, D)
+            cos, sin = emb.cos().to(m.dtype), emb.sin().to(m.dtype)
+            for i, blk in enumerate(m.blocks):
+                h = _rms_norm(x, blk.in_norm, m.eps)
+                q, k, v = blk.project_qkv(h)
+                q = _rotate(q.reshape(n, Hq, D), cos, sin)
+                k = _rotate(k.reshape(n, Hkv, D), cos, sin)
+                v = v.reshape(n, Hkv, D)
+                cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
+                o = attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D)
+                x = x + blk.o_proj(o)
+                x = x + blk.mlp(_rms_norm(x, blk.post_norm, m.eps))
         cache.advance(n)
-        full = _rms_norm(x, m.norm, m.eps) if want_hidden == "all" else None  # (n, H)
+        norm = (lambda t: fused.rms_norm(t.contiguous(), m.norm, m.eps, 0)) if fused is not None else \
+            (lambda t: _rms_norm(t, m.norm, m.eps))
+        full = norm(x) if want_hidden == "all" else None  # (n, H)
         if rows is not None:
             x = x.index_select(0, rows)
-        h = _rms_norm(x, m.norm, m.eps)  # (m, H)
+        h = norm(x)  # (m, H)
         head = m.lm_head
         logits = head.forward_float(h) if hasattr(head, "forward_float") else head(h).float()  # (m, V)
         return ForwardOut(logits, full if full is not None else h if want_hidden else None)

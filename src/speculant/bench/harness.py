@@ -1,23 +1,69 @@
 """Spec-Bench-style harness: every method on the same prompts, interleaved per prompt, in one
 process, so speed-ups are ratios measured side by side (these machines are noisy).
 
-speedup(method) = tokens/s of the method / tokens/s of ``ar``, over the same prompts and run.
-
 A method is ``NAME`` or ``NAME:RULE`` with an approximate acceptance rule (``config.parse_acceptance``),
 e.g. ``medusa:typical``, ``bpd:topk=2``, ``bpd:topk=2+min=1``, ``bpd:dist=0.5``; a dynamic-tree method
 may end in ``@fixed`` or ``@auto`` to set its tree budget against ``--tree-budget`` (e.g.
 ``hydra+lookup@fixed`` beside ``hydra+lookup`` compares the fixed 16-row tree with the sized one). Quality is scored
 next to speed where Spec-Bench has references: corpus BLEU (sacrebleu) on ``translation`` and
 exact match of the final number on ``math_reasoning`` (GSM8K's ``#### N``).
+
+Peer rows (``PEERS``): other runtimes, fed the same prompt token ids, each at its own best
+configuration of its kind:
+
+- ``hf-assisted``: transformers' ``generate(assistant_model=...)`` on the same two models;
+- ``llama-server``, ``llama-server+draft``, ``llama-server+ngram``: llama.cpp's server on the
+  target's GGUF: plain, the draft's GGUF as draft model (3 tokens), n-gram lookup
+  (``bench.llama_server``; needs ``make install-llama-server``);
+- ``openvino``, ``openvino+lookup``, ``openvino+draft``: OpenVINO GenAI on int4 IR of the Qwen
+  presets: plain, prompt lookup (3 tokens), the 0.5B draft (3 tokens) (``bench.openvino``; needs
+  ``make install-openvino``; target ``qwen2.5-coder-1.5b-instruct`` only).
+
+A peer whose runtime is not installed, or that cannot run this target, is skipped with a message
+and the rest of the bench runs. Peers are started once per bench (only those asked for), warmed
+up like every row (one short generation), and stopped at the end, also on an error or Ctrl-C.
+
+Summary (per method; table header, then key):
+
+- ``tok/s`` ``tokens_per_s``: new tokens / wall time over all prompts, prefill included;
+- ``decode tok/s`` ``decode_tokens_per_s``: new tokens / (wall time - prefill time). Prefill: ours,
+  the target's prefill forward (``Stats.prefill_s``; a draft model's own prefill counts as
+  decoding); llama-server, its ``prompt_ms``; OpenVINO, its time to first token; hf-assisted, the
+  time to its first streamed block (both models' prefill and the first draft-and-verify step);
+- ``vs ar`` ``speedup`` / ``decode vs ar`` ``decode_speedup``: over our ``ar`` row;
+- ``vs best peer`` ``vs_best_peer`` / ``decode vs best peer`` ``decode_vs_best_peer``: over the
+  fastest peer row of the run (every peer row counts, hf-assisted too), chosen separately for
+  each rate (``best_peer``, ``best_peer_decode``); None when no peer row ran;
+- ``τ`` ``tokens_per_call``: ours from the decoder (tokens per target call, EOS counted as the
+  decoder counts it); ``openvino+draft`` from OpenVINO's own counts (generated tokens / target
+  model inferences, the prefill included: it yields the first token); otherwise 0 ("-");
+- ``α`` ``acceptance_rate``: ours from the decoder; ``llama-server+draft`` / ``+ngram`` and
+  ``openvino+draft`` from the runtime's own counts (accepted / drafted tokens; their drafts are
+  chains); 0 ("-") where not reported (``openvino+lookup`` reports none);
+- ``same as plain`` ``identical_to_plain``: prompts whose output equals that of the row's own
+  runtime's plain decoding (``plain_of``): ours and hf-assisted vs ``ar``, llama-server rows vs
+  ``llama-server``, openvino rows vs ``openvino``; None ("-") when that plain row is not in the
+  run. ``identical_to_ar`` compares every row with ``ar`` (as before).
+
+EOS: runtimes differ in whether their output lists the end-of-sequence token they stopped at.
+Every row's output is cut at its first EOS id (the target's generation-config EOS ids, in the
+JSON as ``eos_token_ids``), the EOS itself dropped: a run's ``token_ids`` and ``new_tokens`` never
+include it (``eos`` says whether the row stopped at one), for every row alike, and outputs are
+compared in that form. tokens/s therefore counts the tokens of the answer, not the stop token.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import resource
+import shlex
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
@@ -27,11 +73,17 @@ from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, 
 from ..config import DEFAULT_LOOKUP_BRANCH, parse_acceptance
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
-from .llamacpp import LlamaCppPlain, llamacpp_unavailable
+from .llama_server import LlamaServer, llama_server_unavailable
+from .openvino import DRAFT_PRESET as OPENVINO_DRAFT
+from .openvino import TARGET_PRESET as OPENVINO_TARGET
+from .openvino import OpenVINOPeer, ir_dir, openvino_unavailable
 
 OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "bpd")
-PEERS = ("hf-assisted", "llamacpp")
+LLAMA_SERVER = {"llama-server": "plain", "llama-server+draft": "draft", "llama-server+ngram": "ngram"}
+OPENVINO = {"openvino": "plain", "openvino+lookup": "lookup", "openvino+draft": "draft"}
+PEERS = ("hf-assisted", *LLAMA_SERVER, *OPENVINO)
 CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "fma")
 
 
 @dataclass(frozen=True)
@@ -123,31 +175,175 @@ def select(rows: list[dict], per_category: int, categories: tuple[str, ...] | No
     return out
 
 
+def is_peer(m: str) -> bool:
+    """Whether method ``m`` is a peer row (another runtime), not one of speculant's own."""
+    return split_method(m)[0] in PEERS
+
+
+def plain_of(m: str) -> str:
+    """The plain-decoding row whose output ``m``'s is compared with: its own runtime's (our
+    ``ar`` for speculant's methods and for hf-assisted, which runs the same transformers weights)."""
+    name = split_method(m)[0]
+    if name in LLAMA_SERVER:
+        return "llama-server"
+    if name in OPENVINO:
+        return "openvino"
+    return "ar"
+
+
+def cut_at_eos(tokens, eos_token_ids) -> tuple[list[int], bool]:
+    """``tokens`` up to their first EOS id, the EOS excluded, and whether there was one."""
+    tokens = [int(t) for t in tokens]
+    for i, t in enumerate(tokens):
+        if t in eos_token_ids:
+            return tokens[:i], True
+    return tokens, False
+
+
+class _FirstBlock:
+    """A ``generate`` streamer that notes when the first generated tokens arrive (its first
+    ``put`` is the prompt)."""
+
+    def __init__(self):
+        self.puts, self.t = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.t = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 class HFAssisted:
     """The peer: transformers' own ``generate(assistant_model=...)`` on the same two models."""
 
     def __init__(self, target, draft):
         self.target, self.draft = target, draft
 
-    def run(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], float]:
+    def run(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], float, dict]:
+        """(new token ids, wall seconds, {"prefill_s": time to the first streamed block})."""
+        first = _FirstBlock()
         t = time.perf_counter()
         with torch.inference_mode():
             out = self.target.model.generate(
                 ids.view(1, -1), attention_mask=torch.ones(1, ids.shape[0], dtype=torch.long),
                 assistant_model=self.draft.model, do_sample=False, max_new_tokens=max_new_tokens,
-                pad_token_id=self.target.tokenizer.eos_token_id)
-        return out[0, ids.shape[0]:].tolist(), time.perf_counter() - t
+                pad_token_id=self.target.tokenizer.eos_token_id, streamer=first)
+        wall = time.perf_counter() - t
+        return out[0, ids.shape[0]:].tolist(), wall, {"prefill_s": (first.t - t) if first.t is not None else 0.0}
 
 
-def run_bench(cfg: BenchConfig) -> dict:
+OPENVINO_SPEC_TOKENS = 3  # openvino+lookup / openvino+draft: candidate tokens per step
+OPENVINO_NGRAM = 3  # openvino+lookup: longest n-gram matched
+
+
+def _peer_unavailable(m: str, cfg: BenchConfig) -> str | None:
+    """Why peer row ``m`` cannot run here (its runtime is not installed, or it cannot run this
+    target), or None (also for speculant's own methods and hf-assisted)."""
+    if m in LLAMA_SERVER:
+        return llama_server_unavailable()
+    if m in OPENVINO:
+        if why := openvino_unavailable(draft=m == "openvino+draft"):
+            return why
+        if cfg.target != OPENVINO_TARGET:
+            return (f"the openvino rows run OpenVINO's int4 IR of {OPENVINO_TARGET} only, not the "
+                    f"bench's target {cfg.target!r}")
+        if m == "openvino+draft" and cfg.draft != OPENVINO_DRAFT:
+            return f"openvino+draft drafts with the int4 IR of {OPENVINO_DRAFT} only, not {cfg.draft!r}"
+    return None
+
+
+def _llama_server_version(binary: Path) -> str | None:
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = str(binary.parent) + (os.pathsep + env["LD_LIBRARY_PATH"]
+                                                   if env.get("LD_LIBRARY_PATH") else "")
+    try:
+        r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, env=env,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [x.strip() for x in (r.stdout + "\n" + r.stderr).splitlines()
+             if x.strip().startswith(("version:", "built with"))]
+    return "; ".join(lines) or None
+
+
+def _export_info(preset: str) -> dict | None:
+    try:
+        return json.loads((ir_dir(preset) / "speculant_export.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def peer_details(m: str, runner, cfg: BenchConfig) -> dict:
+    """What ran behind peer row ``m``: runtime, version, command line or settings, models."""
+    if isinstance(runner, LlamaServer):
+        from .llama_server import LLAMA_CPP_VERSION
+
+        return {"runtime": "llama-server", "config": runner.config, "binary": str(runner.binary),
+                "version": _llama_server_version(runner.binary), "llama_cpp_python_sdist": LLAMA_CPP_VERSION,
+                "target_gguf": str(runner.target), "draft_gguf": str(runner.draft) if runner.draft else None,
+                "threads": runner.n_threads, "n_ctx": runner.n_ctx, "args": runner.args(runner.port or 0)[1:]}
+    if isinstance(runner, OpenVINOPeer):
+        d = {"runtime": "openvino-genai", "config": runner.config, "exact": runner.exact, "threads": runner.threads,
+             "target_ir": str(ir_dir(OPENVINO_TARGET)), "target_export": _export_info(OPENVINO_TARGET),
+             "worker": runner.info}  # versions, precision properties in effect, the CPU plugin's defaults, eos
+        if runner.config == "draft":
+            d.update(draft_ir=str(ir_dir(OPENVINO_DRAFT)), draft_export=_export_info(OPENVINO_DRAFT),
+                     num_assistant_tokens=OPENVINO_SPEC_TOKENS)
+        elif runner.config == "lookup":
+            d.update(num_assistant_tokens=OPENVINO_SPEC_TOKENS, max_ngram_size=OPENVINO_NGRAM)
+        return d
+    if isinstance(runner, HFAssisted):
+        import transformers
+
+        return {"runtime": "transformers", "version": transformers.__version__, "target": cfg.target,
+                "assistant": cfg.draft, "dtype": cfg.dtype}
+    details = getattr(runner, "details", None)
+    return details() if callable(details) else {"runtime": type(runner).__name__}
+
+
+def run_bench(cfg: BenchConfig, command: str | None = None) -> dict:
+    """Run the bench, print its tables, write ``cfg.json_out``; return the result (see the module
+    docstring). ``command``: the command line that ran it, recorded in the JSON."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
 
     console = Console(stderr=True)
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     methods = list(cfg.methods)
-    if "llamacpp" in methods and (why := llamacpp_unavailable()):
-        console.print(f"[yellow]skipping the llamacpp row: {why}[/yellow]")
-        methods.remove("llamacpp")
+    skipped: dict[str, str] = {}
+
+    def skip(m: str, why: str) -> None:
+        console.print(f"[yellow]skipping the {m} row: {escape(why)}[/yellow]")
+        skipped[m] = why
+        methods.remove(m)
+
+    for m in list(methods):
+        if why := _peer_unavailable(m, cfg):
+            skip(m, why)
+    peers: dict[str, object] = {}  # every peer started here is closed at the end, whatever happens
+    try:
+        for m in list(methods):  # llama-server: checked here, started at its warm-up
+            if m in LLAMA_SERVER:
+                try:
+                    peers[m] = LlamaServer(LLAMA_SERVER[m], target=cfg.target, draft=cfg.draft)
+                except ConfigError as e:  # no GGUF behind the target or draft
+                    skip(m, str(e))
+        return _run(cfg, methods, peers, skipped, console, date, command)
+    finally:
+        for p in peers.values():
+            try:
+                p.close()
+            except Exception as e:  # noqa: BLE001 - close the others all the same
+                console.print(f"[red]closing a peer failed: {type(e).__name__}: {e}[/red]")
+
+
+def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, console, date: str,
+         command: str | None) -> dict:
+    from rich.console import Console
+
     needs_draft = any(m in ("sd", "mcsd", "hf-assisted") for m in methods)
     # hf-assisted runs transformers models; the native backend shares their weights then. Without
     # it, the native backend loads lean (quantized layers read and quantized one at a time).
@@ -165,11 +361,7 @@ def run_bench(cfg: BenchConfig) -> dict:
     ours_target = None  # one native target shared by every method of ours
     for m in methods:
         name, rule = split_method(m)
-        if name == "hf-assisted":
-            runners[m] = HFAssisted(target, draft)
-            continue
-        if name == "llamacpp":
-            runners[m] = LlamaCppPlain(cfg.target, target.tokenizer)
+        if name in PEERS:
             continue
         base, lookup = name.removesuffix("+lookup"), name.endswith("+lookup")
         tree = cfg.medusa_tree if base == "medusa" else cfg.tree if name == "mcsd" else None
@@ -183,51 +375,58 @@ def run_bench(cfg: BenchConfig) -> dict:
         ours_draft = ours_draft or dec.draft
         ours_target = ours_target or dec.target
         runners[m] = dec
-    questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
     tok = target.tokenizer
+    eos_ids = set(runners["ar"].eos_token_ids) | ({tok.eos_token_id} - {None})
+    for m in methods:  # the peers, in the order asked for
+        if m == "hf-assisted":
+            runners[m] = HFAssisted(target, draft)
+        elif m in OPENVINO:  # the worker loads the model now; the warm-up compiles it
+            peers[m] = OpenVINOPeer(OPENVINO[m], eos_token_ids=eos_ids, num_assistant_tokens=OPENVINO_SPEC_TOKENS,
+                                    max_ngram_size=OPENVINO_NGRAM)
+        if m in peers:
+            runners[m] = peers[m]
+    questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
     encoded = [tok(chat_prompt(tok, q["turns"][0]), add_special_tokens=False, return_tensors="pt").input_ids[0]
                for q in questions]
-    # warm-up: one short generation per method (first calls pay one-off allocation costs)
-    for m, r in runners.items():
-        _run_one(r, encoded[0], 8)
+    # warm-up: one short generation per method (first calls pay one-off allocation costs; a
+    # llama-server starts, an OpenVINO pipeline compiles)
+    for m in methods:
+        _run_one(runners[m], encoded[0], 8)
+    details = {m: peer_details(m, runners[m], cfg) for m in methods if is_peer(m)}
     runs = []
     for qi, (q, ids) in enumerate(zip(questions, encoded)):
         order = list(methods) if qi % 2 == 0 else list(reversed(methods))  # interleave
         for m in order:
-            tokens, wall, stats = _run_one(runners[m], ids, cfg.max_new_tokens)
+            raw, wall, prefill, stats, timing = _run_one(runners[m], ids, cfg.max_new_tokens)
+            tokens, eos = cut_at_eos(raw, eos_ids)
+            n = len(tokens)
             row = {"method": m, "question_id": q["question_id"], "category": q["group"],
-                   "new_tokens": len(tokens), "wall_s": wall, "tokens_per_s": len(tokens) / wall,
+                   "new_tokens": n, "eos": eos, "wall_s": wall, "prefill_s": prefill,
+                   "tokens_per_s": n / wall, "decode_tokens_per_s": n / (wall - prefill) if wall > prefill else 0.0,
                    "token_ids": tokens, "text": tok.decode(tokens, skip_special_tokens=True)}
             if q.get("reference"):
                 row["reference"] = q["reference"][0]
             if stats is not None:
                 row["stats"] = stats
+            if timing is not None:
+                row["timing"] = timing
             runs.append(row)
-            console.print(f"[dim]{q['group']:>14} q{q['question_id']:<4} {m:>12}: {len(tokens):4d} tokens "
-                          f"{wall:7.2f} s {len(tokens) / wall:6.2f} tok/s[/dim]")
-    summary = summarize(runs, methods)
+            console.print(f"[dim]{q['group']:>14} q{q['question_id']:<4} {m:>18}: {n:4d} tokens "
+                          f"{wall:7.2f} s {row['tokens_per_s']:6.2f} tok/s, "
+                          f"decode {row['decode_tokens_per_s']:6.2f} tok/s[/dim]", soft_wrap=True)
+    summary = summarize(runs, methods, eos_ids)
     quant = f", target {cfg.target_quant}" if cfg.target_quant != "none" else ""
-    table = Table(title=f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, {cfg.backend} backend"
-                        f"{quant}, greedy, {len(questions)} prompts x {cfg.max_new_tokens} new tokens")
-    quality = any(s.get("bleu") is not None or s.get("math_em") is not None for s in summary.values())
-    cols = ["method", "speedup", "tokens/s", "ms/token", "tokens/call", "acceptance", "same as ar"]
-    cols += ["BLEU", "math EM"] if quality else []
-    for col in cols:
-        table.add_column(col, justify="right")
-    for m, s in summary.items():
-        cells = [m, f"{s['speedup']:.2f}x", f"{s['tokens_per_s']:.2f}", f"{1e3 / s['tokens_per_s']:.0f}",
-                 f"{s['tokens_per_call']:.2f}" if s["tokens_per_call"] else "-",
-                 f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
-                 f"{s['identical_to_ar']}/{s['prompts']}"]
-        if quality:
-            cells += [f"{s['bleu']:.1f}" if s.get("bleu") is not None else "-",
-                      f"{s['math_em']:.2f}" if s.get("math_em") is not None else "-"]
-        table.add_row(*cells)
-    Console().print(table)
+    print_summary(summary, f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, {cfg.backend} backend"
+                           f"{quant}, greedy, {len(questions)} prompts x {cfg.max_new_tokens} new tokens")
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    Console().print(f"peak RSS of this process (every model of the run loaded): {peak_gb:.2f} GB")
-    result = {"config": {k: v for k, v in cfg.__dict__.items()}, "runs": runs, "summary": summary,
-              "peak_rss_gb": peak_gb}
+    others = " (the peers' own processes not included)" if peers else ""
+    Console().print(f"peak RSS of this process (every model of the run loaded): {peak_gb:.2f} GB{others}")
+    best = next(iter(summary.values()), {})
+    result = {"config": {k: v for k, v in cfg.__dict__.items()}, "command": command, "date": date,
+              "machine": machine_info(), **git_info(), "eos_token_ids": sorted(eos_ids), "skipped": skipped,
+              "peers": details,
+              "best_peer": {"tokens_per_s": best.get("best_peer"), "decode_tokens_per_s": best.get("best_peer_decode")},
+              "runs": runs, "summary": summary, "peak_rss_gb": peak_gb}
     if cfg.json_out:
         Path(cfg.json_out).write_text(json.dumps(result, indent=1))
     return result
@@ -238,39 +437,188 @@ def _draft_quant(cfg: BenchConfig) -> str:
 
 
 def _run_one(runner, ids: torch.Tensor, max_new_tokens: int):
-    if isinstance(runner, (HFAssisted, LlamaCppPlain)):
-        tokens, wall = runner.run(ids, max_new_tokens)
-        return tokens, wall, None
-    t = time.perf_counter()
-    res = runner.generate(ids, max_new_tokens)
-    wall = time.perf_counter() - t
-    return res.token_ids, wall, res.stats.to_dict()
+    """(token ids as the runner gave them, wall s, prefill s, our decoder's stats or None, a peer's
+    timing or None). Peers' ``run`` returns (token ids, wall s, timing with ``prefill_s``)."""
+    if isinstance(runner, SpeculativeDecoder):
+        t = time.perf_counter()
+        res = runner.generate(ids, max_new_tokens)
+        wall = time.perf_counter() - t
+        stats = res.stats.to_dict()
+        return res.token_ids, wall, min(float(stats.get("prefill_s", 0.0)), wall), stats, None
+    tokens, wall, timing = runner.run(ids, max_new_tokens)
+    return tokens, wall, min(float(timing.get("prefill_s") or 0.0), wall), None, dict(timing)
 
 
-def summarize(runs: list[dict], methods) -> dict:
+def _rates(rs: list[dict]) -> tuple[float, float]:
+    """(tokens/s with prefill, tokens/s of decoding alone) over rows ``rs``."""
+    n = sum(r["new_tokens"] for r in rs)
+    wall = sum(r["wall_s"] for r in rs)
+    decode = sum(max(r["wall_s"] - r.get("prefill_s", 0.0), 0.0) for r in rs)
+    return (n / wall if wall > 0 else 0.0), (n / decode if decode > 0 else 0.0)
+
+
+def _calls_and_acceptance(rs: list[dict]) -> tuple[float, float]:
+    """(τ, α) of rows ``rs`` (see the module docstring); 0.0 where not known."""
+    ours = [r for r in rs if "stats" in r]
+    if ours:
+        calls = sum(r["stats"]["target_calls"] for r in ours)
+        # the decoder's own token count: the answer plus the EOS it stopped at
+        tokens = sum(r["new_tokens"] + bool(r.get("eos")) for r in ours)
+        acc = sum(sum(r["stats"]["accepted_per_call"]) for r in ours)
+        positions = sum(r["stats"]["drafted_positions"] for r in ours)
+        return (tokens / calls if calls else 0.0), (acc / positions if positions else 0.0)
+    t = [r["timing"] for r in rs if r.get("timing")]
+
+    def total(key):
+        return sum(x.get(key) or 0 for x in t)
+
+    tau = total("num_generated_tokens") / total("target_calls") if total("target_calls") else 0.0
+    if total("draft_n"):  # llama-server
+        return tau, total("draft_n_accepted") / total("draft_n")
+    if total("num_draft_tokens"):  # OpenVINO
+        return tau, total("num_accepted_tokens") / total("num_draft_tokens")
+    return tau, 0.0
+
+
+def summarize(runs: list[dict], methods, eos_token_ids=()) -> dict:
+    """Per method, over its rows of ``runs``: the rates, ratios, τ, α, output identity and quality
+    of the module docstring. Outputs are compared cut at their first id in ``eos_token_ids``."""
+    eos = set(eos_token_ids)
     by = {m: [r for r in runs if r["method"] == m] for m in methods}
-    ar_ids = {r["question_id"]: r["token_ids"] for r in by["ar"]}
+    by = {m: rs for m, rs in by.items() if rs}
+    ids = {m: {r["question_id"]: cut_at_eos(r["token_ids"], eos)[0] for r in rs} for m, rs in by.items()}
+    rates = {m: _rates(rs) for m, rs in by.items()}
+    peer_rows = [m for m in by if is_peer(m)]
+    best = max(peer_rows, key=lambda m: rates[m][0], default=None)
+    best_decode = max(peer_rows, key=lambda m: rates[m][1], default=None)
+    base, base_decode = rates["ar"]
 
-    def tps(rs):
-        return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
 
-    base = tps(by["ar"])
+    cats = [c for c in CATEGORY_ORDER if any(r["category"] == c for r in runs)]
+    cats += sorted({r["category"] for r in runs} - set(cats))
     out = {}
     for m, rs in by.items():
-        calls = sum(r["stats"]["target_calls"] for r in rs if "stats" in r)
-        drafted = [r["stats"] for r in rs if "stats" in r]
-        acc = sum(sum(s["accepted_per_call"]) for s in drafted)
-        positions = sum(s["drafted_positions"] for s in drafted)
+        tps, decode = rates[m]
+        tau, alpha = _calls_and_acceptance(rs)
+        plain = plain_of(m)
         out[m] = {
-            "speedup": tps(rs) / base,
-            "tokens_per_s": tps(rs),
-            "tokens_per_call": sum(r["new_tokens"] for r in rs) / calls if calls else 0.0,
-            "acceptance_rate": acc / positions if positions else 0.0,
-            "identical_to_ar": sum(r["token_ids"] == ar_ids[r["question_id"]] for r in rs),
+            "speedup": tps / base,
+            "decode_speedup": ratio(decode, base_decode),
+            "tokens_per_s": tps,
+            "decode_tokens_per_s": decode,
+            "prefill_s": sum(r.get("prefill_s", 0.0) for r in rs),
+            "wall_s": sum(r["wall_s"] for r in rs),
+            "new_tokens": sum(r["new_tokens"] for r in rs),
+            "vs_best_peer": ratio(tps, rates[best][0]) if best else None,
+            "decode_vs_best_peer": ratio(decode, rates[best_decode][1]) if best_decode else None,
+            "best_peer": best,
+            "best_peer_decode": best_decode,
+            "tokens_per_call": tau,
+            "acceptance_rate": alpha,
+            "identical_to_ar": sum(ids[m][q] == ids["ar"].get(q) for q in ids[m]),
+            "plain": plain,
+            "identical_to_plain": sum(ids[m][q] == ids[plain].get(q) for q in ids[m]) if plain in by else None,
             "prompts": len(rs),
+            "tokens_per_s_by_category": {c: _rates([r for r in rs if r["category"] == c])[0]
+                                         for c in cats if any(r["category"] == c for r in rs)},
             **quality_scores(rs),
         }
     return out
+
+
+def print_summary(summary: dict, title: str) -> None:
+    """The summary table (one row per method), the best peer under it, then tokens/s by
+    category; printed at a width that never squeezes a column."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def x(v):
+        return f"{v:.2f}x" if v is not None else "-"
+
+    table = Table()
+    quality = any(s.get("bleu") is not None or s.get("math_em") is not None for s in summary.values())
+    cols = ["method", "tok/s", "decode tok/s", "vs ar", "decode vs ar", "vs best peer", "decode vs best peer",
+            "τ", "α", "same as plain"] + (["BLEU", "math EM"] if quality else [])
+    for col in cols:
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
+    for m, s in summary.items():
+        cells = [m, f"{s['tokens_per_s']:.2f}", f"{s['decode_tokens_per_s']:.2f}", x(s["speedup"]),
+                 x(s["decode_speedup"]), x(s["vs_best_peer"]), x(s["decode_vs_best_peer"]),
+                 f"{s['tokens_per_call']:.2f}" if s["tokens_per_call"] else "-",
+                 f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
+                 f"{s['identical_to_plain']}/{s['prompts']} ({s['plain']})" if s["identical_to_plain"] is not None
+                 else "-"]
+        if quality:
+            cells += [f"{s['bleu']:.1f}" if s.get("bleu") is not None else "-",
+                      f"{s['math_em']:.2f}" if s.get("math_em") is not None else "-"]
+        table.add_row(*cells)
+    first = next(iter(summary.values()), {})
+    best, best_decode = first.get("best_peer"), first.get("best_peer_decode")
+    if best:
+        note = (f"best peer: {best} ({summary[best]['tokens_per_s']:.2f} tok/s, prefill included); "
+                f"by decode tok/s: {best_decode} ({summary[best_decode]['decode_tokens_per_s']:.2f})")
+    else:
+        note = "no peer rows in this run: vs best peer is -"
+    cats = list(dict.fromkeys(c for s in summary.values() for c in s["tokens_per_s_by_category"]))
+    by_cat = Table()
+    for col in ["method", *cats]:
+        by_cat.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
+    for m, s in summary.items():
+        by_cat.add_row(m, *(f"{s['tokens_per_s_by_category'][c]:.2f}" if c in s["tokens_per_s_by_category"]
+                            else "-" for c in cats))
+    probe = Console(width=1000)
+    width = max(probe.measure(t).maximum for t in (table, by_cat))
+    console = Console(width=max(160, width, len(note), len(title)))  # titles printed as lines: never wrapped
+    console.print(title, style="italic", markup=False, highlight=False)
+    console.print(table)
+    console.print(note, markup=False, highlight=False)
+    console.print("tokens/s by category (prefill included)", style="italic")
+    console.print(by_cat)
+
+
+def machine_info() -> dict:
+    """CPU model, its relevant ISA flags, cores, torch's threads and version."""
+    cpu, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and cpu is None:
+                cpu = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu": cpu, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def git_info() -> dict:
+    """``commit``: HEAD of the git repository this package's source is tracked in, and ``dirty``:
+    whether its tracked files have changes; both None when the package is not run from a checkout."""
+    here = Path(__file__).resolve()
+    none = {"commit": None, "dirty": None}
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+
+    try:
+        if git("ls-files", "--error-unmatch", here.name).returncode != 0:
+            return none  # an installed copy (or no git): whatever repository holds it is not its source
+        head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return none
+    if head.returncode != 0:
+        return none
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that ran: ``speculant`` and ``argv``, or this process's ``sys.argv``."""
+    return shlex.join(["speculant", *argv] if argv is not None else sys.argv)
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")

@@ -134,12 +134,12 @@ INT4_ISAS = {"avx512-vnni": 1, "avx2-vnni": 2, "avx2": 3, "portable": 4}
 
 @functools.cache
 def x86_kernels():
-    """The module of ``int4_x86.cpp`` and ``attention_x86.cpp``, built for any x86-64 CPU (each code
+    """The module of ``int4_x86.cpp``, ``attention_x86.cpp`` and ``layer_x86.cpp``, built for any x86-64 CPU (each code
     path compiled for its instruction set, chosen at run time), or None where it cannot be built
     (not x86, no compiler) or ``SPECULANT_NO_KERNELS`` is set. Built (or loaded) once per process."""
     if os.environ.get("SPECULANT_NO_KERNELS") or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    return _build("speculant_x86_kernels", ["int4_x86.cpp", "attention_x86.cpp", "x86_module.cpp"],
+    return _build("speculant_x86_kernels", ["int4_x86.cpp", "attention_x86.cpp", "layer_x86.cpp", "x86_module.cpp"],
                   ["-O3", "-ffp-contract=off", "-fopenmp"])
 
 

@@ -1,58 +1,82 @@
-// The body of attention_x86.cpp's kernel, included once per code path inside a namespace that
-// defines `V`: 16 fp32 lanes with load_bf16, zero, set1, add, sub, mul, fma, max, sum (the fixed
-// pairwise order lanes i + i+8, then i + i+4, i + i+2, i + i+1), exp2i (2^i of integral lanes),
-// round (to nearest even), store, store_bf16. Written once, so every code path performs the same
-// operations in the same order and gives the same bits.
+// The body of attention_x86.cpp's kernel, included once per code path inside the namespace of one
+// of vec16.h's vector types V. Written once, so every code path performs the same operations in
+// the same order and gives the same bits.
 
-// exp(x) for x <= 0: 2^(x log2 e) = 2^i * 2^f, f in [-0.5, 0.5], 2^f by a degree-6 polynomial
-// (relative error ~1e-7), 2^i exactly.
-inline V exp_neg(V x) {
-  x = V::max(x, V::set1(-87.f));
-  const V t = V::mul(x, V::set1(1.44269504088896341f));
-  const V i = V::round(t);
-  const V f = V::sub(t, i);
-  V p = V::set1(1.5403530393381609954e-4f);
-  p = V::fma(p, f, V::set1(1.3333558146428443423e-3f));
-  p = V::fma(p, f, V::set1(9.6181291076284771619e-3f));
-  p = V::fma(p, f, V::set1(5.5504108664821579953e-2f));
-  p = V::fma(p, f, V::set1(2.4022650695910071233e-1f));
-  p = V::fma(p, f, V::set1(6.9314718055994530942e-1f));
-  p = V::fma(p, f, V::set1(1.f));
-  return V::mul(p, V::exp2i(i));
+// One token's G query heads (sharing one kv head) over the m keys idx[0..m): out (G, D) bf16.
+// Each key and value row is widened from bf16 once for all G heads. Per head and key the score is
+// the same fixed-order dot product whatever G is; the weighted sum runs over keys in index order.
+template <int G>
+inline void attend_token(const uint16_t* q, const uint16_t* keys, const uint16_t* values, const int32_t* idx,
+                         int64_t m, int64_t D, float scale, const Scratch& w, uint16_t* out) {
+  const int64_t DV = D / 16;
+  for (int j = 0; j < G; ++j)
+    for (int64_t d = 0; d < DV; ++d) V::store(w.q + j * D + 16 * d, V::load_bf16(q + j * D + 16 * d));
+  // scores: s[j][u] = (q_j . k_u) * scale
+  float mx[G];
+  for (int j = 0; j < G; ++j) mx[j] = -INFINITY;
+  for (int64_t u0 = 0; u0 < m; u0 += 16) {
+    const int64_t count = m - u0 < 16 ? m - u0 : 16;
+    for (int64_t u = 0; u < count; ++u) {
+      const uint16_t* krow = keys + (int64_t)idx[u0 + u] * D;
+      V acc[G];
+      const V k0 = V::load_bf16(krow);
+      for (int j = 0; j < G; ++j) acc[j] = V::mul(V::load(w.q + j * D), k0);
+      for (int64_t d = 1; d < DV; ++d) {
+        const V kd = V::load_bf16(krow + 16 * d);
+        for (int j = 0; j < G; ++j) acc[j] = V::fma(V::load(w.q + j * D + 16 * d), kd, acc[j]);
+      }
+      for (int j = 0; j < G; ++j) V::store(w.part + (j * 16 + u) * 16, acc[j]);
+    }
+    for (int j = 0; j < G; ++j) {
+      for (int64_t u = count; u < 16; ++u) V::store(w.part + (j * 16 + u) * 16, V::zero());
+      const V sums = V::mul(V::sum16(w.part + j * 256), V::set1(scale));
+      float* sj = w.s + j * w.stride + u0;
+      V::store(sj, sums);
+      for (int64_t u = 0; u < count; ++u) mx[j] = sj[u] > mx[j] ? sj[u] : mx[j];
+    }
+  }
+  // softmax weights (unnormalised) and their sums
+  const int64_t padded = ((m + 15) / 16) * 16;
+  float inv[G];
+  for (int j = 0; j < G; ++j) {
+    float* sj = w.s + j * w.stride;
+    const V vmx = V::set1(mx[j]);
+    V vsum = V::zero();
+    for (int64_t u = 0; u < padded; u += 16) {
+      V::store(sj + u, exp_neg(V::sub(V::load(sj + u), vmx)));
+      for (int64_t k = m > u ? m : u; k < u + 16; ++k) sj[k] = 0.f;  // padding lanes weigh nothing
+      vsum = V::add(vsum, V::load(sj + u));
+    }
+    inv[j] = 1.f / V::sum(vsum);
+  }
+  // out_j = sum_u s[j][u] v_u / sum, 64 dimensions at a time (G x 4 accumulators)
+  for (int64_t c = 0; c < D; c += 64) {
+    const int64_t nv = D - c < 64 ? (D - c) / 16 : 4;
+    V o[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int t = 0; t < 4; ++t) o[j][t] = V::zero();
+    for (int64_t u = 0; u < m; ++u) {
+      const uint16_t* vrow = values + (int64_t)idx[u] * D + c;
+      V vv[4];
+      for (int t = 0; t < nv; ++t) vv[t] = V::load_bf16(vrow + 16 * t);
+      for (int j = 0; j < G; ++j) {
+        const V p = V::set1(w.s[j * w.stride + u]);
+        for (int t = 0; t < nv; ++t) o[j][t] = V::fma(p, vv[t], o[j][t]);
+      }
+    }
+    for (int j = 0; j < G; ++j) {
+      const V vinv = V::set1(inv[j]);
+      for (int t = 0; t < nv; ++t) V::store_bf16(out + j * D + c + 16 * t, V::mul(o[j][t], vinv));
+    }
+  }
 }
 
-// One query row (D values) over the m keys idx[0..m) of one kv head: out (D) bf16.
-// s: scratch of at least m + 16 floats.
-inline void attend_row(const uint16_t* qrow, const uint16_t* keys, const uint16_t* values, const int32_t* idx,
-                       int64_t m, int64_t D, float scale, float* s, uint16_t* out) {
-  const int64_t DV = D / 16;
-  V qv[16];
-  for (int64_t d = 0; d < DV; ++d) qv[d] = V::load_bf16(qrow + 16 * d);
-  float mx = -INFINITY;
-  for (int64_t u = 0; u < m; ++u) {
-    const uint16_t* krow = keys + (int64_t)idx[u] * D;
-    V acc = V::mul(qv[0], V::load_bf16(krow));
-    for (int64_t d = 1; d < DV; ++d) acc = V::fma(qv[d], V::load_bf16(krow + 16 * d), acc);
-    s[u] = V::sum(acc) * scale;
-    mx = s[u] > mx ? s[u] : mx;
-  }
-  const int64_t padded = ((m + 15) / 16) * 16;
-  for (int64_t u = m; u < padded; ++u) s[u] = -INFINITY;
-  const V vmx = V::set1(mx);
-  V vsum = V::zero();
-  for (int64_t u = 0; u < padded; u += 16) {
-    V::store(s + u, exp_neg(V::sub(V::load(s + u), vmx)));
-    for (int64_t k = m > u ? m : u; k < u + 16; ++k) s[k] = 0.f;  // padding lanes weigh nothing
-    vsum = V::add(vsum, V::load(s + u));
-  }
-  const float inv = 1.f / V::sum(vsum);
-  V o[16];
-  for (int64_t d = 0; d < DV; ++d) o[d] = V::zero();
-  for (int64_t u = 0; u < m; ++u) {
-    const V p = V::set1(s[u]);
-    const uint16_t* vrow = values + (int64_t)idx[u] * D;
-    for (int64_t d = 0; d < DV; ++d) o[d] = V::fma(p, V::load_bf16(vrow + 16 * d), o[d]);
-  }
-  const V vinv = V::set1(inv);
-  for (int64_t d = 0; d < DV; ++d) V::store_bf16(out + 16 * d, V::mul(o[d], vinv));
+using TokenFn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const int32_t*, int64_t, int64_t, float,
+                         const Scratch&, uint16_t*);
+
+// attend_token for G = 1 .. 8 query heads per kv head (fns[G - 1]).
+inline const TokenFn* token_fns() {
+  static const TokenFn fns[8] = {&attend_token<1>, &attend_token<2>, &attend_token<3>, &attend_token<4>,
+                                 &attend_token<5>, &attend_token<6>, &attend_token<7>, &attend_token<8>};
+  return fns;
 }

@@ -9,6 +9,10 @@ bool int4_isa_supported(int64_t isa);
 torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed, int64_t past,
                          int64_t isa);  // attention_x86.cpp
 bool attend_isa_supported(int64_t isa);
+torch::Tensor rms_norm_x86(torch::Tensor x, torch::Tensor w, double eps, int64_t isa);  // layer_x86.cpp
+torch::Tensor silu_mul_x86(torch::Tensor gu, int64_t isa);
+torch::Tensor rope_qkv_x86(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t Hq, int64_t Hkv,
+                           torch::Tensor slab, int64_t start, int64_t isa);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemm", &int4_gemm, "int4 weight x int8 activation matmul, row-invariant, the same bits on every code path");
@@ -16,4 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_isa_supported", &int4_isa_supported, "whether this CPU runs an int4_gemm code path");
   m.def("attend", &attend_x86, "row-invariant attention over a bf16 KV cache, the same bits on every code path");
   m.def("attend_isa_supported", &attend_isa_supported, "whether this CPU runs an attend code path (1, 3, 4)");
+  m.def("rms_norm", &rms_norm_x86, "RMSNorm of bf16 rows, rounded once to bf16");
+  m.def("silu_mul", &silu_mul_x86, "silu(gate) * up of bf16 rows [gate | up]");
+  m.def("rope_qkv", &rope_qkv_x86, "RoPE of q and k from a joined q/k/v projection; k and v written into the KV cache");
 }
