@@ -19,7 +19,9 @@ from .drafters.base import Drafter, NoDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.lookup import LookupDrafter
 from .drafters.medusa import BlockwiseDrafter, DynamicTree, MedusaDrafter
+from .drafters.pacing import Pacer
 from .drafters.sizing import TreeSizer
+from .defaults import AUTO_LOOKUP_GAMMA, choose_method, choose_runtime
 from .heads import MedusaHeads, SequentialHeads, heads_tree, load_heads, shipped_heads
 from .errors import ConfigError
 from .models import LoadedModel, parse_dtype, chat_prompt, check_vocab_compatible, load, resolve
@@ -28,8 +30,8 @@ from .quant import QUANT_MODES, quantize_linears
 from .sampling import make_generator
 from .tree import build_tree, chain
 
-METHODS = ("ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd")
-BACKENDS = ("hf", "native")
+METHODS = ("auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd")
+BACKENDS = ("auto", "hf", "native")
 NEEDS_DRAFT = {"sd", "mcsd"}
 NEEDS_HEADS = {"medusa", "hydra", "bpd"}
 TREE_METHODS = {"medusa", "hydra"}  # heads verified as a token tree
@@ -189,25 +191,39 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
-                 method: str = "sd", gamma: int = 4, tree: str | Sequence[Sequence[int]] | None = None,
+                 method: str = "auto", gamma: int | None = None, tree: str | Sequence[Sequence[int]] | None = None,
                  replacement: bool = True, dtype: str = "bfloat16", chat: bool = False,
                  draft_quant: str = "auto", heads: str | MedusaHeads | SequentialHeads | None = None,
                  acceptance: str | AcceptanceConfig = "exact",
-                 backend: str = "hf", target_quant: str = "none", quant_head: bool = False,
-                 lookup_branch: int = 0, tree_budget: str | PassCost = "auto"):
+                 backend: str = "auto", target_quant: str = "auto", quant_head: bool | None = None,
+                 lookup_branch: int = 0, tree_budget: str | PassCost = "auto", pacing: bool = True):
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        if backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        if target_quant not in ("auto", *QUANT_MODES):
+            raise ConfigError(f"unknown target quantization {target_quant!r}: choose auto or one of {', '.join(QUANT_MODES)}")
+        if target_quant not in ("auto", "none") and backend == "hf":
+            raise ConfigError("target quantization runs on the native backend: pass backend='native' "
+                              "(--backend native)")
+        rt = choose_runtime(target, dtype, backend, target_quant, quant_head)
+        backend, target_quant, quant_head = rt.backend, rt.target_quant, rt.quant_head
+        auto = method == "auto"
+        name = target.name if isinstance(target, LoadedModel) else str(target)
+        method, lookup_branch, method_why = choose_method(method, name, draft is not None, lookup_branch)
+        if gamma is None:
+            gamma = AUTO_LOOKUP_GAMMA if auto and method == "lookup" and tree_budget != "fixed" else 4
+        self.why = "; ".join(w for w in (rt.why, method_why) if w)  # one plain line: what runs and why
+        self.pacing = pacing and method != "ar"
         if lookup_branch < 0 or (lookup_branch and method not in TREE_METHODS):
             raise ConfigError(f"lookup_branch={lookup_branch}: a prompt-lookup branch of N >= 1 tokens is an option "
                               "of methods 'medusa' and 'hydra' only (0 = none)")
-        if backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         if not isinstance(tree_budget, PassCost) and tree_budget not in TREE_BUDGETS:
             raise ConfigError(f"unknown tree budget {tree_budget!r}: choose 'auto' (size each step's tree against this "
                               "machine's measured pass cost) or 'fixed' (always the tree's full size)")
         if target_quant != "none" and backend != "native":
             raise ConfigError("target quantization runs on the native backend: pass backend='native' "
                               "(--backend native)")
-        if method not in METHODS:
-            raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
         if method in NEEDS_DRAFT and draft is None:
             raise ConfigError(f"method {method!r} needs a draft model: pass draft=... (--draft SPEC), "
                               "or use --method lookup / ar, which need none")
@@ -277,10 +293,7 @@ class SpeculativeDecoder:
             if method in TREE_METHODS and tree is None:  # no tree given or shipped: 3x2x2x1 cut to the heads
                 self.tree = build_tree("x".join(map(str, ([3, 2, 2, 1] + [1] * 8)[: self.heads.num_heads])))
             if self.dynamic is not None and tree_budget != "fixed":
-                cost = tree_budget if isinstance(tree_budget, PassCost) else pass_cost(
-                    self.target_backend, machine_key(self.target.name, self.target.dtype,
-                                                     f"{backend}:{target_quant}:{'packed' if backend == 'hf' else 'native'}"))
-                self.sizer = TreeSizer(cost, max_rows=DEFAULT_MAX_ROWS)
+                self.sizer = TreeSizer(self._pass_cost(tree_budget, backend, target_quant), max_rows=DEFAULT_MAX_ROWS)
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
             with torch.inference_mode():  # build the int4 drafting shortlist now (~1-4 s), not in a generation
                 H = self.heads.config.hidden_size
@@ -288,6 +301,16 @@ class SpeculativeDecoder:
                     self.heads.draft_topk(torch.zeros(1, H, dtype=self.heads.dtype), 1, self.vocab_size)
                 else:
                     self.heads.draft_topk(torch.zeros(H, dtype=self.heads.dtype), 1, 1, self.vocab_size)
+
+        if method == "lookup" and tree_budget != "fixed":
+            self.sizer = TreeSizer(self._pass_cost(tree_budget, backend, target_quant), max_rows=DEFAULT_MAX_ROWS)
+
+    def _pass_cost(self, tree_budget, backend: str, target_quant: str) -> PassCost:
+        """The given curve, or this machine's measured (and cached) cost of a target pass by rows."""
+        if isinstance(tree_budget, PassCost):
+            return tree_budget
+        runtime = f"{backend}:{target_quant}:{'packed' if backend == 'hf' else 'native'}"
+        return pass_cost(self.target_backend, machine_key(self.target.name, self.target.dtype, runtime))
 
     def encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:
         if isinstance(prompt, str):
@@ -311,7 +334,7 @@ class SpeculativeDecoder:
         if self.method == "ar":
             return NoDrafter()
         if self.method == "lookup":
-            return LookupDrafter(self.gamma)
+            return LookupDrafter(self.gamma, sizer=self.sizer)
         if self.method in TREE_METHODS:
             lookup = LookupDrafter(self.lookup_branch) if self.lookup_branch else None
             return MedusaDrafter(self.heads, self.tree, self.vocab_size, lookup, dynamic=self.dynamic,
@@ -331,7 +354,8 @@ class SpeculativeDecoder:
                                       sampling=sampling, eos_token_ids=self.eos_token_ids,
                                       max_length=self.max_length, replacement=self.replacement,
                                       generator=generator, vocab_size=self.vocab_size,
-                                      acceptance=self.acceptance, embedding=self._embedding()):
+                                      acceptance=self.acceptance, embedding=self._embedding(),
+                                      pacer=Pacer() if self.pacing else None):
                 yield ids, state, step
 
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, *,
@@ -372,7 +396,7 @@ class SpeculativeDecoder:
 
 
 def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
-             method: str = "sd", max_new_tokens: int = 128, **kwargs) -> GenerationResult:
+             method: str = "auto", max_new_tokens: int = 128, **kwargs) -> GenerationResult:
     """One-shot convenience: build a decoder and generate."""
     sampling_keys = {"temperature", "top_k", "top_p", "seed"}
     gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}

@@ -17,7 +17,9 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     p.add_argument("--draft", default=None, help="draft model for sd/mcsd (directory, .gguf or preset)")
-    p.add_argument("--gamma", type=int, default=4, help="draft length for sd and lookup (default: %(default)s)")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="draft length for sd and lookup (default: 4; lookup chosen by --method auto: up to 8, "
+                        "sized per step)")
     p.add_argument("--tree", default=None,
                    help="mcsd/medusa/hydra tree: a k-config like 2x1x1x1 or 4x2x2x1, or a JSON list of paths; "
                         "medusa/hydra also dynamic[:N[:D]] (a tree of N nodes, depth <= D, grown at every step from "
@@ -46,12 +48,16 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
                         "speed (auto, the default: int4 for a bf16 draft where speculant's AMX int4 kernel runs, else none)")
-    p.add_argument("--backend", choices=["hf", "native"], default="hf",
-                   help="model runtime: transformers (hf, default) or speculant's own Llama/Qwen2 forward (native)")
-    p.add_argument("--target-quant", choices=["none", "int8", "int4"], default="none",
-                   help="native backend: weight-only quantization of the target; it changes the output to the "
-                        "quantized model's (see `speculant quant-eval`)")
-    p.add_argument("--quant-head", action="store_true", help="with --target-quant: quantize the output layer too")
+    p.add_argument("--backend", choices=["auto", "hf", "native"], default="auto",
+                   help="model runtime: auto (default: speculant's own Llama/Qwen2 runtime with int4 weights where "
+                        "its kernels run, else transformers), hf (transformers) or native")
+    p.add_argument("--target-quant", choices=["auto", "none", "int8", "int4"], default="auto",
+                   help="native backend: weight-only quantization of the target (auto: int4 on the native runtime); "
+                        "it changes the output to the quantized model's (see `speculant quant-eval`)")
+    p.add_argument("--quant-head", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --target-quant: quantize the output layer too (default: yes with int4)")
+    p.add_argument("--no-pacing", action="store_true",
+                   help="always draft (default: a step verifies the root alone while drafting does not pay)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -68,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text, streaming it (or one JSON object with --json)")
     _decoder_args(g)
-    g.add_argument("--method", choices=["ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd"], default="sd")
+    g.add_argument("--method", choices=["auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd"], default="auto",
+                   help="auto (default): the fastest lossless method for this model and CPU (heads shipped for the "
+                        "model: hydra+lookup; a --draft: sd; else lookup); the choice is printed")
     _sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
@@ -76,8 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
-    b.add_argument("--methods", default="ar,sd,mcsd,lookup,medusa,bpd,hf-assisted",
-                   help="comma-separated: ar, sd, mcsd, lookup, medusa, medusa+lookup, hydra, hydra+lookup, bpd "
+    b.add_argument("--methods", default="ar,auto,lookup,sd,llama-server,llama-server+draft,llama-server+ngram,"
+                                        "openvino,openvino+lookup,openvino+draft",
+                   help="comma-separated: ar, auto (what `generate` picks), sd, mcsd, lookup, medusa, medusa+lookup, "
+                        "hydra, hydra+lookup, bpd "
                         "(speculant's own; each optionally NAME:RULE with an approximate acceptance rule, e.g. "
                         "medusa:typical, bpd:topk=2+min=1), and peer rows: hf-assisted (transformers' assisted "
                         "generation); llama-server, llama-server+draft, llama-server+ngram (llama.cpp's server "
@@ -232,7 +242,10 @@ def cmd_generate(args) -> int:
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
                              draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept,
                              backend=args.backend, target_quant=args.target_quant, quant_head=args.quant_head,
-                             lookup_branch=args.lookup_branch, tree_budget=args.tree_budget)
+                             lookup_branch=args.lookup_branch, tree_budget=args.tree_budget,
+                             pacing=not args.no_pacing)
+    if dec.why:
+        print(f"speculant: {dec.why}", file=sys.stderr, flush=True)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.json:
         result = dec.generate(prompt, args.max_new_tokens, **kw)
@@ -250,6 +263,8 @@ def cmd_generate(args) -> int:
     console.print(f"[{s['target_calls']} target calls, {s['tokens_per_call']:.2f} tokens/call, "
                   f"α={s['acceptance_rate']:.2f}, {s['tokens_per_s']:.2f} tokens/s"
                   + ("" if s["lossless"] else f"; APPROXIMATE acceptance {s['acceptance']}: output may differ from the target's")
+                  + (f"; {s['plain_steps']} of {s['target_calls']} steps without drafting (it did not pay there)"
+                     if s["plain_steps"] else "")
                   + ("; green = accepted draft tokens" if color and args.method != "ar" else "") + "]",
                   style="dim", markup=False)
     return 0
@@ -264,7 +279,7 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
                       hydra_heads=args.hydra_heads, replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
-                      quant_head=args.quant_head, tree_budget=args.tree_budget,
+                      quant_head=args.quant_head, tree_budget=args.tree_budget, pacing=not args.no_pacing,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out)
     run_bench(cfg, command=command_line(argv))
@@ -296,7 +311,9 @@ def cmd_train_heads(args) -> int:
 
     out = Path(args.out)
     data = [Path(d) for d in args.data] if args.data else [out / "distill.jsonl"]
-    dec = SpeculativeDecoder(args.target, method=args.distill_method, dtype=args.dtype, chat=True)
+    # the heads learn the target as transformers runs it (hidden states for training come from it)
+    dec = SpeculativeDecoder(args.target, method=args.distill_method, dtype=args.dtype, chat=True, backend="hf",
+                             target_quant="none")
     if not args.skip_distill:
         if args.prompts == "english":
             prompts = english_prompts(german_answers(args.german_from, dec.tokenizer) if args.german_from else ())

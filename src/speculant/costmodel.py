@@ -36,7 +36,7 @@ __all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key"]
 
 WIDTHS = (1, 2, 4, 8, 12, 16, 20, 24, 32)
 LONG_WIDTHS = (1, 16, 32)  # re-timed after a longer context, for the cost's growth with it
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def _interp(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
@@ -175,9 +175,9 @@ def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
                 break
     except OSError:
         pass
-    from .kernels import kernels_name
+    from .kernels import int4_isa, kernels_name
 
-    kernels = f"{kernels_name()}-kernels"
+    kernels = f"{kernels_name()}-kernels+int4-{int4_isa() or 'none'}"
     return "|".join([cpu, f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", kernels,
                      model_name, str(dtype).removeprefix("torch."), runtime])
 

@@ -22,8 +22,10 @@ from .approx import accept_tree_approx
 from .backends.base import Backend
 from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter
+from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .sampling import logits_to_probs, sample
+from .tree import chain
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Stats:
     verify_s: float = 0.0
     prefill_s: float = 0.0  # the target's prefill forward (part of verify_s)
     wall_s: float = 0.0
+    plain_steps: int = 0  # steps verified as the root alone because drafting did not pay (drafters.pacing)
     acceptance: str = "exact"  # the rule that ran; anything but "exact" may change the output
 
     @property
@@ -65,6 +68,7 @@ class Stats:
             "prefill_s": self.prefill_s,
             "other_s": max(self.wall_s - self.draft_s - self.verify_s, 0.0),
             "wall_s": self.wall_s,
+            "plain_steps": self.plain_steps,
             "tokens_per_s": self.new_tokens / self.wall_s if self.wall_s else 0.0,
         }
 
@@ -152,10 +156,11 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
            sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
            replacement: bool = True, generator: torch.Generator | None = None,
            vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
-           embedding: torch.Tensor | None = None) -> Iterator[tuple[DecodeState, Step]]:
+           embedding: torch.Tensor | None = None, pacer: Pacer | None = None) -> Iterator[tuple[DecodeState, Step]]:
     """Yield (state, step) after every step. ``prompt`` (T,) long, T >= 1. ``acceptance``: an
     approximate rule (off by default: None or exact is lossless); ``embedding`` (V, H) for the
-    distance rule."""
+    distance rule; ``pacer``: decides step by step whether drafting pays (else the step verifies
+    the root alone; ``drafters.pacing``)."""
     if prompt.ndim != 1 or prompt.shape[0] < 1:
         raise ConfigError("the prompt is empty: give at least one token")
     if max_new_tokens < 1:
@@ -186,9 +191,11 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
     else:
         drafter.begin(prompt)
     while state.finish_reason is None:
-        # 1. draft
-        t = time.perf_counter()
-        draft = drafter.propose(state.context)
+        # 1. draft (unless drafting does not pay now: then the root alone, as plain decoding)
+        t = t_step = time.perf_counter()
+        drafted = pacer is None or pacer.draft_now()
+        draft = drafter.propose(state.context) if drafted else Draft(chain(0), state.context[-1:])
+        st.plain_steps += not drafted
         t_draft = time.perf_counter()
         st.draft_s += t_draft - t
         # 2. verify: one target pass over the whole tree
@@ -224,6 +231,8 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
             state.finish_reason = "length"
         st.new_tokens += len(new)
         state.context = torch.cat([state.context, torch.tensor(new, dtype=torch.long)])
+        if pacer is not None:
+            pacer.record(drafted, len(new), (time.perf_counter() - t_step) * 1e3)
         st.wall_s = time.perf_counter() - t_start
         n_draft = min(len(accepted), len(new))  # the block may have been cut short
         yield state, Step(new[:n_draft], new[n_draft] if len(new) > n_draft else -1)

@@ -420,11 +420,16 @@ class SequentialHeads(nn.Module):
         weight = getattr(layer, "weight", None)
         # the draft vocabulary cut to `limit`, and (dense layer) its rows of the output layer: a cached
         # copy, since slicing V' rows per call would cost as much as the product itself
-        key = (limit, self.draft_vocab.data_ptr(), None if weight is None else (weight.data_ptr(), weight.dtype),
+        key = (limit, self.draft_vocab.data_ptr(), id(layer) if weight is None else (weight.data_ptr(), weight.dtype),
                self.coarse_ranking)
         if self._draft_rows is None or self._draft_rows[0] != key:
             vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
-            rows = None if weight is None else weight.detach()[vocab].contiguous()
+            if weight is not None:
+                rows = weight.detach()[vocab].contiguous()
+            elif hasattr(layer, "dequantize_rows"):  # a quantized output layer: its draft-vocabulary rows,
+                rows = layer.dequantize_rows(vocab).contiguous()  # dequantized once (not all V per call)
+            else:
+                rows = None
             self._draft_rows = (key, vocab, rows, _coarse_ranker(rows) if self.coarse_ranking else None)
         _, vocab, rows, coarse = self._draft_rows
         if rows is None:  # a quantized output layer: project everything, then keep the draft vocabulary

@@ -54,6 +54,7 @@ compared in that form. tokens/s therefore counts the tokens of the answer, not t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -71,6 +72,7 @@ import torch
 
 from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH, parse_acceptance
+from ..defaults import choose_runtime
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
 from .llama_server import LlamaServer, llama_server_unavailable
@@ -78,7 +80,7 @@ from .openvino import DRAFT_PRESET as OPENVINO_DRAFT
 from .openvino import TARGET_PRESET as OPENVINO_TARGET
 from .openvino import OpenVINOPeer, ir_dir, openvino_unavailable
 
-OURS = ("ar", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "bpd")
+OURS = ("ar", "auto", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "bpd")
 LLAMA_SERVER = {"llama-server": "plain", "llama-server+draft": "draft", "llama-server+ngram": "ngram"}
 OPENVINO = {"openvino": "plain", "openvino+lookup": "lookup", "openvino+draft": "draft"}
 PEERS = ("hf-assisted", *LLAMA_SERVER, *OPENVINO)
@@ -93,7 +95,7 @@ class BenchConfig:
     methods: tuple[str, ...] = ("ar", "sd", "mcsd", "lookup", "hf-assisted")
     per_category: int = 1
     max_new_tokens: int = 128
-    gamma: int = 4
+    gamma: int | None = None  # sd / lookup draft length (None: the decoder's default)
     lookup_branch: int = DEFAULT_LOOKUP_BRANCH  # medusa+lookup / hydra+lookup: the prompt-lookup chain's length
     tree: str | None = None  # mcsd: 2x1x1x1; medusa: the heads' tree
     medusa_tree: str | None = None  # medusa's tree when both run (default: the tree shipped with the heads)
@@ -102,10 +104,11 @@ class BenchConfig:
     replacement: bool = True
     dtype: str = "bfloat16"
     draft_quant: str = "auto"
-    backend: str = "hf"
-    target_quant: str = "none"
-    quant_head: bool = False
+    backend: str = "auto"  # auto: the native int4 runtime where it runs (speculant.defaults)
+    target_quant: str = "auto"
+    quant_head: bool | None = None
     tree_budget: str = "auto"  # dynamic trees: sized against the machine's pass cost, or "fixed"
+    pacing: bool = True  # drafting paused while it does not pay (drafters.pacing)
     categories: tuple[str, ...] | None = None
     questions: str | None = None
     json_out: str | None = None
@@ -132,8 +135,8 @@ class BenchConfig:
             raise ConfigError("bench needs the 'ar' baseline in --methods: speed-ups are measured against it")
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
-        if self.target_quant != "none" and self.backend != "native":
-            raise ConfigError("--target-quant needs --backend native")
+        if self.target_quant not in ("auto", "none") and self.backend == "hf":
+            raise ConfigError("--target-quant needs --backend native (or auto)")
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
         if self.lookup_branch < 1:
@@ -345,6 +348,9 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     from rich.console import Console
 
     needs_draft = any(m in ("sd", "mcsd", "hf-assisted") for m in methods)
+    rt = choose_runtime(cfg.target, cfg.dtype, cfg.backend, cfg.target_quant, cfg.quant_head)
+    cfg = dataclasses.replace(cfg, backend=rt.backend, target_quant=rt.target_quant, quant_head=rt.quant_head)
+    console.print(f"speculant bench: {rt.why}")
     # hf-assisted runs transformers models; the native backend shares their weights then. Without
     # it, the native backend loads lean (quantized layers read and quantized one at a time).
     lean = cfg.backend == "native" and "hf-assisted" not in methods
@@ -371,10 +377,12 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
                                  heads=cfg.hydra_heads if base == "hydra" else cfg.heads, acceptance=rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head,
-                                 tree_budget=tree_budget_of(m, cfg.tree_budget))
+                                 tree_budget=tree_budget_of(m, cfg.tree_budget), pacing=cfg.pacing)
         ours_draft = ours_draft or dec.draft
         ours_target = ours_target or dec.target
         runners[m] = dec
+        if name == "auto":
+            console.print(f"speculant bench: auto = {dec.method}{'+lookup' if dec.lookup_branch else ''}: {dec.why}")
     tok = target.tokenizer
     eos_ids = set(runners["ar"].eos_token_ids) | ({tok.eos_token_id} - {None})
     for m in methods:  # the peers, in the order asked for

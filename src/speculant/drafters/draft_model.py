@@ -27,6 +27,7 @@ class DraftModelDrafter:
         self.generator = generator
         self.committed = 0  # context tokens whose KV is in the draft cache
         self._context_len = 0
+        self._proposed = False  # a tree of this step is in the draft cache (observe compacts it)
 
     def begin(self, prompt: torch.Tensor) -> None:
         self.backend.reset()
@@ -50,6 +51,7 @@ class DraftModelDrafter:
         logits = self.backend.forward(pending, rows=torch.tensor([pending.shape[0] - 1])).logits[:, :self.V]
         self.committed = L
         self._context_len = L
+        self._proposed = True
         for d in range(tree.depth):
             parents = tree.levels[d]  # (m,) nodes of depth d
             if d > 0:
@@ -66,6 +68,9 @@ class DraftModelDrafter:
         return Draft(tree, tokens, q)
 
     def observe(self, path: list[int], next_token: int) -> None:
+        if not self._proposed:  # a step verified without this drafter's tree: nothing to compact
+            return
+        self._proposed = False
         # The cache holds the context, then tree nodes of depth 1 .. D-1 in node order.
         fed = [node for node in path[1:] if int(self.tree.depths[node]) < self.tree.depth]
         self.backend.compact(self._context_len, torch.tensor(fed, dtype=torch.long) - 1)

@@ -1,5 +1,11 @@
 """Prompt lookup (model-free n-gram drafting): if the last n tokens occurred earlier in the
-context, propose the γ tokens that followed their most recent earlier occurrence."""
+context, propose the γ tokens that followed their most recent earlier occurrence.
+
+With a ``sizer`` (``drafters.sizing.TreeSizer``, the machine's measured pass cost) a step verifies
+only as many of the γ tokens as pay: the first c, for the most expected tokens per millisecond,
+from the observed rate at which the chain's first j tokens are accepted. Where a verified row
+costs little (AMX) that is the whole chain; where rows are dear (AVX-512 without AMX) it is
+shorter, and longer while the text copies its context."""
 
 from __future__ import annotations
 
@@ -11,12 +17,13 @@ from .base import Draft
 
 
 class LookupDrafter:
-    def __init__(self, gamma: int = 8, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, gamma: int = 8, max_ngram: int = 3, min_ngram: int = 1, sizer=None):
         if gamma < 1:
             raise ConfigError(f"lookup draft length gamma must be >= 1, got {gamma}")
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
+        self.sizer = sizer
 
     def begin(self, prompt: torch.Tensor) -> None:
         pass
@@ -34,7 +41,14 @@ class LookupDrafter:
 
     def propose(self, context: torch.Tensor) -> Draft:
         cont = self.find(context)
+        if self.sizer is not None and cont.numel():
+            _, c = self.sizer.choose([], [], cont.shape[0], context=int(context.shape[0]))
+            cont = cont[:c]
+            tokens = torch.cat([context[-1:], cont])
+            self.sizer.drafted(tokens, cont.tolist(), [])
+            return Draft(chain(cont.shape[0]), tokens)
         return Draft(chain(cont.shape[0]), torch.cat([context[-1:], cont]))
 
     def observe(self, path: list[int], next_token: int) -> None:
-        pass
+        if self.sizer is not None:
+            self.sizer.observe(path)

@@ -1,0 +1,123 @@
+"""What runs when the user names only a model: the fastest lossless setup of this CPU.
+
+runtime   Llama / Qwen2 models in bf16 run on speculant's native runtime with int4 weights (the
+          output layer too) wherever one of speculant's int4 kernels runs (every x86-64 CPU with a
+          C++ compiler: AMX, AVX-512 VNNI, AVX2, or portable code); its passes are row-invariant, so
+          speculative output equals plain output bit for bit. Other architectures (and float32)
+          run on transformers.
+method    with heads shipped for the target: ``hydra`` with an 8-token prompt-lookup branch, its tree
+          sized at every step against this machine's measured pass cost; with a draft model:
+          ``sd``; otherwise prompt ``lookup``, its chain sized the same way. Every drafting method
+          runs under a :class:`drafters.pacing.Pacer`, which verifies the root alone (plain
+          decoding, no drafting) while drafting does not pay on the text at hand.
+
+The measurements behind each choice are in README.md ("Speed").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["Runtime", "choose_method", "choose_runtime"]
+
+NATIVE_ARCHS = ("llama", "qwen2")
+AUTO_LOOKUP_BRANCH = 8  # hydra+lookup's chain (config.DEFAULT_LOOKUP_BRANCH)
+AUTO_LOOKUP_GAMMA = 8  # lookup's longest chain when sized per step
+
+
+@dataclass(frozen=True)
+class Runtime:
+    backend: str  # "hf" | "native"
+    target_quant: str  # "none" | "int8" | "int4"
+    quant_head: bool
+    why: str  # one plain sentence
+
+
+def _config(target) -> dict:
+    """The model config (as a dict) of a spec or LoadedModel, without loading weights; {} if unknown."""
+    from .models import LoadedModel, resolve
+
+    if isinstance(target, LoadedModel):
+        cfg = target.model.config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+    try:
+        path = resolve(target, torch.bfloat16)
+        return json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def int4_fits(cfg: dict) -> bool:
+    """Whether every linear layer of a model with config ``cfg`` takes speculant's int4 layout
+    (inputs in groups of 64, outputs in blocks of 16)."""
+    H, F = cfg.get("hidden_size", 0), cfg.get("intermediate_size", 0)
+    heads = cfg.get("num_attention_heads", 0) or 1
+    D = cfg.get("head_dim") or H // heads
+    kv = cfg.get("num_key_value_heads") or heads
+    return bool(H and F) and H % 64 == 0 and F % 64 == 0 and (heads * D) % 64 == 0 and (kv * D) % 16 == 0
+
+
+def int4_kernel_name() -> str | None:
+    """Which of speculant's int4 kernels runs here ("AMX", "AVX-512 VNNI", ...), or None."""
+    from .kernels import int4_isa, int4_kernel
+
+    if int4_kernel() is not None:
+        return "AMX"
+    isa = int4_isa()
+    return None if isa is None else {"avx512-vnni": "AVX-512 VNNI", "avx2-vnni": "AVX2 + AVX-VNNI", "avx2": "AVX2",
+                                     "portable": "portable C++"}[isa]
+
+
+def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "auto",
+                   quant_head: bool | None = None) -> Runtime:
+    """Resolve "auto" backend / target quantization / output-layer quantization for ``target``."""
+    from .models import parse_dtype
+
+    dtype = parse_dtype(dtype)
+    cfg = _config(target) if backend == "auto" or target_quant == "auto" else {}
+    arch = cfg.get("model_type")
+    kernel = int4_kernel_name()
+    why = ""
+    if backend == "auto":
+        if arch not in NATIVE_ARCHS:
+            backend, why = "hf", (f"transformers runs {arch or 'this model'} (speculant's native runtime covers "
+                                  f"{' and '.join(NATIVE_ARCHS)} models)")
+        elif dtype != torch.bfloat16 or kernel is None or not int4_fits(cfg):
+            backend = "hf"
+            why = ("transformers runs it in float32 (the native int4 runtime needs bfloat16)" if dtype != torch.bfloat16
+                   else "transformers runs it (no C++ compiler for speculant's int4 kernel here)" if kernel is None
+                   else "transformers runs it (its layer sizes do not fit the int4 layout: multiples of 64)")
+        else:
+            backend = "native"
+    if target_quant == "auto":
+        fits = int4_fits(cfg) if cfg else True
+        target_quant = "int4" if backend == "native" and dtype == torch.bfloat16 and kernel is not None and fits \
+            else "none"
+    if quant_head is None:
+        quant_head = target_quant != "none"
+    if backend == "native" and not why:
+        what = f"int4 weights ({kernel} kernel)" if target_quant == "int4" else f"{target_quant} weights" \
+            if target_quant != "none" else str(dtype).removeprefix("torch.") + " weights"
+        why = f"speculant's native runtime, {what}{', output layer included' if quant_head and target_quant != 'none' else ''}"
+    return Runtime(backend, target_quant, bool(quant_head), why)
+
+
+def choose_method(method: str, target_name: str, has_draft: bool, lookup_branch: int) -> tuple[str, int, str]:
+    """(method, lookup_branch, why) for ``method`` "auto" (anything else passes through)."""
+    from .heads import shipped_heads
+
+    if method != "auto":
+        return method, lookup_branch, ""
+    if has_draft:
+        return "sd", 0, "sd with the given draft model, drafting paused while it does not pay"
+    if shipped_heads(target_name, "sequential") is not None:
+        return "hydra", lookup_branch or AUTO_LOOKUP_BRANCH, (
+            "hydra+lookup (the heads shipped for this model plus prompt lookup; each step's tree sized against "
+            "this CPU's measured pass cost, drafting paused while it does not pay)")
+    return "lookup", 0, ("prompt lookup (no heads ship for this model; the chain sized against this CPU's measured "
+                         "pass cost, drafting paused while it does not pay)")
