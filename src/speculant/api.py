@@ -284,8 +284,7 @@ class SpeculativeDecoder:
                 self.heads = heads
             else:  # loaded here, so nobody else holds them: bf16 heads' layers packed like the target's
                 self.heads = load_heads(heads, self.target.model)
-                if backend == "hf":
-                    pack_linears(self.heads)
+                pack_linears(self.heads)
             if self.heads.config.kind != kind:
                 raise ConfigError(f"method {method!r} needs {kind} heads but these are {self.heads.config.kind} heads: "
                                   f"use --method {'hydra' if self.heads.config.kind == 'sequential' else 'medusa'}"
