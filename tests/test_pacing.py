@@ -41,7 +41,7 @@ def simulate(pacer: Pacer, draft_tokens, draft_ms: float, plain_ms: float, steps
 
 def test_pacer_runs_the_faster_arm():
     # drafting yields 1.33 tokens per 50 ms, plain decoding 1 per 30 ms: drafting is hardly run
-    assert simulate(Pacer(), [1, 1, 2], 50, 30) < 20
+    assert simulate(Pacer(), [1, 1, 2], 50, 30) < 50
     # drafting yields 2 tokens per 36 ms: plain decoding is only probed
     assert simulate(Pacer(), [1, 2, 3], 36, 30) > 280
     # a close call stays with drafting (the margin)

@@ -99,6 +99,15 @@ def auto_draft_quant(dtype, backend: str = "hf") -> str:
     return "int4" if int4_kernel() is not None else "none"
 
 
+def draft_keeps_dense() -> bool:
+    """Whether a quantized native draft keeps its dense bf16 weights too: only with the AMX int4
+    kernel, which hands passes of more than 16 rows to the (faster there) bf16 matmul; speculant's
+    x86 kernel runs every width itself, so the draft is lean (and saved once, like the target)."""
+    from .kernels import int4_kernel
+
+    return int4_kernel() is not None
+
+
 def _as_model(spec: str | LoadedModel | None, dtype: str, quant: str = "none") -> LoadedModel | None:
     """Load a spec; with ``quant`` != "none", quantize a private copy (a caller's model is never
     modified)."""
@@ -262,7 +271,8 @@ class SpeculativeDecoder:
             tree = heads_tree(heads) if not isinstance(heads, nn.Module) else None
         self.tree = build_tree(tree or "2x1x1x1") if method in ("mcsd", *TREE_METHODS) else chain(gamma)
         if backend == "native":
-            self.draft = _native(draft, dtype, draft_quant, False, keep_dense=True) if method in NEEDS_DRAFT else None
+            self.draft = _native(draft, dtype, draft_quant, False, keep_dense=draft_keeps_dense()) \
+                if method in NEEDS_DRAFT else None
         else:
             self.draft = _as_model(draft, dtype, draft_quant) if method in NEEDS_DRAFT else None
         if self.draft is not None:

@@ -70,7 +70,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, load_native
+from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, draft_keeps_dense, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH, parse_acceptance
 from ..defaults import choose_runtime
 from ..errors import ConfigError
@@ -356,7 +356,7 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     lean = cfg.backend == "native" and "hf-assisted" not in methods
     if lean:
         target = load_native(cfg.target, cfg.dtype, cfg.target_quant, cfg.quant_head)
-        draft = load_native(cfg.draft, cfg.dtype, _draft_quant(cfg), keep_dense=True) if needs_draft else None
+        draft = load_native(cfg.draft, cfg.dtype, _draft_quant(cfg), keep_dense=draft_keeps_dense()) if needs_draft else None
     else:
         target = load(cfg.target, cfg.dtype)
         draft = load(cfg.draft, cfg.dtype) if needs_draft else None

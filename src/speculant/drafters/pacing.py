@@ -35,17 +35,20 @@ class Pacer:
     first plain probe; probe_every / probe_len: how often / how long the losing arm is re-tried;
     margin: plain decoding leads only if its rate exceeds drafting's by this factor."""
 
-    def __init__(self, decay: float = 0.9, warmup: int = 4, probe_every: int = 16, probe_len: int = 2,
-                 margin: float = 1.05, max_probe_every: int = 64):
-        if not 0 < decay < 1 or warmup < 1 or probe_len < 1 or probe_every <= probe_len or margin < 1:
-            raise ValueError("need 0 < decay < 1, warmup >= 1, probe_every > probe_len >= 1 and margin >= 1")
+    def __init__(self, decay: float = 0.9, warmup: int = 6, probe_every: int = 16, probe_len: int = 2,
+                 margin: float = 1.05, max_probe_every: int = 64, draft_probe_len: int = 6):
+        if not 0 < decay < 1 or warmup < 1 or probe_len < 1 or draft_probe_len < 1 or \
+                probe_every <= max(probe_len, draft_probe_len) or margin < 1:
+            raise ValueError("need 0 < decay < 1, warmup >= 1, probe_every > probe lengths >= 1 and margin >= 1")
         self.decay, self.warmup, self.probe_every, self.probe_len = decay, warmup, probe_every, probe_len
+        self.draft_probe_len = draft_probe_len  # a drafting step's yield varies: probe it longer
         self.margin, self.max_probe_every = margin, max_probe_every
         self._wait = probe_every  # steps between probes (doubles while probes confirm the leader)
         self._leader_before = True
         self._tokens = {True: 0.0, False: 0.0}  # moving sums of tokens and of ms, by arm (True = draft)
         self._ms = {True: 0.0, False: 0.0}
         self.steps = {True: 0, False: 0}
+        self._fastest = {True: float("inf"), False: float("inf")}  # each arm's quickest step (ms)
         self._since_probe = 0
         self._probing = 0  # steps left on the losing arm
         self._next: bool = True
@@ -70,8 +73,10 @@ class Pacer:
         for arm in (True, False):  # every step ages both arms' evidence: an arm not run for a while
             self._tokens[arm] *= self.decay  # is judged by its next probe, not by stale steps
             self._ms[arm] *= self.decay
+        ms = max(ms, 1e-3)
+        self._fastest[drafted] = min(self._fastest[drafted], ms)
         self._tokens[drafted] += tokens
-        self._ms[drafted] += max(ms, 1e-3)
+        self._ms[drafted] += min(ms, 3 * self._fastest[drafted])  # a stall of the machine is not the arm's
         self.steps[drafted] += 1
         if self._probing:
             self._probing -= 1
@@ -85,9 +90,9 @@ class Pacer:
         due = (not measured and self.steps[True] >= self.warmup) or (measured and self._since_probe >= self._wait)
         if due:
             self._since_probe = 0
-            self._probing = self.probe_len
             self._leader_before = self.leader
             self._next = not self.leader if measured else False
+            self._probing = self.draft_probe_len if self._next else self.probe_len
         else:
             self._next = self.leader
 

@@ -231,17 +231,19 @@ def unpack_int4_x86(qpack: torch.Tensor) -> torch.Tensor:
 def dequantize_int4_x86(qpack: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16,
                         rows: torch.Tensor | None = None) -> torch.Tensor:
     """The (N, K) matrix a packed weight stands for (w = q * scale + offset, in ``dtype``), or only
-    its ``rows`` (R,) (long; any order)."""
+    its ``rows`` (R,) (long; any order), 4,096 rows at a time (bounded temporaries)."""
     NB, octets, _ = qpack.shape
     G = scales.shape[1]
-    if rows is not None:
-        blocks = rows // 16
-        q = unpack_int4_x86(qpack[blocks]).view(rows.numel(), 16, octets * 8)
-        q = q[torch.arange(rows.numel()), rows % 16]  # (R, K)
-        s, o = scales[blocks].float().permute(2, 0, 3, 1)[:, torch.arange(rows.numel()), rows % 16]  # (R, G) each
-    else:
-        q = unpack_int4_x86(qpack)
-        s, o = scales.float().permute(2, 0, 3, 1).reshape(2, NB * 16, G)
-    n = q.shape[0]
-    w = q.view(n, G, -1).float() * s[..., None] + o[..., None]
-    return w.view(n, octets * 8).to(dtype)
+    if rows is None:
+        rows = torch.arange(NB * 16)
+    out = torch.empty(rows.numel(), octets * 8, dtype=dtype)
+    codes = qpack.view(NB, octets, 16, 4)  # [nb, octet, c, i]
+    sz = scales.view(NB, G, 2, 16)
+    for a in range(0, rows.numel(), 4096):
+        r = rows[a:a + 4096]
+        b, c = r // 16, r % 16
+        byte = codes[b, :, c]  # (R, octets, 4)
+        q = torch.stack([byte & 15, byte >> 4], dim=2).reshape(r.numel(), G, -1)  # (R, G, K/G)
+        s, o = sz[b, :, 0, c].float(), sz[b, :, 1, c].float()  # (R, G) each
+        out[a:a + 4096] = (q.float() * s[..., None] + o[..., None]).view(r.numel(), -1).to(dtype)
+    return out
