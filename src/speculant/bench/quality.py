@@ -5,6 +5,9 @@ Two measures, each against the same model unquantized (bf16), all on the native 
 perplexity   exp(mean NLL) of the target on a fixed bundled text (the first 6 KB of CPython's
              ``textwrap.py``, ~1.4k tokens; ``data/NOTICE.md``), scored causally in chunks of
              ``CHUNK`` tokens through the KV cache (the same as one pass over the whole text).
+kl, top-1    on the same text, position by position: the mean KL divergence of the model's
+             next-token distribution from the bf16 model's, and the fraction of positions whose
+             argmax is the bf16 model's (steadier than perplexity, which errors can cancel in).
 agreement    the bf16 model's greedy continuations of ``PROMPTS`` (chat template,
              ``max_new_tokens`` each) are scored by the quantized model in one pass per prompt
              (teacher forcing): agreement = fraction of positions where its argmax equals the bf16
@@ -51,17 +54,28 @@ def quality_text() -> str:
 
 
 @torch.inference_mode()
-def perplexity(backend, ids: torch.Tensor) -> float:
-    """exp(mean NLL of ids[1:] given their prefixes)."""
+def text_scores(backend, ids: torch.Tensor, reference: torch.Tensor | None = None) -> tuple[float, float, float, torch.Tensor]:
+    """(perplexity of ids[1:] given their prefixes, mean KL from ``reference``, top-1 agreement
+    with it, this model's log-probabilities (T-1, V) as float16 to serve as a reference)."""
     backend.reset()
-    nll, count = 0.0, 0
+    nll, kl, top1, count, logps = 0.0, 0.0, 0, 0, []
     for s in range(0, ids.shape[0] - 1, CHUNK):
         chunk = ids[s:s + CHUNK]
         nxt = ids[s + 1:s + 1 + CHUNK]
-        logits = backend.forward(chunk).logits[: nxt.shape[0]]  # (c, V) float32
-        nll += torch.nn.functional.cross_entropy(logits, nxt, reduction="sum").item()
+        lp = backend.forward(chunk).logits[: nxt.shape[0]].float().log_softmax(-1)  # (c, V)
+        nll -= lp.gather(1, nxt[:, None]).sum().item()
+        if reference is not None:
+            ref = reference[count:count + nxt.shape[0]].float()
+            kl += (ref.exp() * (ref - lp)).sum().item()
+            top1 += int((lp.argmax(-1) == ref.argmax(-1)).sum())
+        logps.append(lp.half())
         count += nxt.shape[0]
-    return math.exp(nll / count)
+    return math.exp(nll / count), kl / count, top1 / count, torch.cat(logps)
+
+
+def perplexity(backend, ids: torch.Tensor) -> float:
+    """exp(mean NLL of ids[1:] given their prefixes)."""
+    return text_scores(backend, ids)[0]
 
 
 def greedy(backend, ids: torch.Tensor, n: int, eos: set[int]) -> list[int]:
@@ -93,24 +107,28 @@ def run_quality(target: str, modes=("none", "int8", "int4", "int8+head", "int4+h
     text_ids = tok(quality_text(), return_tensors="pt").input_ids[0]
     prompts = [tok(chat_prompt(tok, p), add_special_tokens=False, return_tensors="pt").input_ids[0] for p in PROMPTS]
     eos = {tok.eos_token_id}
-    results, reference = {}, None
+    results, reference, ref_logp = {}, None, None
     for mode in ("none",) + tuple(m for m in modes if m != "none"):
         quant, _, head = mode.partition("+")
         t = time.perf_counter()
         backend = NativeBackend(NativeModel.from_hf(lm.model, quant, quant_head=bool(head) and quant != "none",
                                                     keep_dense=False))
-        ppl = perplexity(backend, text_ids)
+        ppl, kl, top1, logp = text_scores(backend, text_ids, ref_logp)
+        ref_logp = logp if ref_logp is None else ref_logp
+        del logp
         if reference is None:  # the bf16 model's own greedy continuations
             reference = [greedy(backend, p, max_new_tokens, eos) for p in prompts]
         agree = [teacher_forced(backend, p, r) for p, r in zip(prompts, reference)]
         results[mode] = {
             "perplexity": ppl,
+            "kl_from_bf16": kl,
+            "top1_agreement_text": top1,
             "agreement": sum(a[0] for a in agree) / sum(a[1] for a in agree),
             "mean_tokens_before_first_difference": sum(a[2] for a in agree) / len(agree),
             "per_prompt_first_difference": [a[2] for a in agree],
             "seconds": time.perf_counter() - t,
         }
-        print(f"{mode:>10}: perplexity {ppl:.4f}  greedy agreement {results[mode]['agreement']:.3f}  "
+        print(f"{mode:>10}: perplexity {ppl:.4f}  KL from bf16 {kl:.4f}  top-1 as bf16 {top1:.3f}  greedy agreement {results[mode]['agreement']:.3f}  "
               f"first difference after {results[mode]['mean_tokens_before_first_difference']:.1f} tokens "
               f"(per prompt {results[mode]['per_prompt_first_difference']})", flush=True)
         del backend
