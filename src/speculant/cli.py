@@ -110,11 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-new-tokens", type=int, default=64, help="per agreement prompt (default: %(default)s)")
     q.add_argument("--json-out", default=None)
 
-    d = sub.add_parser("demo", help="the default demo: the 1.5B target on a coding prompt, speed-up over plain "
-                                    "decoding with the 0.5B draft (mcsd) and the shipped heads (hydra+lookup)")
+    d = sub.add_parser("demo", help="the default demo: the 1.5B target on a coding prompt, the default method's "
+                                    "speed-up over plain decoding on the same runtime")
     d.add_argument("--max-new-tokens", type=int, default=128)
-    d.add_argument("--methods", default="mcsd,hydra+lookup",
-                   help="comma-separated: sd, mcsd, medusa, medusa+lookup, hydra, hydra+lookup (default: %(default)s)")
+    d.add_argument("--methods", default="auto",
+                   help="comma-separated: auto (the default method), lookup, sd, mcsd, medusa, medusa+lookup, hydra, "
+                        "hydra+lookup (default: %(default)s)")
 
     t = sub.add_parser("train-heads", help="self-distil the target on non-eval prompts and train Medusa heads")
     t.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
