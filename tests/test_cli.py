@@ -142,6 +142,6 @@ def test_demo_methods_are_checked_before_any_model_loads():
     from speculant.errors import ConfigError
 
     assert parse_methods("mcsd, hydra+lookup") == ("mcsd", "hydra+lookup")
-    for bad in ("", "mcsd,bogus", "lookup"):
+    for bad in ("", "mcsd,bogus", "ar"):
         with pytest.raises(ConfigError, match="demo methods must be"):
             parse_methods(bad)

@@ -26,13 +26,15 @@ def qwen():
 def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
     plain = SpeculativeDecoder(smol, method="ar", chat=True).generate(PROMPTS[0], 48)
     for method, kw in [("sd", {"gamma": 4}), ("mcsd", {"tree": "2x2x1"})]:
-        spec = SpeculativeDecoder(smol, smol, method=method, chat=True, **kw).generate(PROMPTS[0], 48)
+        # pacing off: this checks acceptance (a self-draft never pays in time; the pacer would stop it)
+        spec = SpeculativeDecoder(smol, smol, method=method, chat=True, pacing=False, **kw).generate(PROMPTS[0], 48)
         assert spec.token_ids == plain.token_ids, method
         assert spec.stats.tokens_per_call > 2  # a self-draft is (nearly) always accepted
     lookup = SpeculativeDecoder(smol, method="lookup", chat=True).generate(PROMPTS[0], 48)
     assert lookup.token_ids == plain.token_ids
     for lookup_branch in (0, 4):  # the sequential heads shipped for SmolLM2
-        hydra = SpeculativeDecoder(smol, method="hydra", chat=True, lookup_branch=lookup_branch).generate(PROMPTS[0], 48)
+        hydra = SpeculativeDecoder(smol, method="hydra", chat=True, lookup_branch=lookup_branch,
+                                   pacing=False).generate(PROMPTS[0], 48)
         assert hydra.token_ids == plain.token_ids
         assert hydra.stats.target_calls < plain.stats.target_calls
 
@@ -43,7 +45,7 @@ def test_qwen_pair_is_identical_to_plain(qwen, prompt):
     plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
     assert len(plain.token_ids) > 8 and plain.text.strip()
     for method, kw in [("sd", {"gamma": 4}), ("mcsd", {"tree": "2x2x1"})]:
-        spec = SpeculativeDecoder(target, draft, method=method, chat=True, **kw).generate(prompt, 32)
+        spec = SpeculativeDecoder(target, draft, method=method, chat=True, pacing=False, **kw).generate(prompt, 32)
         assert spec.token_ids == plain.token_ids, method
         assert spec.stats.target_calls < plain.stats.target_calls
 
@@ -54,6 +56,33 @@ def test_qwen_shipped_heads_medusa_hydra_and_bpd_identical_to_plain(qwen, prompt
     target, _ = qwen
     plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
     for method in ("medusa", "hydra", "bpd"):
-        spec = SpeculativeDecoder(target, method=method, chat=True).generate(prompt, 32)
+        spec = SpeculativeDecoder(target, method=method, chat=True, pacing=False).generate(prompt, 32)
         assert spec.token_ids == plain.token_ids, method
         assert spec.stats.target_calls < plain.stats.target_calls, method  # the heads do help
+
+
+@pytest.fixture(scope="module")
+def qwen_int4():
+    from speculant.api import draft_keeps_dense, load_native
+    from speculant.defaults import choose_runtime
+
+    rt = choose_runtime("qwen2.5-coder-1.5b-instruct", "bfloat16")
+    if rt.backend != "native":
+        pytest.skip(f"the default runtime here is not the native int4 one: {rt.why}")
+    return (load_native("qwen2.5-coder-1.5b-instruct", "bfloat16", rt.target_quant, rt.quant_head),
+            load_native("qwen2.5-coder-0.5b-instruct", "bfloat16", "int4", keep_dense=draft_keeps_dense()))
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_default_int4_runtime_every_method_identical_to_plain(qwen_int4, prompt):
+    """The default runtime (native, int4 weights, bf16 activations): row-invariant passes make
+    every exact method reproduce plain decoding bit for bit, not only in float32."""
+    target, draft = qwen_int4
+    plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 40)
+    auto = SpeculativeDecoder(target, chat=True)
+    assert auto.method == "hydra" and auto.lookup_branch and "int4" in auto.why
+    for dec in (auto, SpeculativeDecoder(target, method="lookup", chat=True),
+                SpeculativeDecoder(target, method="medusa", lookup_branch=4, chat=True),
+                SpeculativeDecoder(target, draft, method="mcsd", tree="2x1x1", chat=True, pacing=False)):
+        spec = dec.generate(prompt, 40)
+        assert spec.token_ids == plain.token_ids, dec.method

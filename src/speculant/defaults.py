@@ -76,9 +76,9 @@ def int4_kernel_name() -> str | None:
 def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "auto",
                    quant_head: bool | None = None) -> Runtime:
     """Resolve "auto" backend / target quantization / output-layer quantization for ``target``."""
-    from .models import parse_dtype
+    from .models import LoadedModel, parse_dtype
 
-    dtype = parse_dtype(dtype)
+    dtype = target.dtype if isinstance(target, LoadedModel) else parse_dtype(dtype)  # a loaded model's own
     cfg = _config(target) if backend == "auto" or target_quant == "auto" else {}
     arch = cfg.get("model_type")
     kernel = int4_kernel_name()
