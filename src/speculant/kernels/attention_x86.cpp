@@ -32,21 +32,8 @@ struct Scratch {
 
 #include "vec16.h"
 
-namespace portable {
-#include "attention_impl.h"
-}
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "attention_impl.h"
-}
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
-namespace avx512 {
-#include "attention_impl.h"
-}
-#pragma GCC pop_options
+#define VEC16_BODY "attention_impl.h"
+#include "vec16_paths.h"
 
 bool attention_isa_supported(int64_t isa) {  // 1 avx512, 3 avx2 (+fma), 4 portable (as int4_gemm's numbering)
   __builtin_cpu_init();

@@ -172,6 +172,28 @@ inline int32_t load4(const int8_t* p) {
   return v;
 }
 
+// acc[r] += a (scale * dot[r]) + offset * ax for rows m0 .. m0+R-1, group g, 8 channels whose
+// (scale, offset) start at sg (the fold of every path, in 8 lanes).
+template <int R>
+inline void fold8(const Problem& P, int64_t m0, int64_t g, const uint16_t* sg, const __m256i* dot, __m256* acc) {
+  const __m256 s = load8_bf16_avx2(sg), o = load8_bf16_avx2(sg + 16);
+  for (int r = 0; r < R; ++r) {
+    const int64_t mg = (m0 + r) * P.G + g;
+    const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), s);
+    acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(P.a[mg]), acc[r]);
+    acc[r] = _mm256_fmadd_ps(o, _mm256_set1_ps(P.ax[mg]), acc[r]);
+  }
+}
+
+template <int R>
+inline void store8(const Problem& P, int64_t m0, int64_t n0, const __m256* acc) {
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[8];
+    _mm256_store_ps(out, acc[r]);
+    store_row(P, m0 + r, n0, out, 8);
+  }
+}
+
 // Rows m0 .. m0+R-1 of channel block nb, 8 channels (half h) at a time; O octets per group.
 template <int R, int O>
 void chunk_avx2(const Problem& P, int64_t nb, int64_t m0) {
@@ -204,19 +226,9 @@ void chunk_avx2(const Problem& P, int64_t nb, int64_t m0) {
             d16[r] = _mm256_setzero_si256();
           }
       }
-      const __m256 s = load8_bf16_avx2(sb + g * 32 + 8 * h), o = load8_bf16_avx2(sb + g * 32 + 16 + 8 * h);
-      for (int r = 0; r < R; ++r) {
-        const int64_t mg = (m0 + r) * P.G + g;
-        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(d32[r]), s);
-        acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(P.a[mg]), acc[r]);
-        acc[r] = _mm256_fmadd_ps(o, _mm256_set1_ps(P.ax[mg]), acc[r]);
-      }
+      fold8<R>(P, m0, g, sb + g * 32 + 8 * h, d32, acc);
     }
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      store_row(P, m0 + r, nb * 16 + 8 * h, out, 8);
-    }
+    store8<R>(P, m0, nb * 16 + 8 * h, acc);
   }
 }
 
@@ -251,20 +263,11 @@ void chunk_avx2_vnni(const Problem& P, int64_t nb, int64_t m0) {
           d[r][C - 1] = _mm256_dpbusd_avx_epi32(d[r][C - 1], hi, _mm256_set1_epi32(load4(x + 4)));
         }
       }
-      const __m256 s = load8_bf16_avx2(sb + g * 32 + 8 * h), o = load8_bf16_avx2(sb + g * 32 + 16 + 8 * h);
-      for (int r = 0; r < R; ++r) {
-        const int64_t mg = (m0 + r) * P.G + g;
-        const __m256i dot = C == 2 ? _mm256_add_epi32(d[r][0], d[r][C - 1]) : d[r][0];
-        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), s);
-        acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(P.a[mg]), acc[r]);
-        acc[r] = _mm256_fmadd_ps(o, _mm256_set1_ps(P.ax[mg]), acc[r]);
-      }
+      __m256i dot[R];
+      for (int r = 0; r < R; ++r) dot[r] = C == 2 ? _mm256_add_epi32(d[r][0], d[r][C - 1]) : d[r][0];
+      fold8<R>(P, m0, g, sb + g * 32 + 8 * h, dot, acc);
     }
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      store_row(P, m0 + r, nb * 16 + 8 * h, out, 8);
-    }
+    store8<R>(P, m0, nb * 16 + 8 * h, acc);
   }
 }
 

@@ -15,21 +15,8 @@ namespace {
 
 #include "vec16.h"
 
-namespace portable {
-#include "layer_impl.h"
-}
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "layer_impl.h"
-}
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
-namespace avx512 {
-#include "layer_impl.h"
-}
-#pragma GCC pop_options
+#define VEC16_BODY "layer_impl.h"
+#include "vec16_paths.h"
 
 int64_t pick(int64_t isa) {  // 1 avx512, 3 avx2 (+fma), 4 portable; 0: the best this CPU has
   __builtin_cpu_init();
