@@ -411,16 +411,16 @@ def test_medusa_coarse_ranking_matches_the_exact_ranking():
 def test_coarse_ranker_picks_int4_then_int8_and_keeps_the_exact_top():
     """int4 where the rows' width is a multiple of 64 (and their count of 16), int8 for other
     shapes, none for small vocabularies; either shortlist, re-ranked exactly, keeps the exact top-1."""
-    from speculant.heads import _coarse_ranker, _shortlist_topk
+    from speculant.heads.projection import coarse_ranker, shortlist_topk
     from speculant.quant import Int4Linear, Int8Linear
     torch.manual_seed(0)
-    assert _coarse_ranker(None) is None and _coarse_ranker(torch.randn(512, 128)) is None
+    assert coarse_ranker(None) is None and coarse_ranker(torch.randn(512, 128)) is None
     for width, kind in ((128, Int4Linear), (96, Int8Linear)):
         rows = (torch.randn(2048, width) * 0.05).to(torch.bfloat16)
-        coarse = _coarse_ranker(rows)
+        coarse = coarse_ranker(rows)
         assert isinstance(coarse, kind)
         states = torch.randn(32, width).to(torch.bfloat16)
-        idx, values, _ = _shortlist_topk(coarse, rows, states, 4)
+        idx, values, _ = shortlist_topk(coarse, rows, states, 4)
         exact = torch.nn.functional.linear(states, rows).float().topk(4, dim=-1)
         assert (idx[:, 0] == exact.indices[:, 0]).float().mean() >= 0.95
         torch.testing.assert_close(values[:, 0], exact.values[:, 0], atol=1e-2, rtol=1e-2)

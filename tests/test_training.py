@@ -329,7 +329,8 @@ def test_teacher_loss_scores_the_targets_own_distribution_at_the_predicted_posit
     t+k+2, the head's label): logits equal to exactly that reach the loss's minimum (Σ λ^k · entropy),
     the ones one position off score worse; training with it learns and is recorded; it needs the
     feature table."""
-    from speculant.heads import _frozen_projection, make_heads
+    from speculant.heads import make_heads
+    from speculant.heads.projection import frozen_projection
     from speculant.training.data import windows
     from speculant.training.train import _FeatureTable, _Trainable, teacher_loss
     recs = synthetic_records(n=4, length=40)
@@ -339,7 +340,7 @@ def test_teacher_loss_scores_the_targets_own_distribution_at_the_predicted_posit
     nxt = table.next_rows
 
     def project(h):
-        return _frozen_projection(target.get_output_embeddings(), h).float()
+        return frozen_projection(target.get_output_embeddings(), h).float()
 
     def logits_at(offset):  # (K, n, V): the target's logits at next_rows[:, k + offset] (0 where none)
         out = torch.zeros(K, len(table), V)

@@ -1,0 +1,104 @@
+"""The target's frozen output layer as the heads use it: projecting head states to logits, checking
+a layer against a :class:`~speculant.heads.config.HeadsConfig`, and ranking candidates through a
+low-bit copy of its rows (a shortlist re-ranked exactly). H = hidden size, V = vocabulary size,
+V' = the rows drafted from (a draft vocabulary, or the first ``limit`` rows)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, ModelLoadError
+from .config import HeadsConfig
+
+__all__ = ["COARSE_EXTRA", "check_lm_head", "coarse_ranker", "frozen_projection", "layer_dtype", "layer_shape",
+           "shortlist_topk"]
+
+
+COARSE_EXTRA = 8  # shortlist k + this many tokens with the int4 copy, then rank them exactly
+
+
+def shortlist_topk(coarse: nn.Module, rows: torch.Tensor, states: torch.Tensor, k: int):
+    """The top k of ``states @ rows.T`` through the int4 copy ``coarse`` of ``rows`` (V', H): its
+    top k + COARSE_EXTRA, ranked with the exact rows. states (n, H) -> (indices into rows (n, k),
+    their exact logits (n, k) float, the int4 logits (n, V') float)."""
+    rough = coarse(states.to(torch.bfloat16)).float()
+    short = rough.topk(k + COARSE_EXTRA, dim=-1).indices  # (n, k + COARSE_EXTRA)
+    exact = torch.einsum("nh,nkh->nk", states.to(rows.dtype), rows[short]).float()
+    top = exact.topk(k, dim=-1, sorted=True)
+    return short.gather(-1, top.indices), top.values, rough
+
+
+def coarse_ranker(rows: torch.Tensor | None):
+    """A low-bit copy of output-layer rows (V', H) (a draft vocabulary's, or a whole shared
+    layer's for Medusa heads), or None for shapes it does not take: int4 in groups of 64 inputs
+    (speculant's AMX kernel where it runs, else PyTorch's own int4 matmul), int8 with one scale per
+    row where int4 does not apply. The shortlist it gives is re-ranked with the exact rows, so the
+    proposals change only where the true top-k falls outside the low-bit top-(k + COARSE_EXTRA),
+    and the target verifies every token anyway."""
+    # Why a low-bit shortlist: docs/design-notes.md#low-bit-shortlist-for-head-drafting
+    from ..kernels import GROUP
+    from ..quant import Int4Linear, Int8Linear
+
+    if rows is None or rows.shape[0] < 1024:
+        return None
+    layer = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+    layer.weight = nn.Parameter(rows.to(torch.bfloat16), requires_grad=False)
+    try:
+        if rows.shape[1] % GROUP == 0 and rows.shape[0] % 16 == 0:
+            return Int4Linear(layer, keep_dense=False)
+    except Exception:  # neither int4 path runs here (no kernel, no PyTorch int4 op): try int8
+        pass
+    if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        return None
+    return Int8Linear(layer, keep_dense=False)
+
+
+
+def frozen_projection(layer: nn.Module, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's output layer on x (..., H) -> (..., V), or (..., V') for the rows ``vocab``
+    (V',); gradients reach x, never the layer. A quantized output layer (the native backend's
+    ``--quant-head``) is called as it is (inference only)."""
+    if getattr(layer, "weight", None) is None:
+        if vocab is not None:
+            raise ValueError("vocab= needs a dense output layer (training runs on the transformers model)")
+        return layer(x.to(layer.dtype))
+    weight = layer.weight.detach()
+    bias = layer.bias.detach() if getattr(layer, "bias", None) is not None else None
+    if vocab is not None:
+        weight, bias = weight[vocab], (bias[vocab] if bias is not None else None)
+    return F.linear(x.to(weight.dtype), weight, bias)
+
+
+def layer_shape(layer: nn.Module) -> tuple[int, int] | None:
+    """(V, H) of an output layer: a Linear's weight, or a quantized layer's (out, in) features."""
+    weight = getattr(layer, "weight", None)
+    if weight is not None and weight.dim() == 2:
+        return tuple(weight.shape)
+    if isinstance(getattr(layer, "out_features", None), int) and isinstance(getattr(layer, "in_features", None), int):
+        return layer.out_features, layer.in_features
+    return None
+
+
+def layer_dtype(layer: nn.Module) -> torch.dtype:
+    weight = getattr(layer, "weight", None)
+    return weight.dtype if weight is not None else layer.dtype  # quantized layers: their activation dtype
+
+
+def check_lm_head(lm_head: nn.Module, config: HeadsConfig) -> None:
+    shape = layer_shape(lm_head)
+    if shape is None:
+        raise ConfigError("lm_head must be the target's output layer (a module with a (V, H) weight)")
+    V, H = shape
+    if H != config.hidden_size:
+        raise ModelLoadError(
+            f"the heads read hidden states of size {config.hidden_size} but the target's hidden size is {H}: "
+            f"these heads were trained for another model ({config.base_model or 'unknown base model'}); "
+            "use heads trained for this target (speculant train-heads --target ...)")
+    if V != config.vocab_size:
+        raise ModelLoadError(
+            f"the heads predict a vocabulary of {config.vocab_size} tokens but the target's output layer has {V}: "
+            f"these heads were trained for another model ({config.base_model or 'unknown base model'}); "
+            "use heads trained for this target (speculant train-heads --target ...)")
+

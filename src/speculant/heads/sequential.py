@@ -1,0 +1,188 @@
+"""Sequential heads (method ``hydra``): one step function carried down a path of tokens, so each
+depth's proposals depend on the path drafted so far (after Hydra, Ankner et al. 2024).
+H = hidden size, V = vocabulary size, K = deepest draft."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, ModelLoadError
+from .config import HeadsConfig
+from .layers import ContextLayer, ResBlock
+from .projection import COARSE_EXTRA, check_lm_head, coarse_ranker, frozen_projection, shortlist_topk
+
+__all__ = ["SequentialHeads"]
+
+
+class SequentialHeads(nn.Module):
+    """Sequentially dependent heads: each depth also reads the token it extends (after Hydra,
+    Ankner et al. 2024; the recurrent state is EAGLE's feature extrapolation without its attention).
+
+    One step function, shared by every depth, carries a state ``s`` (H,) down a path of tokens:
+
+        s_0 = h_t (the target's final hidden state at t),   e(y) = α · E[y] / rms(E[y])
+        s_d = blocks(W [s_{d-1}; e(y_d)] + b)                d = 1 .. K
+        logits_d = lm_head(s_d)                              predicts y_{d+1}
+
+    with y_1 = token t+1 (the target's own next token: the tree's root), y_d the path's tokens, E
+    the target's frozen input embeddings, ``blocks`` ``num_layers`` :class:`ResBlock` blocks and
+    ``lm_head`` the target's frozen output layer. So ``logits_1`` predicts token t+2, as Medusa head
+    0 does, but knowing token t+1; and in a tree each node's children depend on the node's own
+    path, not only on its depth. K = ``num_heads`` is the deepest draft. W starts as [I, 0] and the
+    blocks at zero.
+
+    Draft vocabulary (``config.draft_vocab`` = V' > 0): drafting (:meth:`draft_topk`) ranks only
+    the V' token ids stored in ``draft_vocab``, so each depth reads V' rows of the output layer
+    instead of V (FR-Spec's observation: a frequent-token subset keeps nearly every accepted token;
+    the target still verifies every token, so this changes the speed only).
+
+    Context layer (``config.context_size`` > 0): s_0 is not h_t but a :class:`ContextLayer`'s
+    output at t over h_0 .. h_t (``self.context``; the decoder keeps its :class:`ContextCache`).
+
+    Weights (safetensors): ``fc.weight`` (H, 2H), ``fc.bias`` (H,), ``embed_scale`` (),
+    ``blocks.{j}.linear.weight`` / ``.bias``, ``draft_vocab`` (V',) int64 when V' > 0,
+    ``context.*`` with a context layer. Not loadable by engines that read Medusa heads.
+    """
+
+    conditioned = True
+
+    def __init__(self, config: HeadsConfig, lm_head: nn.Module, embed: nn.Module):
+        super().__init__()
+        if config.kind != "sequential":
+            raise ConfigError(f"SequentialHeads needs a config of kind 'sequential', got {config.kind!r}")
+        check_lm_head(lm_head, config)
+        H = config.hidden_size
+        weight = getattr(embed, "weight", None)
+        if weight is None or weight.dim() != 2 or weight.shape[1] != H:
+            raise ModelLoadError(f"sequential heads need the target's input embeddings (V, {H}); got "
+                                 f"{None if weight is None else tuple(weight.shape)}")
+        self.config = config
+        self.fc = nn.Linear(2 * H, H)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, :H].copy_(torch.eye(H))
+            self.fc.bias.zero_()
+        self.blocks = nn.Sequential(*[ResBlock(H) for _ in range(config.num_layers)])
+        self.embed_scale = nn.Parameter(torch.tensor(1.0))
+        self.context = ContextLayer(H, config.context_size) if config.context_size else None
+        if config.draft_vocab:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+        self._shared: tuple[nn.Module, ...] = (lm_head, embed)  # frozen, not parameters, never saved
+        self._draft_rows: tuple | None = None  # (key, draft vocabulary < limit, its output-layer rows, int4 copy)
+        # drafting shortlists candidates through an int4 copy of those rows where speculant's AMX
+        # kernel runs (see coarse_ranker); False: always the exact product
+        self.coarse_ranking = True
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_scale.dtype  # (fc.weight is gone once the layers are packed: packing.py)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (...,) long -> e(y) (..., H) in the heads' dtype (RMS-normalised, times α)."""
+        e = F.embedding(tokens, self._shared[1].weight.detach()).to(self.dtype)
+        return e * torch.rsqrt(e.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(self.dtype) * self.embed_scale
+
+    def step(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """state (..., H), tokens (...,) long -> next state (..., H)."""
+        return self.blocks(self.fc(torch.cat([state.to(self.dtype), self.embed(tokens)], -1)))
+
+    def project(self, state: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """state (..., H) -> logits (..., V) through the target's frozen output layer (only the
+        columns ``vocab`` (V',), when given)."""
+        return frozen_projection(self._shared[0], state, vocab)
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None,
+                vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced unroll: hidden (..., H), tokens (..., K') long with ``tokens[..., d]`` =
+        y_{d+1} (K' <= K; negative entries are padding, read as token 0) -> logits (K', ..., V),
+        ``logits[d]`` predicting y_{d+2} (over ``vocab`` (V',) only, when given: a training shortcut)."""
+        if hidden.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"hidden must have shape (..., {self.config.hidden_size}), got {tuple(hidden.shape)}")
+        if tokens is None or tokens.shape[:-1] != hidden.shape[:-1] or not 1 <= tokens.shape[-1] <= self.num_heads:
+            raise ValueError(f"sequential heads need tokens (..., K') with K' in 1..{self.num_heads} along hidden "
+                             f"{tuple(hidden.shape)}: tokens[..., d] is the token at t+1+d")
+        return self.project(self.unroll(hidden, tokens), vocab)
+
+    def unroll(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The states of :meth:`forward`: hidden (..., H), tokens (..., K') -> s_1 .. s_K' (K', ..., H).
+        Trained, ``s_d`` approximates the target's own hidden state at t+d (``TrainConfig.feature_weight``)."""
+        s, states = hidden, []
+        for d in range(tokens.shape[-1]):
+            s = self.step(s, tokens[..., d].clamp(min=0))
+            states.append(s)
+        return torch.stack(states)
+
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        """Store the draft vocabulary: ``config.draft_vocab`` distinct token ids < V."""
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        V = self.config.vocab_size
+        if self.draft_vocab is None or ids.numel() != self.draft_vocab.numel() or ids.unique().numel() != ids.numel() \
+                or int(ids.min()) < 0 or int(ids.max()) >= V:
+            raise ConfigError(f"the draft vocabulary must be {self.config.draft_vocab} distinct token ids in [0, {V})")
+        self.draft_vocab.copy_(ids.sort().values)
+        self._draft_rows = None
+
+    @torch.no_grad()
+    def draft_topk(self, state: torch.Tensor, k: int, limit: int | None = None,
+                   logprobs: bool = False):
+        """state (n, H) -> (n, k) long: the k best-ranked tokens (< ``limit``) of each state's
+        logits, over the draft vocabulary when there is one. Ties: ``topk`` order. ``logprobs``:
+        also return their log-probabilities (n, k) under the softmax over those tokens."""
+        layer = self._shared[0]
+        if self.draft_vocab is None:
+            logits = self.project(state)[..., :limit].float()
+            top = logits.topk(k, dim=-1, sorted=True)
+            if logprobs:
+                return top.indices, top.values - logits.logsumexp(-1, keepdim=True)
+            return top.indices
+        weight = getattr(layer, "weight", None)
+        # the draft vocabulary cut to `limit`, and (dense layer) its rows of the output layer: a cached
+        # copy, since slicing V' rows per call would cost as much as the product itself
+        key = (limit, self.draft_vocab.data_ptr(), id(layer) if weight is None else (weight.data_ptr(), weight.dtype),
+               self.coarse_ranking)
+        if self._draft_rows is None or self._draft_rows[0] != key:
+            vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
+            if weight is not None:
+                rows = weight.detach()[vocab].contiguous()
+            elif hasattr(layer, "dequantize_rows"):  # a quantized output layer: its draft-vocabulary rows,
+                rows = layer.dequantize_rows(vocab).contiguous()  # dequantized once (not all V per call)
+            else:
+                rows = None
+            self._draft_rows = (key, vocab, rows, coarse_ranker(rows) if self.coarse_ranking else None)
+        _, vocab, rows, coarse = self._draft_rows
+        if rows is None:  # a quantized output layer: project everything, then keep the draft vocabulary
+            logits = self.project(state)[..., vocab].float()
+        elif coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
+            idx, values, rough = shortlist_topk(coarse, rows, state, k)
+            if logprobs:  # normalised by the int4 logits' log-sum-exp
+                return vocab[idx], values - rough.logsumexp(-1, keepdim=True)
+            return vocab[idx]
+        else:
+            logits = F.linear(state.to(rows.dtype), rows).float()
+        top = logits.topk(k, dim=-1, sorted=True)
+        if logprobs:
+            return vocab[top.indices], top.values - logits.logsumexp(-1, keepdim=True)
+        return vocab[top.indices]
+
+    def mask_to_draft_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (..., V) with every token outside the draft vocabulary at -inf (as drafting sees them)."""
+        if self.draft_vocab is None:
+            return logits
+        keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        keep[self.draft_vocab[self.draft_vocab < logits.shape[-1]]] = True
+        return logits.masked_fill(~keep, float("-inf"))
+
+    def medusa_state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach().contiguous().clone() for name, t in self.state_dict().items()}
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict(state)
+
