@@ -1,7 +1,7 @@
 """Medusa and blockwise (BPD) drafters: tree filling from the heads' top-k lists, and end to end on
 a tiny random Llama — greedy output identical to plain greedy, with random and trained heads.
 
-The loop hands the target's hidden state of the last accepted node to ``needs_hidden`` drafters, so
+The loop hands the target's hidden state of the last accepted node to ``HiddenNeed.LAST`` drafters, so
 one target call per step both verifies and feeds the heads. Approximate acceptance (typical, top-k,
 distance, minimum block) is checked end to end too: it reduces to greedy where it should, and
 top-k keeps every token in the target's top-k."""
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from speculant.backends.hf import HFBackend
 from speculant.config import SamplingConfig, parse_acceptance
 from speculant.decoding import decode
-from speculant.drafters.base import NoDrafter
+from speculant.drafters.base import HiddenNeed, NoDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
@@ -41,7 +41,7 @@ class FakeHeads:
 
 class PathLog:
     """Drafter proxy recording each accepted path as ranks (the loop hands it hidden states)."""
-    needs_hidden = True
+    hidden_need = HiddenNeed.LAST
 
     def __init__(self, drafter):
         self.drafter, self.paths = drafter, []
@@ -389,7 +389,7 @@ def test_context_layer_reads_every_committed_position(target, plain, seq_heads_c
     heads, checked = seq_heads_context, 0
     for prompt, ref in zip(prompts(), plain):
         drafter = MedusaDrafter(heads, build_tree("3x2x1"), V)
-        assert drafter.needs_all_hidden
+        assert drafter.hidden_need is HiddenNeed.ALL
         state = run(target, drafter, prompt)
         assert state.generated == ref
         L = drafter._context_cache.length

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from speculant.api import SpeculativeDecoder
-from speculant.backends.base import Backend
+from speculant.backends.base import Backend, HiddenNeed
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend, NativeModel
 from speculant.backends.native_cache import StaticKVCache
@@ -66,15 +66,15 @@ def test_logits_match_hf(model):
     step = torch.randint(0, V, (1,), generator=g)
     close(hf.forward(step).logits, nat.forward(step).logits)
     three = torch.randint(0, V, (3,), generator=g)
-    a = hf.forward(three, rows=torch.tensor([0, 2]), want_hidden=True)
-    b = nat.forward(three, rows=torch.tensor([0, 2]), want_hidden=True)
+    a = hf.forward(three, rows=torch.tensor([0, 2]), want_hidden=HiddenNeed.LAST)
+    b = nat.forward(three, rows=torch.tensor([0, 2]), want_hidden=HiddenNeed.LAST)
     close(a.logits, b.logits)
     close(a.hidden, b.hidden)
     assert b.logits.dtype == torch.float32 and b.logits.shape == (2, V)
-    for be in (hf, nat):  # want_hidden="all": logits of the rows, hidden states of every new token
+    for be in (hf, nat):  # HiddenNeed.ALL: logits of the rows, hidden states of every new token
         be.rollback(be.cache_length - 3)
-    a_all = hf.forward(three, rows=torch.tensor([2]), want_hidden="all")
-    b_all = nat.forward(three, rows=torch.tensor([2]), want_hidden="all")
+    a_all = hf.forward(three, rows=torch.tensor([2]), want_hidden=HiddenNeed.ALL)
+    b_all = nat.forward(three, rows=torch.tensor([2]), want_hidden=HiddenNeed.ALL)
     assert a_all.logits.shape == (1, V) and a_all.hidden.shape == b_all.hidden.shape == (3, a.hidden.shape[1])
     close(a_all.hidden, b_all.hidden)
     close(a_all.hidden[[0, 2]], a.hidden)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from speculant import packing
+from speculant.backends.base import HiddenNeed
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeModel
 from speculant.config import SamplingConfig
@@ -49,7 +50,7 @@ def test_packed_passes_equal_plain(tied):
     with torch.inference_mode():
         for be in (a, b):
             be.reset()
-        outs = [be.forward(prompt, want_hidden=True) for be in (a, b)]
+        outs = [be.forward(prompt, want_hidden=HiddenNeed.LAST) for be in (a, b)]
         torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=0, atol=0)
         torch.testing.assert_close(outs[1].hidden, outs[0].hidden, rtol=0, atol=0)
         toks = torch.randint(0, 64, (tree.size,), generator=torch.Generator().manual_seed(1))

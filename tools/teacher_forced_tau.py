@@ -36,6 +36,7 @@ import torch
 
 from speculant import SpeculativeDecoder, tune_allocator
 from speculant.api import DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS
+from speculant.backends.base import HiddenNeed
 from speculant.drafters.sizing import TreeSizer
 from speculant.bench.harness import load_questions
 from speculant.drafters.lookup import LookupDrafter
@@ -103,7 +104,7 @@ def evaluate(args) -> None:
         for r in recs:
             be.reset()
             ids, P = torch.tensor(r["ids"]), r["prompt_len"]
-            states.append(be.forward(ids, rows=torch.arange(P - 1, len(ids)), want_hidden=True).hidden)
+            states.append(be.forward(ids, rows=torch.arange(P - 1, len(ids)), want_hidden=HiddenNeed.LAST).hidden)
     be.reset()
     cost = dec.sizer.cost if dec.sizer is not None else None
     if cost:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from .backends.base import HiddenNeed
 from .errors import ConfigError
 from .tree import chain
 
@@ -143,7 +144,7 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
                 tree = chain(w - 1)
                 tokens = torch.randint(0, vocab, (w,), generator=gen)
                 t = time.perf_counter()
-                backend.forward(tokens, L + tree.depths, tree.mask, want_hidden=True)
+                backend.forward(tokens, L + tree.depths, tree.mask, want_hidden=HiddenNeed.LAST)
                 dt = time.perf_counter() - t
                 backend.rollback(L)
                 if rep:  # the first round warms every shape up

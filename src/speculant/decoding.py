@@ -21,7 +21,7 @@ from .acceptance import mcss
 from .approx import accept_tree_approx
 from .backends.base import Backend
 from .config import AcceptanceConfig, SamplingConfig
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, HiddenNeed
 from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .sampling import logits_to_probs, sample
@@ -176,20 +176,17 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         st.acceptance = acceptance.label
     t_start = time.perf_counter()
     # 0. prefill: the target caches every prompt token but the last (the first root)
-    needs_hidden = getattr(drafter, "needs_hidden", False)  # heads read the target's hidden state
-    every_row = needs_hidden and getattr(drafter, "needs_all_hidden", False)  # ... at every committed position
+    need = drafter.hidden_need
     target.reset()
     t = time.perf_counter()
     pre = None
     if prompt.shape[0] > 1:
-        rows = torch.tensor([prompt.shape[0] - 2]) if needs_hidden else torch.empty(0, dtype=torch.long)
-        pre = target.forward(prompt[:-1], rows=rows, want_hidden="all" if every_row else needs_hidden)
+        rows = torch.tensor([prompt.shape[0] - 2]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
+        pre = target.forward(prompt[:-1], rows=rows, want_hidden=need)
     st.prefill_s = time.perf_counter() - t
     st.verify_s += st.prefill_s
-    if needs_hidden:
-        drafter.begin(prompt, hidden=None if pre is None else pre.hidden if every_row else pre.hidden[0])
-    else:
-        drafter.begin(prompt)
+    drafter.begin(prompt, hidden=None if pre is None or pre.hidden is None else
+                  pre.hidden[0] if need is HiddenNeed.LAST else pre.hidden)
     while state.finish_reason is None:
         # 1. draft (unless drafting does not pay now: then the root alone, as plain decoding)
         t = t_step = time.perf_counter()
@@ -201,7 +198,8 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         # 2. verify: one target pass over the whole tree
         L = target.cache_length
         tree = draft.tree
-        out = target.forward(draft.tokens.clamp(min=0), L + tree.depths, tree.mask, want_hidden=needs_hidden)
+        out = target.forward(draft.tokens.clamp(min=0), L + tree.depths, tree.mask,
+                             want_hidden=HiddenNeed.NONE if need is HiddenNeed.NONE else HiddenNeed.LAST)
         st.verify_s += time.perf_counter() - t_draft
         st.target_calls += 1
         # 3. accept
@@ -210,10 +208,8 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
         # 4. commit: compact the accepted path's KV; tell the drafter
         target.compact(L, torch.tensor(path, dtype=torch.long))
         t = time.perf_counter()
-        if needs_hidden:  # the hidden state at the last accepted node predicts what follows
-            drafter.observe(path, token, hidden=out.hidden[path] if every_row else out.hidden[path[-1]])
-        else:
-            drafter.observe(path, token)
+        drafter.observe(path, token, hidden=None if out.hidden is None else
+                        out.hidden[path[-1]] if need is HiddenNeed.LAST else out.hidden[path])
         st.draft_s += time.perf_counter() - t
         accepted = draft.tokens[path[1:]].tolist()
         _record(st, tree.depth, len(accepted))

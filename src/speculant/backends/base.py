@@ -10,15 +10,31 @@ asked for. Rollback and compaction act on the cache only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol, runtime_checkable
 
 import torch
 
 
+class HiddenNeed(Enum):
+    """Which final normed hidden states a pass returns besides the logits (``forward(want_hidden=)``),
+    and what a drafter asks of the target (``Drafter.hidden_need``):
+
+    NONE  no hidden state.
+    LAST  the rows that get logits (``rows``), (m, H); for a drafter: the state of the last
+          committed position, the one whose output is the next root.
+    ALL   every new row of the pass, (n, H); for a drafter: the state of every committed position.
+    """
+
+    NONE = "none"
+    LAST = "last"
+    ALL = "all"
+
+
 @dataclass(frozen=True)
 class ForwardOut:
     logits: torch.Tensor  # (m, V) float32, one row per requested position
-    hidden: torch.Tensor | None = None  # (m, H) final normed hidden state, if requested ((n, H): want_hidden="all")
+    hidden: torch.Tensor | None = None  # (m, H) with HiddenNeed.LAST, (n, H) with HiddenNeed.ALL, else None
 
 
 class KVCacheLike(Protocol):
@@ -60,7 +76,7 @@ class Backend(Protocol):
         positions: torch.Tensor | None = None,  # (n,) long; None = cache_length + arange(n)
         tree_mask: torch.Tensor | None = None,  # (n, c + n) bool over the last c cached + n new; None = causal
         rows: torch.Tensor | None = None,  # (m,) which of the n rows need logits; None = all
-        want_hidden: bool | str = False,  # True: hidden of the `rows`; "all": of all n rows (logits: `rows`)
+        want_hidden: HiddenNeed = HiddenNeed.NONE,  # LAST: hidden of the `rows`; ALL: of all n rows
     ) -> ForwardOut: ...
 
     def rollback(self, length: int) -> None: ...

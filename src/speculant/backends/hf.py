@@ -6,7 +6,7 @@ import torch
 
 from ..kv_cache import KVCache
 from ..packing import pack_linears
-from .base import CacheBacked, ForwardOut
+from .base import CacheBacked, ForwardOut, HiddenNeed
 from .hf_attention import use_tree_attention
 
 
@@ -36,7 +36,8 @@ class HFBackend(CacheBacked):
         self.cache = KVCache(self.num_layers)
 
     @torch.no_grad()
-    def forward(self, tokens, positions=None, tree_mask=None, rows=None, want_hidden=False) -> ForwardOut:
+    def forward(self, tokens, positions=None, tree_mask=None, rows=None,
+                want_hidden: HiddenNeed = HiddenNeed.NONE) -> ForwardOut:
         n = tokens.shape[0]
         past = self.cache.length
         if positions is None:
@@ -62,7 +63,7 @@ class HFBackend(CacheBacked):
         logits = self.head(h).float()  # (m, V)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return ForwardOut(logits, full if want_hidden == "all" else h if want_hidden else None)
+        return ForwardOut(logits, {HiddenNeed.NONE: None, HiddenNeed.LAST: h, HiddenNeed.ALL: full}[want_hidden])
 
     def reset(self) -> None:
         self.cache = KVCache(self.num_layers)

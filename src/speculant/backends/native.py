@@ -37,7 +37,7 @@ from ..errors import ConfigError, ModelLoadError
 from ..kernels import cpu_kernels, x86_kernels
 from ..packing import unpack_linears
 from ..quant import QUANT_MODES, Int4Linear, quantize_linear
-from .base import CacheBacked, ForwardOut
+from .base import CacheBacked, ForwardOut, HiddenNeed
 from .native_cache import StaticKVCache
 
 SUPPORTED = ("llama", "qwen2")
@@ -413,7 +413,8 @@ class NativeBackend(CacheBacked):
         return attend
 
     @torch.no_grad()
-    def forward(self, tokens, positions=None, tree_mask=None, rows=None, want_hidden=False) -> ForwardOut:
+    def forward(self, tokens, positions=None, tree_mask=None, rows=None,
+                want_hidden: HiddenNeed = HiddenNeed.NONE) -> ForwardOut:
         m, cache = self.model, self.cache
         n = tokens.shape[0]
         past = cache.length
@@ -453,13 +454,13 @@ class NativeBackend(CacheBacked):
         cache.advance(n)
         norm = (lambda t: fused.rms_norm(t.contiguous(), m.norm, m.eps, 0)) if fused is not None else \
             (lambda t: _rms_norm(t, m.norm, m.eps))
-        full = norm(x) if want_hidden == "all" else None  # (n, H)
+        full = norm(x) if want_hidden is HiddenNeed.ALL else None  # (n, H)
         if rows is not None:
             x = x.index_select(0, rows)
         h = norm(x)  # (m, H)
         head = m.lm_head
         logits = head.forward_float(h) if hasattr(head, "forward_float") else head(h).float()  # (m, V)
-        return ForwardOut(logits, full if full is not None else h if want_hidden else None)
+        return ForwardOut(logits, full if full is not None else h if want_hidden is HiddenNeed.LAST else None)
 
     def reset(self) -> None:
         self.cache.reset()

@@ -4,6 +4,10 @@ Notation: the root (node 0) is the last decided token, not yet in the target's K
 other node is a drafted token. q is the draft distribution: ``Draft.q[i]`` is the distribution the
 children of node i were drawn from (None for deterministic proposers such as n-gram lookup, whose
 proposals are point masses).
+
+What a drafter needs from the target is declared, not probed: ``hidden_need`` (a
+:class:`HiddenNeed`) says which of the target's final hidden states the loop hands to ``begin``
+and ``observe`` through their ``hidden`` argument (None when the drafter needs none).
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from typing import Protocol
 
 import torch
 
+from ..backends.base import HiddenNeed
 from ..tree import TreeBuffers, chain
+
+__all__ = ["Draft", "Drafter", "HiddenNeed", "NoDrafter"]
 
 
 @dataclass(frozen=True)
@@ -24,29 +31,40 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Optional attribute ``needs_hidden: bool``: if True, ``begin`` and ``observe`` also get
-    ``hidden=`` (H,), the target's final hidden state at the node before the next root. With
-    ``needs_all_hidden`` also True they get the states of every newly committed position instead:
-    (T-1, H) for the prompt's prefill in ``begin``, (len(path), H) for the accepted path in ``observe``."""
+    """Proposes a token tree each step, then observes what the target accepted.
 
-    def begin(self, prompt: torch.Tensor) -> None:
+    ``hidden_need`` says what ``hidden`` holds in ``begin`` and ``observe``:
+
+    NONE  always None.
+    LAST  (H,) the target's final hidden state at the position before the next root: in ``begin``
+          at ``prompt[-2]`` (None for a one-token prompt), in ``observe`` at ``path[-1]``.
+    ALL   the states of every newly committed position: (T-1, H) for ``prompt[:-1]`` in ``begin``
+          (None for a one-token prompt), (len(path), H) for the accepted path in ``observe``.
+    """
+
+    hidden_need: HiddenNeed
+
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Start a new sequence; ``prompt`` (T,) long."""
 
     def propose(self, context: torch.Tensor) -> Draft:
         """Propose a tree rooted at ``context[-1]``; ``context`` (L,) long is every token so far."""
 
-    def observe(self, path: list[int], next_token: int) -> None:
-        """The target accepted tree nodes ``path`` (root first) and then produced ``next_token``."""
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
+        """The target accepted tree nodes ``path`` (root first) and then produced ``next_token``.
+        A step verified without a proposal (``drafters.pacing``) observes ``path == [0]``."""
 
 
 class NoDrafter:
     """Plain decoding: propose nothing, every step yields exactly one token from the target."""
 
-    def begin(self, prompt: torch.Tensor) -> None:
+    hidden_need = HiddenNeed.NONE
+
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         pass
 
     def propose(self, context: torch.Tensor) -> Draft:
         return Draft(chain(0), context[-1:].clone())
 
-    def observe(self, path: list[int], next_token: int) -> None:
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
         pass

@@ -15,10 +15,12 @@ from ..backends.base import Backend
 from ..config import SamplingConfig
 from ..sampling import logits_to_probs, sample_candidates, topk_candidates
 from ..tree import TreeBuffers
-from .base import Draft
+from .base import Draft, HiddenNeed
 
 
 class DraftModelDrafter:
+    hidden_need = HiddenNeed.NONE  # the draft model keeps its own cache
+
     def __init__(self, backend: Backend, tree: TreeBuffers, sampling: SamplingConfig,
                  vocab_size: int, *, replacement: bool = True, generator: torch.Generator | None = None):
         self.backend, self.tree, self.sampling = backend, tree, sampling
@@ -29,7 +31,7 @@ class DraftModelDrafter:
         self._context_len = 0
         self._proposed = False  # a tree of this step is in the draft cache (observe compacts it)
 
-    def begin(self, prompt: torch.Tensor) -> None:
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         self.backend.reset()
         self.committed = 0
 
@@ -67,7 +69,7 @@ class DraftModelDrafter:
             tokens[kids[valid]] = cands[valid]
         return Draft(tree, tokens, q)
 
-    def observe(self, path: list[int], next_token: int) -> None:
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
         if not self._proposed:  # a step verified without this drafter's tree: nothing to compact
             return
         self._proposed = False

@@ -13,10 +13,12 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import chain
-from .base import Draft
+from .base import Draft, HiddenNeed
 
 
 class LookupDrafter:
+    hidden_need = HiddenNeed.NONE  # reads the context only
+
     def __init__(self, gamma: int = 8, max_ngram: int = 3, min_ngram: int = 1, sizer=None):
         if gamma < 1:
             raise ConfigError(f"lookup draft length gamma must be >= 1, got {gamma}")
@@ -25,7 +27,7 @@ class LookupDrafter:
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
         self.sizer = sizer
 
-    def begin(self, prompt: torch.Tensor) -> None:
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         pass
 
     def find(self, context: torch.Tensor) -> torch.Tensor:
@@ -49,6 +51,6 @@ class LookupDrafter:
             return Draft(chain(cont.shape[0]), tokens)
         return Draft(chain(cont.shape[0]), torch.cat([context[-1:], cont]))
 
-    def observe(self, path: list[int], next_token: int) -> None:
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
         if self.sizer is not None:
             self.sizer.observe(path)

@@ -10,9 +10,10 @@ Tree semantics (Medusa's static sparse tree): the candidates of one depth are sh
 parent of that depth, so a node with path ``(r_1, ..., r_d)`` holds the ``r_d``-th ranked token
 of head ``d-1`` — the tree is a subset of the Cartesian product of the heads' top-k lists.
 
-The loop hands the hidden state over through ``observe(path, next_token, hidden=...)``; a
-drafter with ``needs_hidden = True`` asks for it. Without a hidden state (the first step, or a
-loop that does not pass it) the drafter proposes the root alone: plain decoding for one step.
+The loop hands the hidden state over through ``observe(path, next_token, hidden=...)``; the
+drafter asks for it with ``hidden_need = HiddenNeed.LAST``. Without a hidden state (the first
+step, or a loop that does not pass it) the drafter proposes the root alone: plain decoding for one
+step.
 Proposals are deterministic (``Draft.q is None``).
 
 Sequential heads (``heads.conditioned``, :class:`speculant.heads.SequentialHeads`) also read the
@@ -21,7 +22,7 @@ the top-ranked tokens of the heads' step from that node's own state (one project
 the nodes of that depth that have children). The same path lists describe both kinds of tree.
 With a context layer (``heads.context``, prefix attention) the heads' first state is that layer's
 output over the hidden states of every committed position, so the drafter asks the loop for all of
-them (``needs_all_hidden``) and keeps the layer's keys and values in a ``ContextCache``.
+them (``hidden_need = HiddenNeed.ALL``) and keeps the layer's keys and values in a ``ContextCache``.
 
 Optionally (``lookup``) the tree gets one more branch under the root: a chain of the tokens that
 followed the latest earlier occurrence of the context's last n-gram (prompt lookup), unfilled
@@ -40,7 +41,7 @@ import torch
 from ..errors import ConfigError
 from ..heads import ContextCache
 from ..tree import TreeBuffers, chain, compile_paths
-from .base import Draft
+from .base import Draft, HiddenNeed
 from .lookup import LookupDrafter
 from .sizing import TreeSizer
 
@@ -62,11 +63,9 @@ class DynamicTree:
     path's score is known from one call, and the best ``nodes`` are found best-first.
     """
 
-    nodes: int = 15  # + the root: 16 rows, the fastest tree measured on packed weights (api.DEFAULT_TREE_ROWS)
+    nodes: int = 15  # + the root: 16 rows. Why: docs/design-notes.md#tree-rows
     depth: int = 0  # 0: as deep as the heads go (K)
-    # measured teacher-forced (tools/teacher_forced_tau.py's texts): 16 children per expanded node
-    # and a beam of 4 beat 8 and 6 (hydra+lookup 2.341 -> 2.363, hydra 1.904 -> 1.933) at the same
-    # drafting cost: the first depth's top-16 is one row, and fewer rows go down the beam
+    # Why 16 children and a beam of 4: docs/design-notes.md#dynamic-tree-beam
     top_k: int = 16
     beam: int = 4
 
@@ -115,7 +114,7 @@ class MedusaDrafter:
     drafted); without one, every step verifies ``dynamic.nodes`` + the chain's length.
     """
 
-    needs_hidden = True  # the loop passes hidden=out.hidden[path[-1]] to observe()
+    hidden_need = HiddenNeed.LAST  # the loop passes hidden=out.hidden[path[-1]] to observe()
 
     def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int, lookup: LookupDrafter | None = None,
                  dynamic: DynamicTree | None = None, sizer: TreeSizer | None = None):
@@ -163,7 +162,8 @@ class MedusaDrafter:
         # sequential heads with a context layer read every committed position's hidden state: the
         # loop then passes all of them (prefill rows, accepted path) instead of the last one
         self.context = getattr(heads, "context", None) if self.conditioned else None
-        self.needs_all_hidden = self.context is not None
+        if self.context is not None:
+            self.hidden_need = HiddenNeed.ALL
         self._context_cache: ContextCache | None = None
         self._observe_ms = 0.0
 
@@ -182,7 +182,7 @@ class MedusaDrafter:
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """New sequence. ``hidden`` (H,), optional: the target's hidden state at ``prompt[-2]``
         (the row before the first root), if the loop's prefill returns it; with a context layer
-        (``needs_all_hidden``), the (T-1, H) states of ``prompt[:-1]``."""
+        (``HiddenNeed.ALL``), the (T-1, H) states of ``prompt[:-1]``."""
         self._context_cache = ContextCache() if self.context is not None else None
         self.hidden = self._first_state(hidden)
 
