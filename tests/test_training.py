@@ -298,11 +298,11 @@ def test_feature_table_next_rows_and_feature_loss(target, tmp_path):
     backbone's at that position); the feature loss trains sequential heads (and only them)."""
     from speculant.heads import make_heads
     from speculant.training.data import windows
-    from speculant.training.train import _FeatureTable, _Trainable
+    from speculant.training.features import FeatureTable, Trainable
     recs = synthetic_records(n=4, length=40)
     items = windows(recs, 64, False)
     heads = make_heads(dataclasses.replace(heads_cfg(), kind="sequential"), target)
-    table = _FeatureTable.build(items, K, _Trainable(target, heads), "cpu", progress=False)
+    table = FeatureTable.build(items, K, Trainable(target, heads), "cpu", progress=False)
     nxt = table.next_rows
     assert nxt.shape == (len(table), K) and bool((nxt >= 0).any()) and bool((nxt < 0).any())
     for i in range(len(table)):
@@ -332,10 +332,10 @@ def test_teacher_loss_scores_the_targets_own_distribution_at_the_predicted_posit
     from speculant.heads import make_heads
     from speculant.heads.projection import frozen_projection
     from speculant.training.data import windows
-    from speculant.training.train import _FeatureTable, _Trainable, teacher_loss
+    from speculant.training.features import FeatureTable, Trainable, teacher_loss
     recs = synthetic_records(n=4, length=40)
     heads = make_heads(dataclasses.replace(heads_cfg(), kind="sequential"), target)
-    table = _FeatureTable.build(windows(recs, 64, False), K, _Trainable(target, heads), "cpu", progress=False)
+    table = FeatureTable.build(windows(recs, 64, False), K, Trainable(target, heads), "cpu", progress=False)
     rows = torch.arange(len(table))
     nxt = table.next_rows
 
@@ -387,7 +387,7 @@ def test_feature_noise_weight_decay_and_held_out_history(target, tmp_path):
 def test_feature_cache_reused(target, tmp_path, monkeypatch):
     """A second run on the same data reads the kept tables (the backbone does not run again) and
     trains exactly as the first."""
-    from speculant.training import train as train_mod
+    from speculant.training import features
     data = write_jsonl(tmp_path / "data.jsonl", synthetic_records())
     kw = dict(steps=5, save_every=100, rows_per_batch=64, feature_cache=str(tmp_path / "cache"), **FAST)
     first = train_heads(target, heads_cfg(), data, tmp_path / "a", **kw)
@@ -395,13 +395,13 @@ def test_feature_cache_reused(target, tmp_path, monkeypatch):
 
     def no_backbone(*a, **k):
         raise AssertionError("the backbone ran again")
-    monkeypatch.setattr(train_mod._FeatureTable, "build", no_backbone)
+    monkeypatch.setattr(features.FeatureTable, "build", no_backbone)
     second = train_heads(target, heads_cfg(), data, tmp_path / "b", **kw)
     assert second["initial"] == first["initial"] and second["final"] == first["final"]
 
 
 def test_draft_vocabulary_from_the_answers(target, tmp_path):
-    from speculant.training.train import draft_vocabulary
+    from speculant.training.setup import draft_vocabulary
     recs = [{"prompt_len": 2, "ids": [60, 61, 9, 9, 9, 7, 7, 30]}, {"prompt_len": 1, "ids": [62, 30, 7]}]
     assert draft_vocabulary(recs, 2, V).tolist() == [7, 9]  # 7 and 9: three times each; 30 twice
     assert draft_vocabulary(recs, 5, V).tolist() == [0, 1, 7, 9, 30]  # then the lowest free ids
