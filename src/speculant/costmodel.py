@@ -1,17 +1,11 @@
 """What one verification pass of the target costs on this machine, by the number of rows it scores.
 
-The right size of a draft tree depends on the hardware, not only on the heads. Qwen2.5-1.5B in
-bf16, 2 cores, 500 tokens of context, milliseconds per pass:
-
-    rows                                     1     8    16    29    32
-    Intel Xeon, AMX (speculant's kernel)   138     -   155   172   174    weight-bound: 29 rows 1.25x
-    AMD EPYC, AVX-512 BF16 (oneDNN)        156   167   232   320   372    compute-bound past ~8 rows
-
-A 16-row tree costs 1.12x a token on the first machine and 1.49x on the second, so a tree size
-tuned on one is wrong on the other. On the second the cost also grows with the context, row by
-row (attention; at 16 rows, ~60 ms more after 1,024 tokens than after 128). :func:`pass_cost`
+The right size of a draft tree depends on the hardware, not only on the heads: where a pass is
+bound by reading the weights (AMX), 16 rows cost little more than one; where it is bound by the
+arithmetic (AVX-512 without AMX), every row adds to it, and more so as the context grows
+(attention). Measurements: docs/design-notes.md#tree-size-follows-the-machine. :func:`pass_cost`
 measures the curve once per machine, model, dtype and runtime (widths 1-32 after 64 tokens, and
-a few again after 512; ~15 s for a 1.5B model on a 2-core CPU without AMX), caches it under
+a few again after 512; seconds for a 1.5B model), caches it under
 ``$SPECULANT_CACHE``, and the dynamic tree (``drafters.medusa``, ``drafters.sizing``) sizes every
 step's tree against it at that step's context length.
 """

@@ -6,19 +6,8 @@ so the reorder is a second full pass over them. :class:`PackedLinear` blocks the
 in speculant's own layout where its kernels build (``kernels/bf16_amx.cpp``: each weight tile
 multiplies up to 32 rows per pass over the weights; ``kernels/bf16_avx512.cpp`` on AVX-512 BF16
 without AMX, same layout), else in oneDNN's (what ``torch.compile``'s
-freezing pass does for CPU, called through ``mkldnn._linear_pointwise``). Qwen2.5-1.5B, bf16,
-2 cores, 500 tokens of context; milliseconds per target pass (Intel Xeon with AMX):
-
-    rows              1    16    29
-    plain           224     -   257
-    oneDNN layout   165   177   210
-    own kernel      138   155   172
-
-On an AMD EPYC (Zen 4, AVX-512 BF16, no AMX), the same run, interleaved, 200 tokens of context:
-
-    rows              1     8    16    24    32
-    oneDNN layout   148   151   192   251   313
-    own kernel      112   128   171   236   300
+freezing pass does for CPU, called through ``mkldnn._linear_pointwise``).
+What each layout costs by rows: docs/design-notes.md#packed-bf16-weights
 
 Packing changes no result beyond the order of fp32 additions (the tests check logits against the
 plain model's), and every method, ``ar`` included, gets the speed-up.
@@ -37,7 +26,8 @@ from torch import nn
 
 from .kernels import cpu_kernels, pack_bf16
 
-ROWS_HINT = 32  # the batch size oneDNN picks the blocked layout for (a tree pass; measured: 16-64 alike)
+# the batch size oneDNN picks its blocked layout for (a tree pass): docs/design-notes.md#packed-bf16-weights
+ROWS_HINT = 32
 _EMPTY = torch.empty(0, dtype=torch.bfloat16)
 
 

@@ -5,21 +5,19 @@ A quantized *draft* costs nothing in output quality: the target verifies every t
 output stays exactly the target's; only the acceptance rate can move. Quantizing the target
 changes its outputs (a user's choice, measured separately).
 
-Kernels: int4 uses speculant's own AMX kernel where it runs (``speculant.kernels``: int4 weights
-x int8 activations, cost about flat from 1 to 16 rows, rows computed independently, any width);
-otherwise, and for int8, PyTorch's CPU weight-only matmuls (``aten._weight_int8pack_mm``,
-``aten._weight_int4pack_mm_for_cpu``), whose cost grows linearly with the rows of x, while a bf16
-matmul on AMX costs about the same for 1 or 16 rows (a 896x4864 layer: PyTorch int4 0.12 ms vs
-bf16 0.39 ms at 1 row; 0.45 vs 0.43 at 8 rows; 14.4 vs 1.35 at 256 rows). So each layer keeps its
-dense weight too (memory is not the limit, bandwidth is) and inputs of more than
-``dense_above_rows`` rows (4; 16 with speculant's kernel) take the dense path.
+Kernels: int4 uses speculant's own kernels where they run (``speculant.kernels``: int4 weights
+x int8 activations, rows computed independently, cost close to flat over a few rows); otherwise,
+and for int8, PyTorch's CPU weight-only matmuls (``aten._weight_int8pack_mm``,
+``aten._weight_int4pack_mm_for_cpu``), whose cost grows linearly with the rows of x while a dense
+bf16 matmul costs about the same for 1 or 16 rows. So each layer keeps its dense weight too
+(memory is not the limit, bandwidth is) and inputs of more than ``dense_above_rows`` rows (4; 16
+with speculant's kernel) take the dense path.
 
 ``keep_dense=False`` drops that dense weight (the memory-lean choice for a large target whose
 dense copy would double its footprint): inputs of up to ``max_kernel_rows`` rows use the quantized
-kernel, larger ones (prefill) dequantize the weight into a temporary dense matrix for that one call.
-The thresholds are the measured crossovers (one thread, Qwen2.5-1.5B layers): dequantizing a
-1536x8960 layer costs ~2x a 32-row int8 kernel call but ~1.7x a 128-row PyTorch int4 one, so int8
-switches at 32 rows and PyTorch int4 at 192; speculant's int4 kernel is used at every width.
+kernel, larger ones (prefill) dequantize the weight into a temporary dense matrix for that one call
+(int8 above 32 rows, PyTorch int4 above 192; speculant's int4 kernel is used at every width).
+Why these thresholds: docs/design-notes.md#quantized-layers-row-thresholds
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A native int4 model saved once, read back in seconds.
 
-Quantizing Qwen2.5-1.5B's bf16 weights to int4 takes ~15-60 s on 2 cores, and reading them
-through their dense copies makes the process peak far above the final model. So the first
+Quantizing a model's bf16 weights to int4 takes a while, and reading them through their dense
+copies makes the process peak far above the final model. So the first
 ``NativeModel.from_dir(..., quant="int4")`` of a model on a machine saves the packed result (one
-safetensors file under ``$SPECULANT_CACHE/native/``), and later loads read it back: ~1.4 GB
-for the 1.5B model with its output layer in int4, read in about a second. The embedding table is
+safetensors file under ``$SPECULANT_CACHE/native/``), and later loads read it back in about a
+second (docs/design-notes.md#int4-model-saved-once-per-machine). The embedding table is
 mapped from the file, not read: only the rows of the tokens actually seen become resident.
 
 The file holds each layer's norms, its joined q/k/v and gate/up layers and its o/down layers

@@ -1,5 +1,7 @@
-"""speculant's own CPU kernels, compiled on first use with PyTorch's C++ extension builder
-(one module, :func:`cpu_kernels`).
+"""speculant's own CPU kernels, compiled on first use with PyTorch's C++ extension builder: one
+module for AMX or AVX-512 BF16 CPUs (:func:`cpu_kernels`) and one for every x86-64 CPU
+(:func:`x86_kernels`: ``int4_x86.cpp``, ``attention_x86.cpp``, ``layer_x86.cpp``, each on an
+AVX-512, AVX2 and portable C++ path that give the same bits).
 
 ``int4_amx.cpp``: an int4-weight matmul for a few rows whose cost stays about that of reading the
 weights from 1 to 16 rows (AMX-INT8 tiles; activations quantized per row and per 64 inputs to
@@ -10,9 +12,7 @@ BF16 (Intel Sapphire Rapids and later) on Linux. Without them, or if the build f
 
 ``bf16_avx512.cpp``: bf16_amx.cpp's matmul (same interface and layout) for CPUs with AVX-512
 BF16 but no AMX (AMD Zen 4 and later): VDPBF16PS, each weight vector used by up to 6 rows at
-once, rows independent of each other too. Qwen2.5-1.5B's 28 layers' matmuls on 2 Zen 4 cores,
-ms: 65 own / 109 oneDNN at 1 row, 123 / 149 at 16, 217 / 236 at 32 (beyond ~8 rows the
-arithmetic, not reading the weights, bounds it).
+once, rows independent of each other too (measurements: docs/design-notes.md#bf16-kernel-without-amx).
 On such a CPU :func:`cpu_kernels` builds this file and attention.cpp (no int4 kernel: it needs AMX).
 
 ``attention.cpp``: attention of a few new tokens over the bf16 KV cache, each (token, head)
@@ -38,7 +38,7 @@ __all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu
            "dequantize_int4_x86", "int4_isa", "int4_kernel", "kernels_name", "pack_bf16", "pack_int4", "pack_int4_x86",
            "x86_kernels"]
 
-GROUP = 64  # input channels per (scale, offset) group: one AMX tile step
+GROUP = 64  # input channels per (scale, offset) group: one AMX tile step; docs/design-notes.md#int4-group-size
 
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
