@@ -2,7 +2,7 @@
 PY ?= python3
 PIP := $(PY) -m pip
 
-.PHONY: install demo test test-fast bench install-peers install-openvino install-llama-server
+.PHONY: install demo test test-fast bench install-peers install-openvino install-llama-server docs
 
 install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
@@ -22,6 +22,10 @@ test-fast:
 
 bench: install
 	$(PY) -m speculant.cli bench --per-category 2 --max-new-tokens 128 --json-out bench-out.json
+
+# the documentation site (docs/ and mkdocs.yml, Material theme) into site/; warnings fail the build
+docs:
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 # the bench's peer rows (llama.cpp's llama-server, OpenVINO GenAI); not needed by the tests
 install-peers: install-llama-server install-openvino

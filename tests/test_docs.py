@@ -1,0 +1,100 @@
+"""The user docs: README.md stays short, every relative link in README.md and docs/ points at a
+file that exists, and the MkDocs site builds with --strict (no warnings)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+README_MAX_LINES = 250
+
+# [text](target) and [text](target "title"); images too. Reference-style links are not used.
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def markdown_files() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def relative_links(path: Path) -> list[str]:
+    """Link targets in ``path`` that are neither URLs nor in-page anchors (code is skipped)."""
+    text = CODE_SPAN.sub("", FENCE.sub("", path.read_text(encoding="utf-8")))
+    out = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+            continue  # http:, https:, mailto: ...; or an anchor in the same page
+        out.append(target)
+    return out
+
+
+def test_readme_is_short() -> None:
+    n = len(README.read_text(encoding="utf-8").splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines; keep it to {README_MAX_LINES} (details go in docs/)"
+
+
+def test_readme_keeps_results_markers() -> None:
+    text = README.read_text(encoding="utf-8")
+    begin, end = text.find("<!-- results:begin -->"), text.find("<!-- results:end -->")
+    assert 0 <= begin < end, "README.md needs <!-- results:begin --> ... <!-- results:end --> (speculant bench-report)"
+
+
+def test_docs_pages_exist() -> None:
+    for name in ("index", "methods", "performance", "heads", "architecture"):
+        assert (DOCS / f"{name}.md").is_file(), f"docs/{name}.md is missing"
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_at_files(path: Path) -> None:
+    broken = []
+    for target in relative_links(path):
+        file_part = unquote(target.split("#", 1)[0])
+        if not file_part:
+            continue
+        if not (path.parent / file_part).exists():
+            broken.append(target)
+    assert not broken, f"{path.relative_to(ROOT)}: links to missing files: {broken}"
+
+
+def test_docs_links_stay_inside_docs() -> None:
+    """The site is built from docs/ alone: a docs page linking out of it would be dead on the site."""
+    outside = {}
+    for path in sorted(DOCS.glob("*.md")):
+        bad = [t for t in relative_links(path)
+               if not (path.parent / unquote(t.split("#", 1)[0])).resolve().is_relative_to(DOCS.resolve())]
+        if bad:
+            outside[path.name] = bad
+    assert not outside, f"docs pages linking outside docs/ (use a code span for repository paths): {outside}"
+
+
+def test_link_finder(tmp_path: Path) -> None:
+    md = ("[a](docs/x.md) ![i](img.png) [u](https://e.org) [s](#top) [t](y.md#part \"title\")\n"
+          "`[c](not-a-link.md)`\n```\n[d](in-a-fence.md)\n```\n")
+    p = tmp_path / "probe.md"
+    p.write_text(md, encoding="utf-8")
+    assert relative_links(p) == ["docs/x.md", "img.png", "y.md#part"]
+
+
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+        pytest.skip("mkdocs-material is not installed (it comes with `make install`, or "
+                    "`pip install -e '.[docs]'`)")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    assert (tmp_path / "site" / "index.html").is_file()
+    for page in ("methods", "performance", "heads", "architecture"):
+        assert (tmp_path / "site" / page / "index.html").is_file(), f"the site has no {page} page"
