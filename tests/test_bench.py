@@ -1,7 +1,8 @@
-"""The bench harness: method names with acceptance rules, the quality scores (BLEU on
-translation, exact match of the final number on math_reasoning), the summary with peer rows
-(same as own plain, vs best peer, decode-only rates), skipped and fake peers on tiny models, and
-one end-to-end run with the real peers (``real``; skipped unless both are installed)."""
+"""The bench harness: method specs (acceptance rules, per-row @KEY=VALUE options), the quality
+scores (BLEU on translation, exact match of the final number on math_reasoning), the summary with
+peer rows (same as own plain, vs best peer, decode-only rates), the 80-column tables,
+`bench-report` (Markdown, README section, plot), skipped and fake peers on tiny models, and one
+end-to-end run with the real peers (``real``; skipped unless both are installed)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from speculant.bench import harness
-from speculant.bench.harness import (PEERS, BenchConfig, final_number, plain_of, print_summary, quality_scores,
-                                     run_bench, split_method, summarize, tree_budget_of)
+from speculant.bench.harness import BenchConfig, _row_settings, run_bench
+from speculant.bench.methods import PEERS, parse_method, plain_of, split_method, tree_budget_of
+from speculant.bench.report import (BEGIN, END, final_number, load_result, markdown_table, newest_result,
+                                    print_summary, quality_scores, summarize, update_readme)
 from speculant.errors import ConfigError
 
 
@@ -35,6 +38,57 @@ def test_bench_config_validates_methods():
                          (("ar", "sd@fixed"), "medusa and hydra only")]:
         with pytest.raises(ConfigError, match=msg):
             BenchConfig("t", "d", methods=methods)
+
+
+def test_method_spec_options(tmp_path):
+    heads = tmp_path / "heads-a"
+    heads.mkdir()
+    spec = parse_method(f"hydra+lookup@heads={heads}@tree=dynamic:16:3@lookup=12")
+    assert (spec.name, spec.base, spec.lookup, spec.rule) == ("hydra+lookup", "hydra", True, "exact")
+    assert spec.options == {"heads": str(heads), "tree": "dynamic:16:3", "lookup": "12"}
+    assert parse_method("medusa:typical@fixed").options == {"budget": "fixed"}
+    assert parse_method("medusa+lookup@budget=auto@tree=dynamic:23:4").options == {"budget": "auto",
+                                                                                   "tree": "dynamic:23:4"}
+    assert parse_method("sd@gamma=3").int_option("gamma") == 3 and parse_method("sd").int_option("gamma") is None
+    assert tree_budget_of("hydra@budget=fixed", "auto") == "fixed"
+    # two rows of one method with different heads run side by side
+    BenchConfig("t", "d", methods=("ar", f"hydra+lookup@heads={heads}", "hydra+lookup"))
+    # a row's options override the bench-wide settings; the other rows keep them
+    cfg = BenchConfig("t", "d", methods=("ar",), gamma=5, lookup_branch=8, hydra_heads="/shipped", tree="2x1x1x1")
+    assert _row_settings(spec, cfg) == {"tree": "dynamic:16:3", "heads": str(heads), "gamma": 5,
+                                        "lookup_branch": 12, "tree_budget": "auto"}
+    assert _row_settings(parse_method("hydra"), cfg) == {"tree": None, "heads": "/shipped", "gamma": 5,
+                                                         "lookup_branch": 0, "tree_budget": "auto"}
+    assert _row_settings(parse_method("hydra+lookup@fixed"), cfg)["lookup_branch"] == 8
+    assert _row_settings(parse_method("hydra+lookup@fixed"), cfg)["tree_budget"] == "fixed"
+    assert _row_settings(parse_method("mcsd"), cfg)["tree"] == "2x1x1x1"
+    assert _row_settings(parse_method("sd@gamma=2"), cfg)["gamma"] == 2
+    tree = tmp_path / "tree.json"
+    tree.write_text("[[0], [1], [0, 0]]")
+    assert _row_settings(parse_method(f"medusa@tree={tree}"), cfg)["tree"] == "[[0], [1], [0, 0]]"
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("hydra+lookup@size=3", "unknown option 'size'; valid keys for hydra\\+lookup: heads, tree, budget, lookup"),
+    ("sd@heads=x", "option 'heads' applies to medusa, hydra and bpd only; valid keys for sd: gamma"),
+    ("ar@gamma=2", "option 'gamma' applies to sd, lookup and bpd only; ar takes no @options"),
+    ("hydra@lookup=4", "option 'lookup' applies to medusa\\+lookup and hydra\\+lookup only"),
+    ("hydra+lookup@lookup=0", "lookup='0': the prompt-lookup chain's length, an integer >= 1"),
+    ("sd@gamma=many", "gamma='many'"),
+    ("hydra@budget=wide", "budget='wide': a tree budget is @auto or @fixed"),
+    ("hydra@", "an empty option after '@'; write @KEY=VALUE \\(valid keys for hydra: heads, tree, budget\\)"),
+    ("hydra@heads=", "option 'heads' has no value"),
+    ("hydra@heads=/no/such/dir", "heads directory '/no/such/dir' does not exist"),
+    ("medusa@tree=/no/such/tree.json", "tree file '/no/such/tree.json' does not exist"),
+    ("hydra@fixed@budget=auto", "option 'budget' is given twice"),
+    ("llama-server@fixed", "a tree budget \\(@auto, @fixed\\) applies to medusa and hydra only; llama-server takes no"),
+    ("eagle@heads=x", "unknown bench method 'eagle' in 'eagle@heads=x'"),
+])
+def test_bad_method_spec_names_the_bad_part(spec, msg):
+    with pytest.raises(ConfigError, match=msg):
+        parse_method(spec)
+    with pytest.raises(ConfigError, match=msg):
+        BenchConfig("t", "d", methods=("ar", spec))
 
 
 @pytest.mark.parametrize("text,want", [
@@ -162,17 +216,34 @@ def test_summarize_without_peers_or_their_plain_row():
     assert s["llama-server+ngram"]["identical_to_plain"] == 1 and s["openvino+draft"]["identical_to_plain"] == 0
 
 
-def test_summary_table_is_not_truncated(capsys):
+def test_summary_table_fits_80_columns(capsys):
     s = summarize(_synthetic_runs(), METHODS, {EOS})
-    print_summary(s, "speculant bench: a title that is fairly long, to see that nothing is squeezed")
+    print_summary(s, "speculant bench: a title that is fairly long, long enough to be wrapped at eighty columns")
     out = capsys.readouterr().out
-    for header in ("method", "tok/s", "decode tok/s", "vs ar", "decode vs ar", "vs best peer",
-                   "decode vs best peer", "τ", "α", "same as plain"):
-        assert header in out
-    assert "…" not in out
-    assert "best peer: llama-server+ngram (6.25 tok/s" in out and "by decode tok/s: openvino (25.00)" in out
-    assert "tokens/s by category" in out and "rag" in out
-    assert "2/2 (llama-server)" in out and "1/2 (ar)" in out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in out
+    header = next(i for i, line in enumerate(lines) if line.startswith("method"))
+    # two-line headers, every word whole
+    assert lines[header - 1].split() == ["decode", "decode", "vs", "decode"]
+    assert lines[header].split() == ["method", "tok/s", "tok/s", "vs", "ar", "vs", "ar", "peer", "vs", "peer",
+                                     "τ", "α", "same"]
+    text = " ".join(out.split())  # the legend and notes wrap at 80 columns
+    assert "τ: tokens per target call" in text and "same: outputs equal to the plain row" in text
+    assert "best peer: llama-server+ngram (6.25 tok/s" in text and "by decode tok/s: openvino (25.00)" in text
+    assert "tokens/s by category" in text and "rag" in text
+    rows = {line.split()[0]: line.split() for line in lines[header + 2: header + 2 + len(METHODS)]}
+    assert list(rows) == list(METHODS)
+    assert rows["lookup"][-1] == "1/2" and rows["llama-server+ngram"][-1] == "2/2"
+    assert rows["lookup"][1:4] == ["5.00", "16.67", "2.00x"]
+
+
+def test_summary_table_folds_long_method_specs(capsys):
+    long = "hydra+lookup@heads=/a/rather/long/path/to/some/heads"
+    runs = [dict(r, method=long) if r["method"] == "lookup" else r for r in _synthetic_runs()]
+    print_summary(summarize(runs, ("ar", long), {EOS}), "t")
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
+    assert "some/heads" in out.replace(" ", "").replace("\n", "")
 
 
 def test_bench_config_accepts_the_peer_rows():
@@ -304,7 +375,7 @@ def test_peer_rows_run_and_are_closed(tiny, tmp_path, fake_server, capsys):
     assert all(r["token_ids"] == [4, 5] and r["eos"] and r["new_tokens"] == 2 for r in rows)
     assert all(r["timing"]["draft_n"] == 2 and r["prefill_s"] == 0.01 for r in rows)
     out = capsys.readouterr().out
-    assert "best peer: llama-server" in out and "decode vs best peer" in out
+    assert "best peer: llama-server" in out and "vs peer" in out
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
@@ -313,6 +384,120 @@ def test_peers_are_closed_on_error(tiny, tmp_path, fake_server, error):
     with pytest.raises(error, match="went away"):
         run_bench(_cfg(tiny, ("ar", "llama-server", "llama-server+draft"), tmp_path))
     assert len(fake_server.instances) == 2 and all(s.closed for s in fake_server.instances)
+
+
+# ------------------------------------------------------------------------------------------------
+# bench-report: a saved JSON as Markdown, a README section, a plot
+# ------------------------------------------------------------------------------------------------
+
+def _saved(directory, name="2026-01-02-some-cpu-bench.json", date="2026-01-02T03:04:05+00:00"):
+    runs = _synthetic_runs()
+    result = {"config": {"target": "tiny-target", "max_new_tokens": 128}, "command": "speculant bench --x 1",
+              "date": date, "machine": {"cpu": "Some CPU 9000", "flags": ["avx2", "avx512_vnni", "fma"], "cores": 2},
+              "commit": "0" * 40, "peers": {m: {} for m in METHODS if m in PEERS}, "runs": runs,
+              "summary": summarize(runs, METHODS, {EOS})}
+    path = directory / name
+    path.write_text(json.dumps(result))
+    return path
+
+
+def _md_rows(text):
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| `")}
+
+
+def test_bench_report_markdown(tmp_path, capsys):
+    from speculant.cli import main
+
+    path = _saved(tmp_path)
+    assert main(["bench-report", str(path), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("*Some CPU 9000 (avx512_vnni; 2 cores), 2026-01-02; tiny-target, 2 Spec-Bench prompts")
+    assert "Command: `speculant bench --x 1`" in lines[0] and f"[{path.name}]({path.as_posix()})" in lines[0]
+    assert lines[2] == "| method | tok/s (prefill incl.) | decode tok/s | vs ar | vs best peer | τ | same as ar |"
+    rows = _md_rows(out)
+    assert list(rows) == ["`ar`", "`lookup`", "`llama-server` (peer)", "`llama-server+ngram` (peer)",
+                          "`openvino` (peer)", "`openvino+draft` (peer)"]
+    assert rows["`ar`"] == ["2.50", "3.85", "1.00x", "0.40x", "1.00", "2/2"]
+    assert rows["`lookup`"] == ["5.00", "16.67", "2.00x", "0.80x", "1.50", "1/2"]
+    assert rows["`llama-server+ngram` (peer)"][-2:] == ["–", "–"]
+
+
+def test_bench_report_reads_a_summary_without_decode_rates(tmp_path):
+    path = _saved(tmp_path)
+    old = json.loads(path.read_text())
+    keep = ("speedup", "tokens_per_s", "tokens_per_call", "identical_to_ar", "prompts")
+    old["summary"] = {m: {k: v for k, v in s.items() if k in keep} for m, s in old["summary"].items()}
+    path.write_text(json.dumps(old))
+    assert _md_rows(markdown_table(load_result(path)))["`lookup`"] == ["5.00", "–", "2.00x", "0.80x", "1.50", "1/2"]
+
+
+def test_bench_report_update_readme(tmp_path, capsys):
+    from speculant.cli import main
+
+    (tmp_path / "benchmarks").mkdir()
+    path = _saved(tmp_path / "benchmarks")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
+    assert main(["bench-report", str(path), "--update-readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith(f"# title\n\nbefore\n{BEGIN}\n*Some CPU 9000") and text.endswith(f"{END}\nafter\n")
+    assert "old table" not in text and f"](benchmarks/{path.name})" in text
+    assert "| `lookup` | 5.00 |" in text
+    assert main(["bench-report", str(path), "--update-readme", str(readme)]) == 0
+    assert readme.read_text() == text  # the same again
+    readme.write_text("no markers here\n")
+    assert main(["bench-report", str(path), "--update-readme", str(readme)]) == 2
+    assert "has no '<!-- results:begin -->' ... '<!-- results:end -->' pair" in capsys.readouterr().err
+    assert readme.read_text() == "no markers here\n"
+    with pytest.raises(ConfigError, match="put both markers"):
+        update_readme(readme, load_result(path), path)
+
+
+def test_bench_report_defaults_to_the_newest_json(tmp_path, monkeypatch, capsys):
+    from speculant.cli import main
+
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    _saved(bench, "2026-01-02-a-bench.json", "2026-01-02T00:00:00+00:00")
+    newest = _saved(bench, "2026-03-04-b-bench.json", "2026-03-04T00:00:00+00:00")
+    (bench / "2026-05-06-a-quant-eval.json").write_text(json.dumps({"results": {}}))  # not a bench result
+    assert newest_result(bench) == newest
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench-report"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "2026-03-04" in out and "lookup" in out
+    with pytest.raises(ConfigError, match="no bench JSON in"):
+        newest_result(tmp_path / "empty")
+    assert main(["bench-report", str(bench / "2026-05-06-a-quant-eval.json"), "--markdown"]) == 2
+    assert "is not a bench result" in capsys.readouterr().err
+
+
+def test_bench_report_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from speculant.cli import main
+
+    path, png = _saved(tmp_path), tmp_path / "bench.png"
+    assert main(["bench-report", str(path), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert main(["bench-report", str(path), "--plot", str(tmp_path / "bench.nope")]) == 2
+    assert "unknown image type '.nope'" in capsys.readouterr().err
+    assert main(["bench-report", str(path), "--plot", str(tmp_path / "no" / "dir.png")]) == 2
+    assert "no directory" in capsys.readouterr().err
+
+
+def test_bench_plot_option(tiny, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from speculant.cli import main
+
+    png = tmp_path / "run.png"
+    argv = ["bench", "--target", tiny["target"], "--draft", tiny["draft"], "--methods", "ar,lookup@gamma=2",
+            "--dtype", "float32", "--questions", tiny["questions"], "--categories", "qa", "--max-new-tokens", "4",
+            "--json-out", str(tmp_path / "run.json"), "--plot", str(png)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert list(json.loads((tmp_path / "run.json").read_text())["summary"]) == ["ar", "lookup@gamma=2"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -94,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the target's GGUF: plain, the draft's GGUF as draft model, n-gram lookup; needs "
                         "`make install-llama-server`); openvino, openvino+lookup, openvino+draft (OpenVINO GenAI, "
                         "int4: plain, prompt lookup, the 0.5B draft; needs `make install-openvino`); a peer "
-                        "that is not installed is skipped with a message (default: %(default)s)")
+                        "that is not installed is skipped with a message. One of ours may end in @KEY=VALUE "
+                        "options of its own row (heads=DIR, tree=SPEC|FILE.json, budget=auto|fixed, lookup=N, "
+                        "gamma=N; @fixed = @budget=fixed), so two settings run side by side, e.g. "
+                        "hydra+lookup@heads=A,hydra+lookup@heads=B (default: %(default)s)")
     b.add_argument("--hydra-heads", default=None,
                    help="hydra: sequential heads directory (default: the ones shipped for the target preset)")
     b.add_argument("--per-category", type=int, default=1, help="prompts per Spec-Bench category")
@@ -102,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--questions", default=None, help="a Spec-Bench-style JSONL file (default: the bundled one)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--json-out", default=None, help="write runs and summary as JSON to this file")
+    b.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also draw speed-up over ar per category and τ per method to this image (needs matplotlib)")
+
+    r = sub.add_parser("bench-report", help="show a saved bench JSON: table, Markdown, plot, README section")
+    r.add_argument("json", nargs="?", default=None,
+                   help="a JSON written by `speculant bench --json-out` (default: the newest in benchmarks/)")
+    r.add_argument("--plot", default=None, metavar="FILE.png", help="draw it to this image (needs matplotlib)")
+    r.add_argument("--markdown", action="store_true", help="print the results table as Markdown")
+    r.add_argument("--update-readme", default=None, metavar="README.md",
+                   help="replace the text between <!-- results:begin --> and <!-- results:end --> in this file "
+                        "with the Markdown results table")
 
     q = sub.add_parser("quant-eval", help="quality cost of target quantization: perplexity and greedy agreement")
     q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
@@ -283,7 +297,39 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
                       quant_head=args.quant_head, tree_budget=args.tree_budget, pacing=not args.no_pacing,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out)
-    run_bench(cfg, command=command_line(argv))
+    if args.plot:
+        from .bench.plot import check_plot_path
+
+        check_plot_path(args.plot)  # before the run, not after it
+    result = run_bench(cfg, command=command_line(argv))
+    if args.plot:
+        from .bench.plot import plot_result
+
+        print(f"plot: {plot_result(result, args.plot)}")
+    return 0
+
+
+def cmd_bench_report(args) -> int:
+    from pathlib import Path
+
+    from .bench.report import load_result, markdown_table, newest_result, print_summary, update_readme
+
+    path = Path(args.json) if args.json else newest_result()
+    result = load_result(path)
+    if args.plot:
+        from .bench.plot import check_plot_path, plot_result
+
+        check_plot_path(args.plot)
+        print(f"plot: {plot_result(result, args.plot)}", file=sys.stderr)
+    if args.markdown:
+        print(markdown_table(result, path.as_posix()), end="")
+    if args.update_readme:
+        update_readme(args.update_readme, result, path)
+        print(f"{args.update_readme}: results table from {path}", file=sys.stderr)
+    if not (args.plot or args.markdown or args.update_readme):
+        from .bench.report import caption
+
+        print_summary(result["summary"], caption(result, path.as_posix(), markdown=False))
     return 0
 
 
@@ -369,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tune_allocator()
     try:
-        commands = {"generate": cmd_generate, "bench": lambda a: cmd_bench(a, argv), "demo": cmd_demo,
+        commands = {"generate": cmd_generate, "bench": lambda a: cmd_bench(a, argv),
+                    "bench-report": cmd_bench_report, "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree}
         return commands[args.command](args)
     except SpeculantError as e:

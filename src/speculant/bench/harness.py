@@ -1,12 +1,10 @@
 """Spec-Bench-style harness: every method on the same prompts, interleaved per prompt, in one
 process, so speed-ups are ratios measured side by side (these machines are noisy).
 
-A method is ``NAME`` or ``NAME:RULE`` with an approximate acceptance rule (``config.parse_acceptance``),
-e.g. ``medusa:typical``, ``bpd:topk=2``, ``bpd:topk=2+min=1``, ``bpd:dist=0.5``; a dynamic-tree method
-may end in ``@fixed`` or ``@auto`` to set its tree budget against ``--tree-budget`` (e.g.
-``hydra+lookup@fixed`` beside ``hydra+lookup`` compares the fixed 16-row tree with the sized one). Quality is scored
-next to speed where Spec-Bench has references: corpus BLEU (sacrebleu) on ``translation`` and
-exact match of the final number on ``math_reasoning`` (GSM8K's ``#### N``).
+A row is a method spec (``bench.methods``): ``NAME[:RULE][@KEY=VALUE]...``, e.g. ``medusa:typical``,
+``bpd:topk=2+min=1``, ``hydra+lookup@fixed`` beside ``hydra+lookup`` (the fixed 16-row tree against
+the sized one), ``hydra+lookup@heads=DIR`` (other heads), ``medusa+lookup@tree=dynamic:23:4``.
+Quality is scored next to speed where Spec-Bench has references (``bench.report``).
 
 Peer rows (``PEERS``): other runtimes, fed the same prompt token ids, each at its own best
 configuration of its kind:
@@ -22,28 +20,7 @@ configuration of its kind:
 A peer whose runtime is not installed, or that cannot run this target, is skipped with a message
 and the rest of the bench runs. Peers are started once per bench (only those asked for), warmed
 up like every row (one short generation), and stopped at the end, also on an error or Ctrl-C.
-
-Summary (per method; table header, then key):
-
-- ``tok/s`` ``tokens_per_s``: new tokens / wall time over all prompts, prefill included;
-- ``decode tok/s`` ``decode_tokens_per_s``: new tokens / (wall time - prefill time). Prefill: ours,
-  the target's prefill forward (``Stats.prefill_s``; a draft model's own prefill counts as
-  decoding); llama-server, its ``prompt_ms``; OpenVINO, its time to first token; hf-assisted, the
-  time to its first streamed block (both models' prefill and the first draft-and-verify step);
-- ``vs ar`` ``speedup`` / ``decode vs ar`` ``decode_speedup``: over our ``ar`` row;
-- ``vs best peer`` ``vs_best_peer`` / ``decode vs best peer`` ``decode_vs_best_peer``: over the
-  fastest peer row of the run (every peer row counts, hf-assisted too), chosen separately for
-  each rate (``best_peer``, ``best_peer_decode``); None when no peer row ran;
-- ``τ`` ``tokens_per_call``: ours from the decoder (tokens per target call, EOS counted as the
-  decoder counts it); ``openvino+draft`` from OpenVINO's own counts (generated tokens / target
-  model inferences, the prefill included: it yields the first token); otherwise 0 ("-");
-- ``α`` ``acceptance_rate``: ours from the decoder; ``llama-server+draft`` / ``+ngram`` and
-  ``openvino+draft`` from the runtime's own counts (accepted / drafted tokens; their drafts are
-  chains); 0 ("-") where not reported (``openvino+lookup`` reports none);
-- ``same as plain`` ``identical_to_plain``: prompts whose output equals that of the row's own
-  runtime's plain decoding (``plain_of``): ours and hf-assisted vs ``ar``, llama-server rows vs
-  ``llama-server``, openvino rows vs ``openvino``; None ("-") when that plain row is not in the
-  run. ``identical_to_ar`` compares every row with ``ar`` (as before).
+The summary's keys and the tables' columns are described in ``bench.report``.
 
 EOS: runtimes differ in whether their output lists the end-of-sequence token they stopped at.
 Every row's output is cut at its first EOS id (the target's generation-config EOS ids, in the
@@ -57,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import resource
 import shlex
 import subprocess
@@ -71,20 +47,19 @@ from pathlib import Path
 import torch
 
 from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, draft_keeps_dense, load_native
-from ..config import DEFAULT_LOOKUP_BRANCH, parse_acceptance
+from ..config import DEFAULT_LOOKUP_BRANCH
 from ..defaults import choose_runtime
 from ..errors import ConfigError
 from ..models import chat_prompt, check_vocab_compatible, load
 from .llama_server import LlamaServer, llama_server_unavailable
+from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401
+                      read_tree, split_method, tree_budget_of)
 from .openvino import DRAFT_PRESET as OPENVINO_DRAFT
 from .openvino import TARGET_PRESET as OPENVINO_TARGET
 from .openvino import OpenVINOPeer, ir_dir, openvino_unavailable
+from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401
+                     summarize)
 
-OURS = ("ar", "auto", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "bpd")
-LLAMA_SERVER = {"llama-server": "plain", "llama-server+draft": "draft", "llama-server+ngram": "ngram"}
-OPENVINO = {"openvino": "plain", "openvino+lookup": "lookup", "openvino+draft": "draft"}
-PEERS = ("hf-assisted", *LLAMA_SERVER, *OPENVINO)
-CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "fma")
 
 
@@ -114,19 +89,8 @@ class BenchConfig:
     json_out: str | None = None
 
     def __post_init__(self):
-        unknown = [m for m in self.methods if split_method(m)[0] not in OURS + PEERS]
-        if unknown:
-            raise ConfigError(f"unknown bench method(s) {unknown}: choose from {', '.join(OURS + PEERS)}, "
-                              "optionally NAME:RULE with an approximate rule (e.g. medusa:typical, bpd:topk=2)")
         for m in self.methods:
-            name, rule = split_method(m)
-            if rule != "exact" and name in PEERS:
-                raise ConfigError(f"{m}: acceptance rules apply to speculant's own methods only")
-            parse_acceptance(rule)
-            if m.partition("@")[2] not in ("", *TREE_BUDGETS):
-                raise ConfigError(f"{m}: a method's tree budget is @auto or @fixed")
-            if "@" in m and name.removesuffix("+lookup") not in ("medusa", "hydra"):
-                raise ConfigError(f"{m}: a tree budget (@auto, @fixed) applies to medusa and hydra only")
+            parse_method(m)  # a ConfigError names the bad part and the valid keys
         if self.tree_budget not in TREE_BUDGETS:
             raise ConfigError(f"unknown --tree-budget {self.tree_budget!r}: choose {' or '.join(TREE_BUDGETS)}")
         if len(set(self.methods)) != len(self.methods):
@@ -141,18 +105,6 @@ class BenchConfig:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
         if self.lookup_branch < 1:
             raise ConfigError(f"--lookup-branch must be >= 1 for the +lookup methods, got {self.lookup_branch}")
-
-
-def split_method(m: str) -> tuple[str, str]:
-    """``"bpd:topk=2"`` -> ``("bpd", "topk=2")``; ``"sd"`` -> ``("sd", "exact")``;
-    ``"hydra+lookup@fixed"`` -> ``("hydra+lookup", "exact")`` (the budget: :func:`tree_budget_of`)."""
-    name, _, rule = m.partition("@")[0].partition(":")
-    return name, rule or "exact"
-
-
-def tree_budget_of(m: str, default: str) -> str:
-    """``"hydra@fixed"`` -> ``"fixed"``; a method without ``@`` -> ``default``."""
-    return m.partition("@")[2] or default
 
 
 def load_questions(path: str | None = None) -> list[dict]:
@@ -176,31 +128,6 @@ def select(rows: list[dict], per_category: int, categories: tuple[str, ...] | No
             raise ConfigError(f"no questions in category {c!r}; categories: {', '.join(CATEGORY_ORDER)}")
         out += picked
     return out
-
-
-def is_peer(m: str) -> bool:
-    """Whether method ``m`` is a peer row (another runtime), not one of speculant's own."""
-    return split_method(m)[0] in PEERS
-
-
-def plain_of(m: str) -> str:
-    """The plain-decoding row whose output ``m``'s is compared with: its own runtime's (our
-    ``ar`` for speculant's methods and for hf-assisted, which runs the same transformers weights)."""
-    name = split_method(m)[0]
-    if name in LLAMA_SERVER:
-        return "llama-server"
-    if name in OPENVINO:
-        return "openvino"
-    return "ar"
-
-
-def cut_at_eos(tokens, eos_token_ids) -> tuple[list[int], bool]:
-    """``tokens`` up to their first EOS id, the EOS excluded, and whether there was one."""
-    tokens = [int(t) for t in tokens]
-    for i, t in enumerate(tokens):
-        if t in eos_token_ids:
-            return tokens[:i], True
-    return tokens, False
 
 
 class _FirstBlock:
@@ -365,24 +292,22 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     runners = {}
     ours_draft = None  # one (quantized) draft shared by sd and mcsd; hf-assisted gets the original
     ours_target = None  # one native target shared by every method of ours
+    resolved = {}  # auto: the method it chose
     for m in methods:
-        name, rule = split_method(m)
-        if name in PEERS:
+        spec = parse_method(m)
+        if spec.name in PEERS:
             continue
-        base, lookup = name.removesuffix("+lookup"), name.endswith("+lookup")
-        tree = cfg.medusa_tree if base == "medusa" else cfg.tree if name == "mcsd" else None
-        dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if name in ("sd", "mcsd") else None,
-                                 method=base, gamma=cfg.gamma,
-                                 lookup_branch=cfg.lookup_branch if lookup else 0, tree=tree, replacement=cfg.replacement,
-                                 heads=cfg.hydra_heads if base == "hydra" else cfg.heads, acceptance=rule,
+        dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if spec.name in ("sd", "mcsd") else None,
+                                 method=spec.base, replacement=cfg.replacement, acceptance=spec.rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head,
-                                 tree_budget=tree_budget_of(m, cfg.tree_budget), pacing=cfg.pacing)
+                                 pacing=cfg.pacing, **_row_settings(spec, cfg))
         ours_draft = ours_draft or dec.draft
         ours_target = ours_target or dec.target
         runners[m] = dec
-        if name == "auto":
-            console.print(f"speculant bench: auto = {dec.method}{'+lookup' if dec.lookup_branch else ''}: {dec.why}")
+        if spec.name == "auto":
+            resolved[m] = {"method": f"{dec.method}{'+lookup' if dec.lookup_branch else ''}", "why": dec.why}
+            console.print(f"speculant bench: auto = {resolved[m]['method']}: {dec.why}")
     tok = target.tokenizer
     eos_ids = set(runners["ar"].eos_token_ids) | ({tok.eos_token_id} - {None})
     for m in methods:  # the peers, in the order asked for
@@ -434,10 +359,24 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
               "machine": machine_info(), **git_info(), "eos_token_ids": sorted(eos_ids), "skipped": skipped,
               "peers": details,
               "best_peer": {"tokens_per_s": best.get("best_peer"), "decode_tokens_per_s": best.get("best_peer_decode")},
-              "runs": runs, "summary": summary, "peak_rss_gb": peak_gb}
+              "resolved": resolved, "runs": runs, "summary": summary, "peak_rss_gb": peak_gb}
     if cfg.json_out:
         Path(cfg.json_out).write_text(json.dumps(result, indent=1))
     return result
+
+
+def _row_settings(spec, cfg: BenchConfig) -> dict:
+    """The decoder settings of one of our rows: its own ``@KEY=VALUE`` options over the bench-wide ones."""
+    o = spec.options
+    if "tree" in o:
+        tree = read_tree(o["tree"])
+    else:
+        tree = cfg.medusa_tree if spec.base == "medusa" else cfg.tree if spec.name == "mcsd" else None
+    heads = o.get("heads") or (cfg.hydra_heads if spec.base == "hydra" else cfg.heads)
+    gamma = spec.int_option("gamma") or cfg.gamma
+    lookup = (spec.int_option("lookup") or cfg.lookup_branch) if spec.lookup else 0
+    return {"tree": tree, "heads": heads, "gamma": gamma, "lookup_branch": lookup,
+            "tree_budget": o.get("budget", cfg.tree_budget)}
 
 
 def _draft_quant(cfg: BenchConfig) -> str:
@@ -455,135 +394,6 @@ def _run_one(runner, ids: torch.Tensor, max_new_tokens: int):
         return res.token_ids, wall, min(float(stats.get("prefill_s", 0.0)), wall), stats, None
     tokens, wall, timing = runner.run(ids, max_new_tokens)
     return tokens, wall, min(float(timing.get("prefill_s") or 0.0), wall), None, dict(timing)
-
-
-def _rates(rs: list[dict]) -> tuple[float, float]:
-    """(tokens/s with prefill, tokens/s of decoding alone) over rows ``rs``."""
-    n = sum(r["new_tokens"] for r in rs)
-    wall = sum(r["wall_s"] for r in rs)
-    decode = sum(max(r["wall_s"] - r.get("prefill_s", 0.0), 0.0) for r in rs)
-    return (n / wall if wall > 0 else 0.0), (n / decode if decode > 0 else 0.0)
-
-
-def _calls_and_acceptance(rs: list[dict]) -> tuple[float, float]:
-    """(τ, α) of rows ``rs`` (see the module docstring); 0.0 where not known."""
-    ours = [r for r in rs if "stats" in r]
-    if ours:
-        calls = sum(r["stats"]["target_calls"] for r in ours)
-        # the decoder's own token count: the answer plus the EOS it stopped at
-        tokens = sum(r["new_tokens"] + bool(r.get("eos")) for r in ours)
-        acc = sum(sum(r["stats"]["accepted_per_call"]) for r in ours)
-        positions = sum(r["stats"]["drafted_positions"] for r in ours)
-        return (tokens / calls if calls else 0.0), (acc / positions if positions else 0.0)
-    t = [r["timing"] for r in rs if r.get("timing")]
-
-    def total(key):
-        return sum(x.get(key) or 0 for x in t)
-
-    tau = total("num_generated_tokens") / total("target_calls") if total("target_calls") else 0.0
-    if total("draft_n"):  # llama-server
-        return tau, total("draft_n_accepted") / total("draft_n")
-    if total("num_draft_tokens"):  # OpenVINO
-        return tau, total("num_accepted_tokens") / total("num_draft_tokens")
-    return tau, 0.0
-
-
-def summarize(runs: list[dict], methods, eos_token_ids=()) -> dict:
-    """Per method, over its rows of ``runs``: the rates, ratios, τ, α, output identity and quality
-    of the module docstring. Outputs are compared cut at their first id in ``eos_token_ids``."""
-    eos = set(eos_token_ids)
-    by = {m: [r for r in runs if r["method"] == m] for m in methods}
-    by = {m: rs for m, rs in by.items() if rs}
-    ids = {m: {r["question_id"]: cut_at_eos(r["token_ids"], eos)[0] for r in rs} for m, rs in by.items()}
-    rates = {m: _rates(rs) for m, rs in by.items()}
-    peer_rows = [m for m in by if is_peer(m)]
-    best = max(peer_rows, key=lambda m: rates[m][0], default=None)
-    best_decode = max(peer_rows, key=lambda m: rates[m][1], default=None)
-    base, base_decode = rates["ar"]
-
-    def ratio(a: float, b: float) -> float | None:
-        return a / b if b else None
-
-    cats = [c for c in CATEGORY_ORDER if any(r["category"] == c for r in runs)]
-    cats += sorted({r["category"] for r in runs} - set(cats))
-    out = {}
-    for m, rs in by.items():
-        tps, decode = rates[m]
-        tau, alpha = _calls_and_acceptance(rs)
-        plain = plain_of(m)
-        out[m] = {
-            "speedup": tps / base,
-            "decode_speedup": ratio(decode, base_decode),
-            "tokens_per_s": tps,
-            "decode_tokens_per_s": decode,
-            "prefill_s": sum(r.get("prefill_s", 0.0) for r in rs),
-            "wall_s": sum(r["wall_s"] for r in rs),
-            "new_tokens": sum(r["new_tokens"] for r in rs),
-            "vs_best_peer": ratio(tps, rates[best][0]) if best else None,
-            "decode_vs_best_peer": ratio(decode, rates[best_decode][1]) if best_decode else None,
-            "best_peer": best,
-            "best_peer_decode": best_decode,
-            "tokens_per_call": tau,
-            "acceptance_rate": alpha,
-            "identical_to_ar": sum(ids[m][q] == ids["ar"].get(q) for q in ids[m]),
-            "plain": plain,
-            "identical_to_plain": sum(ids[m][q] == ids[plain].get(q) for q in ids[m]) if plain in by else None,
-            "prompts": len(rs),
-            "tokens_per_s_by_category": {c: _rates([r for r in rs if r["category"] == c])[0]
-                                         for c in cats if any(r["category"] == c for r in rs)},
-            **quality_scores(rs),
-        }
-    return out
-
-
-def print_summary(summary: dict, title: str) -> None:
-    """The summary table (one row per method), the best peer under it, then tokens/s by
-    category; printed at a width that never squeezes a column."""
-    from rich.console import Console
-    from rich.table import Table
-
-    def x(v):
-        return f"{v:.2f}x" if v is not None else "-"
-
-    table = Table()
-    quality = any(s.get("bleu") is not None or s.get("math_em") is not None for s in summary.values())
-    cols = ["method", "tok/s", "decode tok/s", "vs ar", "decode vs ar", "vs best peer", "decode vs best peer",
-            "τ", "α", "same as plain"] + (["BLEU", "math EM"] if quality else [])
-    for col in cols:
-        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
-    for m, s in summary.items():
-        cells = [m, f"{s['tokens_per_s']:.2f}", f"{s['decode_tokens_per_s']:.2f}", x(s["speedup"]),
-                 x(s["decode_speedup"]), x(s["vs_best_peer"]), x(s["decode_vs_best_peer"]),
-                 f"{s['tokens_per_call']:.2f}" if s["tokens_per_call"] else "-",
-                 f"{s['acceptance_rate']:.2f}" if s["acceptance_rate"] else "-",
-                 f"{s['identical_to_plain']}/{s['prompts']} ({s['plain']})" if s["identical_to_plain"] is not None
-                 else "-"]
-        if quality:
-            cells += [f"{s['bleu']:.1f}" if s.get("bleu") is not None else "-",
-                      f"{s['math_em']:.2f}" if s.get("math_em") is not None else "-"]
-        table.add_row(*cells)
-    first = next(iter(summary.values()), {})
-    best, best_decode = first.get("best_peer"), first.get("best_peer_decode")
-    if best:
-        note = (f"best peer: {best} ({summary[best]['tokens_per_s']:.2f} tok/s, prefill included); "
-                f"by decode tok/s: {best_decode} ({summary[best_decode]['decode_tokens_per_s']:.2f})")
-    else:
-        note = "no peer rows in this run: vs best peer is -"
-    cats = list(dict.fromkeys(c for s in summary.values() for c in s["tokens_per_s_by_category"]))
-    by_cat = Table()
-    for col in ["method", *cats]:
-        by_cat.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
-    for m, s in summary.items():
-        by_cat.add_row(m, *(f"{s['tokens_per_s_by_category'][c]:.2f}" if c in s["tokens_per_s_by_category"]
-                            else "-" for c in cats))
-    probe = Console(width=1000)
-    width = max(probe.measure(t).maximum for t in (table, by_cat))
-    console = Console(width=max(160, width, len(note), len(title)))  # titles printed as lines: never wrapped
-    console.print(title, style="italic", markup=False, highlight=False)
-    console.print(table)
-    console.print(note, markup=False, highlight=False)
-    console.print("tokens/s by category (prefill included)", style="italic")
-    console.print(by_cat)
 
 
 def machine_info() -> dict:
@@ -625,35 +435,5 @@ def git_info() -> dict:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command that ran: ``speculant`` and ``argv``, or this process's ``sys.argv``."""
-    return shlex.join(["speculant", *argv] if argv is not None else sys.argv)
-
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def final_number(text: str) -> str | None:
-    """The answer of a math solution: the number after GSM8K's ``####`` if present, else the last
-    number in the text; commas and a trailing ``.0`` dropped. None if there is no number."""
-    if "####" in text:
-        text = text.split("####")[-1]
-    nums = _NUMBER.findall(text)
-    if not nums:
-        return None
-    n = nums[-1].replace(",", "")
-    return n[:-2] if n.endswith(".0") else n
-
-
-def quality_scores(rows: list[dict]) -> dict:
-    """``bleu``: sacrebleu corpus BLEU of the translation rows; ``math_em``: fraction of
-    math_reasoning rows whose final number equals the reference's. None where no such rows."""
-    out: dict = {"bleu": None, "math_em": None}
-    tr = [r for r in rows if r["category"] == "translation" and r.get("reference")]
-    if tr:
-        import sacrebleu
-
-        out["bleu"] = sacrebleu.corpus_bleu([r["text"].strip() for r in tr], [[r["reference"] for r in tr]]).score
-    ma = [r for r in rows if r["category"] == "math_reasoning" and r.get("reference")]
-    if ma:
-        out["math_em"] = sum(final_number(r["text"]) == final_number(r["reference"]) for r in ma) / len(ma)
-    return out
+    """The command that ran: ``speculant`` and ``argv`` (default: this process's arguments)."""
+    return shlex.join(["speculant", *(argv if argv is not None else sys.argv[1:])])
