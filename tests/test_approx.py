@@ -8,9 +8,8 @@ import math
 import pytest
 import torch
 
-from speculant.acceptance import greedy_accept
-from speculant.approx import (accept_tree_approx, accepted_prefix, best_path, distance_accept, entropy, min_block, topk_accept,
-                              typical_accept, typical_threshold)
+from speculant.acceptance import (accept_tree_approx, accepted_prefix, best_path, distance_accept, entropy, greedy_accept,
+                                  min_block, topk_accept, typical_accept, typical_threshold)
 from speculant.config import AcceptanceConfig, SamplingConfig, parse_acceptance
 from speculant.errors import ConfigError
 from speculant.sampling import logits_to_probs
@@ -147,8 +146,8 @@ def test_parse_acceptance_and_labels():
 
 
 def exact_walk(tree, tokens, logits):
-    """The lossless greedy walk (decoding.accept_tree) for comparison."""
-    from speculant.decoding import accept_tree
+    """The lossless greedy walk (acceptance.accept_tree) for comparison."""
+    from speculant.acceptance import accept_tree
     from speculant.drafters.base import Draft
     return accept_tree(Draft(tree, tokens), logits, SamplingConfig())
 

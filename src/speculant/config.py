@@ -52,7 +52,7 @@ ACCEPT_RULES = ("exact", "typical", "topk", "distance")
 @dataclass(frozen=True)
 class AcceptanceConfig:
     """Which acceptance rule the loop uses. ``exact`` (the default) is lossless; the others are the
-    approximate rules of ``speculant.approx`` and may change the output (the stats say which ran).
+    approximate rules of ``speculant.acceptance.approx`` and may change the output (the stats say which ran).
 
     typical: Medusa's typical acceptance, accept x if p(x) > min(eps, delta * exp(-H(p)))
     (defaults eps=0.09, delta=0.3 as in Medusa); at temperature 0 it is exactly greedy.

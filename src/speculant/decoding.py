@@ -1,4 +1,4 @@
-"""The decoding loop: prefill, then draft → verify → accept → commit until done.
+"""The decoding loop: prefill, then draft → verify → accept → commit until a stopping rule ends it.
 
 Notation (used in stats): p = target distribution, q = draft distribution, γ = draft length.
 α (acceptance rate) = accepted draft tokens / drafted positions, where a step drafts one
@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from functools import partial
+from typing import Callable, Iterator
 
 import torch
 
-from .acceptance import mcss
-from .approx import accept_tree_approx
-from .backends.base import Backend
+from .acceptance import accept_tree
+from .backends.base import Backend, ForwardOut
 from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter, HiddenNeed
 from .drafters.pacing import Pacer
 from .errors import ConfigError
-from .sampling import logits_to_probs, sample
 from .tree import chain
+
+__all__ = ["DecodeState", "Stats", "Step", "StopRule", "decode"]
 
 
 @dataclass
@@ -80,6 +81,11 @@ class Step:
     accepted: list[int]
     target_token: int
 
+    @property
+    def tokens(self) -> list[int]:
+        """Every token the step committed, in order."""
+        return self.accepted + ([self.target_token] if self.target_token >= 0 else [])
+
 
 @dataclass
 class DecodeState:
@@ -94,62 +100,71 @@ class DecodeState:
         return self.context[self.prompt_len:].tolist()
 
 
-def accept_tree(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, *,
-                replacement: bool = True, generator: torch.Generator | None = None,
-                acceptance: AcceptanceConfig | None = None, embedding: torch.Tensor | None = None,
-                ) -> tuple[list[int], int]:
-    """Walk the tree from the root; return the accepted path (node ids, root first) and the
-    target's token after it. target_logits: (N, V) for every node of ``draft.tree``.
-    ``acceptance``: None / exact = the lossless rules; otherwise ``approx.accept_tree_approx``
-    (``embedding`` (V, H) for the distance rule)."""
-    tree, tokens = draft.tree, draft.tokens
-    if acceptance is not None and not acceptance.exact:
-        return accept_tree_approx(tree, tokens, target_logits, sampling, acceptance,
-                                  embedding=embedding, generator=generator)
-    children = tree.children
-    node, path = 0, [0]
-    if sampling.greedy:
-        # (N,) the target's argmax after each node. max() gives the first maximal index as argmax
-        # does, ~3x faster on a (29, 151936) float tensor on CPU
-        best = target_logits.max(-1).indices.tolist()
-        toks, kids = tokens.tolist(), children.tolist()
+@dataclass(frozen=True)
+class StopRule:
+    """When a generation ends: at an EOS token ("eos"), after ``max_new_tokens`` or at the model's
+    context limit ``max_length`` ("length"), mid-block if need be."""
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    max_length: int | None = None
 
-        def longest(i: int) -> list[int]:  # the longest accepted path from node i (first of equals)
-            out = [i]
-            for c in kids[i]:
-                if c >= 0 and toks[c] == best[i]:
-                    sub = longest(c)
-                    if len(sub) + 1 > len(out):
-                        out = [i] + sub
-            return out
+    def check(self, prompt: torch.Tensor) -> None:
+        """Fail before any pass if nothing could be generated from ``prompt`` (T,) long."""
+        if prompt.ndim != 1 or prompt.shape[0] < 1:
+            raise ConfigError("the prompt is empty: give at least one token")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_length is not None and prompt.shape[0] >= self.max_length:
+            raise ConfigError(f"the prompt has {prompt.shape[0]} tokens but the model's context is "
+                              f"{self.max_length}: shorten the prompt")
 
-        # Siblings may repeat a token (e.g. a lookup branch beside the heads' candidates): any
-        # matching child gives the same output; the deepest match gives it in fewer steps.
-        path = longest(0)
-        return path, best[path[-1]]
-    p = logits_to_probs(target_logits, sampling)  # (N, V)
-    while True:
-        kids = children[node]
-        kids = kids[kids >= 0]
-        if kids.numel() == 0:  # leaf: every drafted token on the path accepted -> bonus token
-            return path, int(sample(p[node:node + 1], generator)[0])
-        cands = tokens[kids].view(1, -1)  # (1, k)
-        if draft.q is None:  # deterministic proposals: point masses tried in rank order (exact)
-            i, residual = -1, p[node:node + 1]
-            for j in range(cands.shape[1]):
-                one = torch.zeros_like(residual).scatter_(1, cands[:, j:j + 1].clamp(min=0), 1.0)
-                idx, residual = mcss(residual, one, cands[:, j:j + 1], replacement=True, generator=generator)
-                if int(idx[0]) == 0:
-                    i = j
-                    break
-        else:
-            idx, residual = mcss(p[node:node + 1], draft.q[node:node + 1], cands,
-                                 replacement=replacement, generator=generator)
-            i = int(idx[0])
-        if i < 0:  # every candidate rejected -> recovered token from the residual
-            return path, int(sample(residual, generator)[0])
-        node = int(kids[i])
-        path.append(node)
+    def cut(self, new: list[int], state: DecodeState) -> tuple[list[int], str | None]:
+        """The part of a step's ``new`` tokens that is kept, and the finish reason if it ends here."""
+        budget = self.max_new_tokens - state.stats.new_tokens
+        if self.max_length is not None:
+            budget = min(budget, self.max_length - state.context.shape[0])
+        for i, tok in enumerate(new[:budget]):
+            if tok in self.eos_token_ids:
+                return new[:i + 1], "eos"
+        if len(new) >= budget:
+            return new[:budget], "length"
+        return new, None
+
+
+class _Clock:
+    """Wall time of the loop's stages, summed into ``Stats``: drafting (propose, observe) in
+    ``draft_s``, the target's passes in ``verify_s`` (the prefill also in ``prefill_s``), the whole
+    generation so far in ``wall_s``; and the current step's duration, for the pacer."""
+
+    def __init__(self, stats: Stats):
+        self.stats = stats
+        self.start = self.step_start = time.perf_counter()
+
+    def timed(self, fields: str | tuple[str, ...], fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)``, its wall time added to the stats' ``fields``."""
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        dt = time.perf_counter() - t
+        for name in (fields,) if isinstance(fields, str) else fields:
+            setattr(self.stats, name, getattr(self.stats, name) + dt)
+        return out
+
+    def begin_step(self) -> None:
+        self.step_start = time.perf_counter()
+
+    def step_ms(self) -> float:
+        return (time.perf_counter() - self.step_start) * 1e3
+
+    def lap(self) -> None:
+        self.stats.wall_s = time.perf_counter() - self.start
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """A verification pass over a draft tree: ``out.logits`` (N, V') one row per node, and with a
+    drafter that needs them ``out.hidden`` (N, H); ``start``: the cache length before the pass."""
+    out: ForwardOut
+    start: int
 
 
 def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
@@ -161,80 +176,77 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_t
     approximate rule (off by default: None or exact is lossless); ``embedding`` (V, H) for the
     distance rule; ``pacer``: decides step by step whether drafting pays (else the step verifies
     the root alone; ``drafters.pacing``)."""
-    if prompt.ndim != 1 or prompt.shape[0] < 1:
-        raise ConfigError("the prompt is empty: give at least one token")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if max_length is not None and prompt.shape[0] >= max_length:
-        raise ConfigError(
-            f"the prompt has {prompt.shape[0]} tokens but the model's context is {max_length}: "
-            "shorten the prompt")
+    stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
+    stop.check(prompt)
     V = vocab_size or target.vocab_size
     state = DecodeState(prompt.clone(), prompt.shape[0])
-    st = state.stats
     if acceptance is not None and not acceptance.exact:
-        st.acceptance = acceptance.label
-    t_start = time.perf_counter()
-    # 0. prefill: the target caches every prompt token but the last (the first root)
+        state.stats.acceptance = acceptance.label
+    accept = partial(accept_tree, sampling=sampling, replacement=replacement, generator=generator,
+                     acceptance=acceptance, embedding=embedding)
+    clock = _Clock(state.stats)
+    _prefill(target, drafter, prompt, clock)  # 0. prefill
+    while state.finish_reason is None:
+        clock.begin_step()
+        drafted = pacer is None or pacer.draft_now()
+        draft = clock.timed("draft_s", _propose, drafter, state.context, drafted)  # 1. draft
+        verified = clock.timed("verify_s", _verify, target, draft, drafter.hidden_need)  # 2. verify
+        path, token = accept(draft, verified.out.logits[:, :V])  # 3. accept
+        step = _commit(target, drafter, state, draft, verified, path, token, stop, clock)  # 4. commit
+        state.stats.plain_steps += not drafted
+        if pacer is not None:
+            pacer.record(drafted, len(step.tokens), clock.step_ms())
+        clock.lap()
+        yield state, step
+
+
+def _prefill(target: Backend, drafter: Drafter, prompt: torch.Tensor, clock: _Clock) -> None:
+    """The target caches every prompt token but the last (the first root); the drafter begins,
+    with the hidden states it needs of those positions."""
     need = drafter.hidden_need
     target.reset()
-    t = time.perf_counter()
     pre = None
     if prompt.shape[0] > 1:
         rows = torch.tensor([prompt.shape[0] - 2]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
-        pre = target.forward(prompt[:-1], rows=rows, want_hidden=need)
-    st.prefill_s = time.perf_counter() - t
-    st.verify_s += st.prefill_s
-    drafter.begin(prompt, hidden=None if pre is None or pre.hidden is None else
-                  pre.hidden[0] if need is HiddenNeed.LAST else pre.hidden)
-    while state.finish_reason is None:
-        # 1. draft (unless drafting does not pay now: then the root alone, as plain decoding)
-        t = t_step = time.perf_counter()
-        drafted = pacer is None or pacer.draft_now()
-        draft = drafter.propose(state.context) if drafted else Draft(chain(0), state.context[-1:])
-        st.plain_steps += not drafted
-        t_draft = time.perf_counter()
-        st.draft_s += t_draft - t
-        # 2. verify: one target pass over the whole tree
-        L = target.cache_length
-        tree = draft.tree
-        out = target.forward(draft.tokens.clamp(min=0), L + tree.depths, tree.mask,
-                             want_hidden=HiddenNeed.NONE if need is HiddenNeed.NONE else HiddenNeed.LAST)
-        st.verify_s += time.perf_counter() - t_draft
-        st.target_calls += 1
-        # 3. accept
-        path, token = accept_tree(draft, out.logits[:, :V], sampling, replacement=replacement,
-                                  generator=generator, acceptance=acceptance, embedding=embedding)
-        # 4. commit: compact the accepted path's KV; tell the drafter
-        target.compact(L, torch.tensor(path, dtype=torch.long))
-        t = time.perf_counter()
-        drafter.observe(path, token, hidden=None if out.hidden is None else
-                        out.hidden[path[-1]] if need is HiddenNeed.LAST else out.hidden[path])
-        st.draft_s += time.perf_counter() - t
-        accepted = draft.tokens[path[1:]].tolist()
-        _record(st, tree.depth, len(accepted))
-        new = accepted + [token]
-        # stop at EOS, at max_new_tokens, or at the context limit, mid-block if need be
-        budget = max_new_tokens - st.new_tokens
-        if max_length is not None:
-            budget = min(budget, max_length - state.context.shape[0])
-        for i, tok in enumerate(new[:budget]):
-            if tok in eos_token_ids:
-                new, state.finish_reason = new[:i + 1], "eos"
-                break
-        if len(new) >= budget and state.finish_reason is None:
-            new = new[:budget]
-            state.finish_reason = "length"
-        st.new_tokens += len(new)
-        state.context = torch.cat([state.context, torch.tensor(new, dtype=torch.long)])
-        if pacer is not None:
-            pacer.record(drafted, len(new), (time.perf_counter() - t_step) * 1e3)
-        st.wall_s = time.perf_counter() - t_start
-        n_draft = min(len(accepted), len(new))  # the block may have been cut short
-        yield state, Step(new[:n_draft], new[n_draft] if len(new) > n_draft else -1)
+        pre = clock.timed(("prefill_s", "verify_s"), target.forward, prompt[:-1], rows=rows, want_hidden=need)
+    hidden = None if pre is None or pre.hidden is None else pre.hidden[-1] if need is HiddenNeed.LAST else pre.hidden
+    drafter.begin(prompt, hidden=hidden)
+
+
+def _propose(drafter: Drafter, context: torch.Tensor, drafted: bool) -> Draft:
+    """The drafter's tree, or (a step the pacer keeps plain) the root alone."""
+    return drafter.propose(context) if drafted else Draft(chain(0), context[-1:])
+
+
+def _verify(target: Backend, draft: Draft, need: HiddenNeed) -> _Verified:
+    """One target pass over the whole tree: positions = cache length + node depth, tree mask."""
+    start = target.cache_length
+    tree = draft.tree
+    want = HiddenNeed.NONE if need is HiddenNeed.NONE else HiddenNeed.LAST  # rows=None: every node's state
+    return _Verified(target.forward(draft.tokens.clamp(min=0), start + tree.depths, tree.mask, want_hidden=want), start)
+
+
+def _commit(target: Backend, drafter: Drafter, state: DecodeState, draft: Draft, verified: _Verified,
+            path: list[int], token: int, stop: StopRule, clock: _Clock) -> Step:
+    """Keep the accepted path's KV entries (the rest of the tree is dropped), tell the drafter,
+    and append the new tokens to the context, cut by the stopping rule."""
+    target.compact(verified.start, torch.tensor(path, dtype=torch.long))
+    hidden = verified.out.hidden  # (N, H) or None
+    if hidden is not None:  # the state at the last accepted node predicts what follows
+        hidden = hidden[path[-1]] if drafter.hidden_need is HiddenNeed.LAST else hidden[path]
+    clock.timed("draft_s", drafter.observe, path, token, hidden=hidden)
+    accepted = draft.tokens[path[1:]].tolist()
+    _record(state.stats, draft.tree.depth, len(accepted))
+    new, state.finish_reason = stop.cut(accepted + [token], state)
+    state.stats.new_tokens += len(new)
+    state.context = torch.cat([state.context, torch.tensor(new, dtype=torch.long)])
+    n_draft = min(len(accepted), len(new))  # the block may have been cut short
+    return Step(new[:n_draft], new[n_draft] if len(new) > n_draft else -1)
 
 
 def _record(st: Stats, depth: int, n_accepted: int) -> None:
+    """Count one verified step that drafted ``depth`` positions and accepted ``n_accepted``."""
+    st.target_calls += 1
     while len(st.drafted_by_depth) < depth:
         st.drafted_by_depth.append(0)
         st.accepted_by_depth.append(0)

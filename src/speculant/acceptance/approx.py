@@ -7,7 +7,8 @@ vocabulary, k candidates per position. ``candidates`` ``(B, k)`` long holds the 
 checked against the target's distribution *at the same position* (the target's output at the
 parent node); ``-1`` marks an invalid slot and is never accepted. Every rule returns a bool
 ``(B, k)`` mask "this candidate is acceptable here"; :func:`accepted_prefix` turns a chain's mask
-into its accepted length and :func:`best_path` picks the path of a tree.
+into its accepted length and :func:`best_path` picks the path of a tree
+(``acceptance.walk.accept_tree_approx`` applies a rule to a whole tree).
 
 Rules
 -----
@@ -30,10 +31,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
-__all__ = ["accept_tree_approx", "accepted_prefix", "best_path", "distance_accept", "entropy", "min_block", "topk_accept",
-           "typical_accept", "typical_threshold"]
+__all__ = ["accepted_prefix", "best_path", "distance_accept", "entropy", "min_block", "topk_accept", "typical_accept",
+           "typical_threshold"]
 
 
 def _check_candidates(candidates: Tensor, batch: int) -> None:
@@ -161,45 +162,3 @@ def best_path(node_ok: Tensor, retrieve: Tensor, node_logp: Tensor | None = None
     else:
         row = int(rows[0])
     return [0] + idx[row, :best].tolist()
-
-
-def accept_tree_approx(tree, tokens: Tensor, target_logits: Tensor, sampling, cfg, *,
-                       embedding: Tensor | None = None, generator: torch.Generator | None = None,
-                       ) -> tuple[list[int], int]:
-    """An approximate rule on a whole token tree: the accepted path and the target's next token.
-
-    tree: ``TreeBuffers`` of N nodes; tokens ``(N,)`` long (node 0 the root); target_logits
-    ``(N, V)``, row i the target's output after node i; sampling: ``SamplingConfig``; cfg:
-    ``AcceptanceConfig`` (not exact); embedding ``(V, H)`` for the distance rule.
-    Node i (i > 0) is acceptable when ``cfg.rule`` accepts its token under its parent's row
-    (``exact``: the parent's argmax, i.e. greedy matching) or when its depth is <= ``cfg.min_block``.
-    The path is the longest root path of acceptable nodes (ties: largest target log-probability,
-    as in Medusa). The next token comes from the target's row at the path's end: its argmax at
-    temperature 0 ("greedy first token"), else a sample from the tempered distribution.
-    """
-    from .sampling import logits_to_probs, sample
-
-    N = tokens.shape[0]
-    parents = tree.parents[1:]  # (N-1,)
-    cand = tokens[1:].view(-1, 1)  # (N-1, 1) each node's token, checked under its parent's row
-    plog = target_logits[parents]  # (N-1, V)
-    if cfg.rule == "typical":
-        p = logits_to_probs(plog, sampling)
-        ok = typical_accept(p, cand, 0.09 if cfg.eps is None else cfg.eps, cfg.delta)
-    elif cfg.rule == "topk":
-        ok = topk_accept(plog, cand, cfg.k_top)
-    elif cfg.rule == "distance":
-        if embedding is None:
-            raise ConfigError("distance acceptance needs the target's embedding table")
-        ok = distance_accept(embedding, plog.argmax(-1), cand, cfg.eps)
-    else:
-        ok = cand == plog.argmax(-1, keepdim=True)
-    node_ok = torch.ones(N, dtype=torch.bool)
-    node_ok[1:] = ok[:, 0] | (tree.depths[1:] <= cfg.min_block)
-    logp = torch.zeros(N)
-    if N > 1:
-        logp[1:] = torch.log_softmax(plog.float(), -1).gather(1, cand.clamp(min=0))[:, 0]
-    path = best_path(node_ok, tree.retrieve, logp)
-    last = target_logits[path[-1]:path[-1] + 1]
-    token = int(last.argmax(-1)[0]) if sampling.greedy else int(sample(logits_to_probs(last, sampling), generator)[0])
-    return path, token
