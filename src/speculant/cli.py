@@ -327,9 +327,9 @@ def cmd_bench_report(args) -> int:
         update_readme(args.update_readme, result, path)
         print(f"{args.update_readme}: results table from {path}", file=sys.stderr)
     if not (args.plot or args.markdown or args.update_readme):
-        from .bench.report import caption
+        from .bench.report import caption, full_summary
 
-        print_summary(result["summary"], caption(result, path.as_posix(), markdown=False))
+        print_summary(full_summary(result), caption(result, path.as_posix(), markdown=False))
     return 0
 
 

@@ -210,8 +210,9 @@ def print_summary(summary: dict, title: str) -> None:
     first = next(iter(summary.values()), {})
     best, best_decode = first.get("best_peer"), first.get("best_peer_decode")
     if best:
-        note = (f"best peer: {best} ({summary[best]['tokens_per_s']:.2f} tok/s, prefill included); "
-                f"by decode tok/s: {best_decode} ({summary[best_decode]['decode_tokens_per_s']:.2f})")
+        note = f"best peer: {best} ({summary[best]['tokens_per_s']:.2f} tok/s, prefill included)"
+        if best_decode:
+            note += f"; by decode tok/s: {best_decode} ({summary[best_decode]['decode_tokens_per_s']:.2f})"
     else:
         note = "no peer rows in this run: vs peer is -"
     cats = list(dict.fromkeys(c for s in summary.values() for c in s.get("tokens_per_s_by_category", {})))
@@ -304,6 +305,22 @@ def row_label(result: dict, m: str) -> str:
     """``m``, with what it resolved to where the run recorded it (``auto (hydra+lookup)``)."""
     resolved = (result.get("resolved") or {}).get(m)
     return f"{m} ({resolved['method']})" if resolved else m
+
+
+def full_summary(result: dict) -> dict:
+    """The JSON's summary with what an older bench did not record filled in from its runs and rows:
+    tokens/s by category, the ratio to the best peer, same-as-plain for rows compared with ar."""
+    s = {m: dict(v) for m, v in result["summary"].items()}
+    peers = peer_rows(result)
+    best = max(peers, key=lambda m: s[m]["tokens_per_s"], default=None)
+    ratio, per_cat = vs_best_peer(result), by_category(result)
+    for m, v in s.items():
+        v.setdefault("tokens_per_s_by_category", per_cat[m])
+        v.setdefault("vs_best_peer", ratio[m])
+        v.setdefault("best_peer", best)
+        if "identical_to_plain" not in v and "identical_to_ar" in v:
+            v["identical_to_plain"] = v["identical_to_ar"] if m not in peers and plain_of(m) == "ar" else None
+    return s
 
 
 def machine_line(result: dict) -> str:
