@@ -6,7 +6,7 @@ arithmetic (AVX-512 without AMX), every row adds to it, and more so as the conte
 (attention). Measurements: docs/design-notes.md#tree-size-follows-the-machine. :func:`pass_cost`
 measures the curve once per machine, model, dtype and runtime (widths 1-32 after 64 tokens, and
 a few again after 512; seconds for a 1.5B model), caches it under
-``$SPECULANT_CACHE``, and the dynamic tree (``drafters.medusa``, ``drafters.sizing``) sizes every
+``$SPECULANT_CACHE``, and the dynamic tree (``drafters.dynamic_tree``, ``drafters.sizing``) sizes every
 step's tree against it at that step's context length.
 """
 

@@ -88,7 +88,7 @@ def compile_paths(paths: Sequence[Sequence[int]]) -> TreeBuffers:
     return _compile_cached(normalize_paths(paths))
 
 
-@lru_cache(maxsize=4096)  # dynamic trees (drafters.medusa.DynamicTree) take many shapes
+@lru_cache(maxsize=4096)  # dynamic trees (drafters.dynamic_tree.DynamicTree) take many shapes
 def _compile_cached(paths: tuple[Path, ...]) -> TreeBuffers:
     ordered: list[Path] = [()] + list(paths)
     index = {p: i for i, p in enumerate(ordered)}

@@ -2,7 +2,7 @@ r"""Sparse trees from head accuracies (the Medusa construction).
 
 ``acc[h][i]`` = P(head h's i-th ranked token is the right one), h < K heads, i < R ranks, measured
 on calibration data. A tree node with path ``(r_1, ..., r_d)`` holds head (d−1)'s ``r_d``-th token
-(see ``speculant.drafters.medusa``), and it is accepted iff every token on its path is right.
+(see ``speculant.drafters.static_tree``), and it is accepted iff every token on its path is right.
 Assuming the heads are right independently, P(node accepted) = Π_j acc[j−1][r_j]. Siblings hold
 distinct tokens, so at most one child of a node can be accepted, and the number of accepted draft
 tokens of a step is the number of accepted nodes; hence

@@ -1,6 +1,6 @@
 """How big a draft tree to verify at this step, given what a pass costs on this machine.
 
-A dynamic tree (``medusa.DynamicTree``) lists its nodes best-first with scores s_i = log Π p along
+A dynamic tree (``dynamic_tree.DynamicTree``) lists its nodes best-first with scores s_i = log Π p along
 each node's path: the heads' own estimate that the target accepts the whole path. A node is
 accepted exactly when its path is, and one path is accepted, so the expected number of accepted
 draft tokens of a tree is the sum of its nodes' acceptance probabilities. For the first m nodes

@@ -3,7 +3,8 @@
 ``acc[k][i]`` = P(head k's i-th ranked token is the true token), with the loss's alignment: the
 target's final hidden state at position t, through head k (0-based), is scored against token
 ``t + k + 2`` (``speculant.heads``), over the positions whose true token counts (the answer tokens
-when ``prompt_lens`` is given). Ranks are ``topk`` order, as ``MedusaDrafter.candidates`` uses.
+when ``prompt_lens`` is given). Ranks are ``topk`` order, as
+``drafters.head_eval.HeadEvaluator.candidates`` uses.
 These accuracies feed :func:`speculant.tree_search.greedy_tree` (the Medusa construction).
 
 Sequential heads (``heads.conditioned``) are scored teacher-forced: depth k+1 reads the true tokens

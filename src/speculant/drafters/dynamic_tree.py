@@ -1,0 +1,209 @@
+"""Heads drafting a tree grown anew at every step from their own probabilities (EAGLE-2's
+context-aware dynamic tree, Li et al. 2024), sized per step.
+
+Size: without a cost model every step verifies ``nodes`` heads' nodes plus the lookup chain's
+length (one verification cost; the rows the chain does not need go to the heads' next-best
+nodes). With one (``sizer``, :class:`~speculant.drafters.sizing.TreeSizer`) every step takes the
+split of heads' nodes and chain rows with the most expected tokens per millisecond on this
+machine. How the heads get their state, and the lookup chain's merge: ``head_eval``,
+``lookup_branch``. Shapes: H hidden size, K heads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from ..tree import chain, compile_paths
+from .base import Draft
+from .head_eval import HeadsDrafter, HeadsLike
+from .lookup import LookupDrafter
+from .lookup_branch import follow_heads, merge_chain
+from .sizing import TreeSizer
+
+__all__ = ["DynamicTree", "DynamicTreeDrafter"]
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """A draft tree grown anew at every step from the heads' own probabilities (EAGLE-2's
+    context-aware dynamic tree, Li et al. 2024).
+
+    Each drafted node gets the score ``Π p(token | path)`` along its path (the heads' estimate of
+    the chance that the target accepts the whole path). Depth by depth, the ``beam`` best-scored
+    nodes of the last depth are expanded, each with its ``top_k`` best children; after ``depth``
+    depths the ``nodes`` best-scored nodes of all those drafted make the tree (a child never
+    scores above its parent, so the set is closed under ancestors). A static tree spends its
+    nodes where the heads are right on average; this one where they are confident right now.
+    Medusa heads (one candidate list per depth, shared by every parent) need no beam: every
+    path's score is known from one call, and the best ``nodes`` are found best-first.
+    """
+
+    nodes: int = 15  # + the root: 16 rows. Why: docs/design-notes.md#tree-rows
+    depth: int = 0  # 0: as deep as the heads go (K)
+    # Why 16 children and a beam of 4: docs/design-notes.md#dynamic-tree-beam
+    top_k: int = 16
+    beam: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "depth", "top_k", "beam"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "depth" else 1):
+                raise ConfigError(f"dynamic tree {name} must be an integer >= {0 if name == 'depth' else 1}, "
+                                  f"got {value!r}")
+
+    @classmethod
+    def parse(cls, spec: str) -> "DynamicTree":
+        """``"dynamic"``, ``"dynamic:N"`` (N nodes) or ``"dynamic:N:D"`` (and depth D)."""
+        parts = spec.strip().lower().split(":")
+        if parts[0] != "dynamic" or len(parts) > 3:
+            raise ConfigError(f"malformed dynamic tree {spec!r}: use dynamic, dynamic:N (nodes) or dynamic:N:D "
+                              "(nodes, depth)")
+        try:
+            nums = [int(x) for x in parts[1:]]
+        except ValueError:
+            raise ConfigError(f"malformed dynamic tree {spec!r}: N and D must be integers, e.g. dynamic:20:4") from None
+        return cls(*nums)
+
+
+class DynamicTreeDrafter(HeadsDrafter):
+    """Proposes a :class:`DynamicTree` grown from the heads at every step (greedy, deterministic).
+
+    heads: K heads (``head_eval.HeadsLike``); dynamic: the tree's shape (``dynamic.depth`` <= K).
+    vocab_size: the target vocabulary the loop verifies against. lookup: optional n-gram drafter
+    whose chain is merged into the tree. sizer: size every step's tree against the machine's pass
+    cost (``dynamic.nodes`` + the chain is then the most drafted); without one, every step
+    verifies ``dynamic.nodes`` + the chain's length.
+    """
+
+    def __init__(self, heads: HeadsLike, dynamic: DynamicTree, vocab_size: int, lookup: LookupDrafter | None = None,
+                 sizer: TreeSizer | None = None):
+        super().__init__(heads, vocab_size)
+        K = self.evaluator.num_heads
+        if dynamic.depth > K:
+            raise ConfigError(f"the dynamic tree has depth {dynamic.depth} but the heads are trained for {K}: "
+                              f"use depth <= {K} (0 = {K})")
+        self.dynamic, self.lookup, self.sizer = dynamic, lookup, sizer
+        self._dyn_depth = self.depth = dynamic.depth or K
+        # the widest tree a step may draft from the heads, for the checks against the vocabularies
+        self.evaluator.check_tree(compile_paths([(r,) for r in range(dynamic.top_k)]
+                                                + [(0,) * d for d in range(2, self._dyn_depth + 1)]))
+
+    @torch.no_grad()
+    def grow(self, hidden: torch.Tensor, root: torch.Tensor,
+             nodes: int | None = None) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+        """hidden (H,), root (1,) long -> (paths, tokens): the
+        ``nodes`` (default ``self.dynamic.nodes``) chosen nodes' paths (ranks among their parent's
+        children, in the heads' order) and their tokens (len(paths),) long, best-scored first (so
+        every prefix of the list is a tree too)."""
+        paths, tokens, _ = self.grow_scored(hidden, root, nodes)
+        return paths, tokens
+
+    @torch.no_grad()
+    def grow_scored(self, hidden: torch.Tensor, root: torch.Tensor,
+                    nodes: int | None = None) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
+        """:meth:`grow`, plus each node's score: log Π p(token | path) along its path (<= 0,
+        non-increasing down the list)."""
+        nodes = self.dynamic.nodes if nodes is None else nodes
+        if not self.conditioned:
+            return self._grow_independent(hidden, nodes)
+        cfg, heads = self.dynamic, self.heads
+        state = heads.step(hidden[None], root.view(1))  # (1, H)
+        front_paths: list[tuple[int, ...]] = [()]
+        front_score = torch.zeros(1)
+        scores, paths, toks = [], [], []
+        depth = self._dyn_depth
+        for d in range(1, depth + 1):
+            tok, logp = heads.draft_topk(state, cfg.top_k, self.V, logprobs=True)  # (f, k) each
+            sc = front_score[:, None] + logp.float().clamp(max=0.0)  # (f, k): log Π p along the path
+            k = tok.shape[1]
+            scores.append(sc.flatten())
+            toks.append(tok.flatten())
+            paths.extend(fp + (r,) for fp in front_paths for r in range(k))
+            if d == depth:
+                break
+            flat = sc.flatten()
+            best = flat.topk(min(cfg.beam, flat.numel())).indices  # (b,) expanded at the next depth
+            state = heads.step(state[best // k], tok.flatten()[best])
+            front_paths = [front_paths[i // k] + (i % k,) for i in best.tolist()]
+            front_score = flat[best]
+        score = torch.cat(scores).tolist()
+        tokens = torch.cat(toks)
+        # the best `nodes` (ties: shallower, then lower ranks first): closed under ancestors and
+        # without rank gaps, since a child never scores above its parent nor above an older sibling
+        order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[:nodes]
+        return [paths[i] for i in order], tokens[order], [score[i] for i in order]
+
+    def _grow_independent(self, hidden: torch.Tensor,
+                          nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
+        """Medusa heads: depth d's candidates are head d-1's top-k under every parent, so a path's
+        score is the sum of its ranks' log-probabilities; the best ``nodes`` paths are found
+        best-first (a child never scores above its parent: the first ``nodes`` popped are the best)."""
+        cfg = self.dynamic
+        k = min(cfg.top_k, self.V)
+        idx, val = self.evaluator.candidates_logprobs(hidden, k, self._dyn_depth)  # (D, k) each
+        val, ranked, k = val.tolist(), idx.tolist(), idx.shape[1]
+        heap = [(-min(val[0][r], 0.0), (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
+        heapq.heapify(heap)
+        paths, tokens, scores = [], [], []
+        while heap and len(paths) < nodes:
+            neg, path = heapq.heappop(heap)
+            paths.append(path)
+            tokens.append(ranked[len(path) - 1][path[-1]])
+            scores.append(-neg)
+            if len(path) < self._dyn_depth:
+                for r in range(k):
+                    heapq.heappush(heap, (neg - min(val[len(path)][r], 0.0), path + (r,)))
+        return paths, torch.tensor(tokens, dtype=torch.long), scores
+
+    def _draft(self, context: torch.Tensor, root: torch.Tensor) -> Draft:
+        """The grown tree, plus (with ``lookup``) the prompt-lookup chain merged into it.
+
+        Without a cost model the tree always has 1 + nodes + gamma rows: the rows the chain does
+        not need (a short or no match, or tokens the heads drafted too) go to the heads' next-best
+        nodes. With one (``self.sizer``) the step takes the split of heads' nodes and chain rows
+        that maximizes expected tokens per millisecond (:class:`TreeSizer`)."""
+        budget = self.dynamic.nodes + (self.lookup.gamma if self.lookup is not None else 0)
+        paths, heads_tokens, scores = self.grow_scored(self.hidden, root, budget)
+        toks = heads_tokens.tolist()
+        cont = self.lookup.find(context).tolist() if self.lookup is not None else []
+        walk = follow_heads(cont, paths, toks) if cont else []
+        if self.sizer is not None:
+            m, c = self.sizer.choose(scores, walk, len(cont), context=int(context.shape[0]))
+        else:
+            m, c = fixed_split(budget, len(paths), len(cont), walk)
+        tree, tokens, matched = merge_chain(root, paths, toks, m, cont, walk, c)
+        if self.sizer is not None:
+            self.sizer.drafted(tokens, cont[:matched + c], scores[:m])
+        return Draft(tree, tokens)
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        root = context[-1:]
+        if self.hidden is None:
+            return Draft(chain(0), root.clone())
+        self.head_calls += 1
+        if self.sizer is None:
+            return self._draft(context, root)
+        t = time.perf_counter()
+        draft = self._draft(context, root)
+        self.sizer.drafting_took((time.perf_counter() - t) * 1e3 + self.evaluator.observe_ms)
+        return draft
+
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
+        super().observe(path, next_token, hidden)
+        if self.sizer is not None:
+            self.sizer.observe(path)
+
+
+def fixed_split(budget: int, n_nodes: int, n_chain: int, walk: list[int]) -> tuple[int, int]:
+    """(m, c) for a fixed number of rows: the most heads' nodes m (of ``n_nodes`` best-first) such
+    that they and the chain's rows they do not hold (c of ``n_chain``) fit ``budget``; ``walk`` as
+    ``lookup_branch.follow_heads`` gives it (increasing: ancestors come first)."""
+    m = n_nodes
+    while m > 0 and m + n_chain - sum(i < m for i in walk) > budget:
+        m -= 1
+    return m, n_chain - sum(i < m for i in walk)
