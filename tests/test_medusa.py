@@ -157,6 +157,16 @@ def test_bad_configurations():
         MedusaDrafter(FakeHeads(), chain(1), V).observe([0], 1, hidden=torch.zeros(2, H))
 
 
+def test_medusa_drafter_picks_the_tree_policy():
+    """A static tree gets the static-tree drafter, a dynamic one the dynamic-tree drafter."""
+    from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
+    from speculant.drafters.static_tree import StaticTreeDrafter
+    static = MedusaDrafter(FakeHeads(), build_tree("2x1"), V)
+    dynamic = MedusaDrafter(FakeHeads(), build_tree("2x1"), V, dynamic=DynamicTree(nodes=4, top_k=2))
+    assert isinstance(static, StaticTreeDrafter) and static.tree.size == build_tree("2x1").size
+    assert isinstance(dynamic, DynamicTreeDrafter) and dynamic.depth == K
+
+
 @pytest.mark.parametrize("tree", TREES)
 @pytest.mark.parametrize("which", ["random_heads", "partial_heads", "trained_heads"])
 def test_medusa_greedy_identical(request, target, plain, tree, which):
