@@ -1,13 +1,13 @@
 // bf16 matmul for decoding and tree verification on AMX-BF16: y (M, N) = x (M, K) @ W.T (+ b).
 //
 // Why: oneDNN's bf16 matmul takes its rows 16 at a time, one pass over the weights per 16 rows,
-// so on a CPU that streams the weights from DRAM a 17- to 32-row tree pass costs ~1.2x a 1-row
-// pass (Qwen2.5-1.5B, 2 cores: 165 ms at 1 row, 177 at 16, 193 at 17, 210 at 29). Here every
-// weight tile, once loaded, multiplies both 16-row halves of up to 32 rows (two A tiles, two B
-// tiles, four C accumulators: the eight AMX tiles), so up to 32 rows cost one pass over the
-// weights. Larger inputs (prefill) go in slabs of 256 rows, each slab 32 rows at a time inside
-// each pair of channel blocks, whose weights (2 x 16 channels x K) stay in L2 meanwhile: at 256 to
-// 1,024 rows ~1.0-1.2x oneDNN's time (its GEMM blocking is better there; the win is decoding).
+// so on a CPU that streams the weights from DRAM a 17- to 32-row tree pass costs a second pass
+// (docs/design-notes.md#bf16-kernel-with-amx). Here every weight tile, once loaded, multiplies
+// both 16-row halves of up to 32 rows (two A tiles, two B tiles, four C accumulators: the eight
+// AMX tiles), so up to 32 rows cost one pass over the weights. Larger inputs (prefill) go in slabs
+// of 256 rows, each slab 32 rows at a time inside each pair of channel blocks, whose weights
+// (2 x 16 channels x K) stay in L2 meanwhile (oneDNN's GEMM blocking is better there; the kernel
+// is for decoding).
 //
 // Packed layout (pack_bf16 in kernels/__init__.py): wp (N/16, K/32, 16, 16, 2) bf16, the B tile of
 // channel block nb and inputs 32 ks .. 32 ks + 31 in VNNI order: wp[nb, ks, p, c, i] =

@@ -1,9 +1,8 @@
 // bf16 matmul for decoding and tree verification on AVX-512 BF16 without AMX (e.g. AMD Zen 4):
 // y (M, N) = x (M, K) @ W.T (+ b), the same interface and packed layout as bf16_amx.cpp.
 //
-// Why: on such a CPU oneDNN's bf16 matmul costs a 16-row tree pass ~1.5x a 1-row pass
-// (Qwen2.5-1.5B, 2 cores: 156 ms at 1 row, 232 at 16, 372 at 32), well above what reading the
-// weights once and doing the arithmetic needs. Here each 64-byte weight vector (16 channels x one
+// Why: on such a CPU oneDNN's bf16 matmul costs a 16-row tree pass far more than reading the
+// weights once and doing the arithmetic needs (docs/design-notes.md#bf16-kernel-without-amx). Here each 64-byte weight vector (16 channels x one
 // input pair), once in a register, is multiplied by up to kRows rows with VDPBF16PS; a group of
 // kBlocks channel blocks is read from DRAM once per call and, for more than kRows rows, again from
 // L2 for each further kRows rows (inputs in chunks of kChunk so the group's slice stays in L2).

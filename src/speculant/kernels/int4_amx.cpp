@@ -4,7 +4,7 @@
 // (scale, offset) per group of 64 input channels: w = q * scale + offset.
 //
 // Why: PyTorch's CPU int4 kernel costs ~linearly in M, so verifying a tree of 8-16 tokens costs
-// 3-4x one token. Here the 4-bit codes are only unpacked to bytes (no arithmetic) into one AMX
+// several times one token (docs/design-notes.md#int4-kernels). Here the 4-bit codes are only unpacked to bytes (no arithmetic) into one AMX
 // tile per 16 channels x 64 inputs, and one tdpbsud multiplies them with up to 16 rows of
 // activations at once (two tiles for up to 32 rows), so the cost stays about that of reading the
 // weights from 1 to 16 rows and grows slowly to 32.

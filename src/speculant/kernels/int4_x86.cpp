@@ -39,10 +39,9 @@ namespace {
 
 enum Isa : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2Vnni = 2, kAvx2 = 3, kPortable = 4 };
 
-constexpr int64_t kRowTile = 64;
-// Codes are prefetched this many bytes ahead: the hardware prefetcher alone left the vector units
-// waiting on memory (whole-model passes on a Zen 4, 2 cores: 8 rows 63 -> 44 ms, 16 rows 103 -> 83 ms).
-constexpr int64_t kPrefetch = 4096;  // rows per pass over the weights (their int8 activations stay in L2)
+constexpr int64_t kRowTile = 64;  // rows per pass over the weights (their int8 activations stay in L2)
+// Codes are prefetched this many bytes ahead: docs/design-notes.md#int4-prefetch-distance
+constexpr int64_t kPrefetch = 4096;
 
 struct Problem {
   const int8_t* xq;   // (M, K) int8 activations

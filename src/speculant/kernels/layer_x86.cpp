@@ -1,8 +1,8 @@
 // The element-wise parts of a Llama / Qwen2 decoder layer for the native backend, on the same three
 // code paths as attention_x86.cpp (AVX-512F, AVX2 + FMA, portable C++; the same bits on each):
 // RMSNorm, SiLU(gate) * up, and RoPE of q and k with k and v written into the KV cache. One call
-// each instead of a dozen PyTorch operations: at one row these ran ~6 ms of a ~38 ms pass
-// (Qwen2.5-1.5B, 2 cores). Every row is computed on its own (row-invariant).
+// each instead of a dozen PyTorch operations (docs/design-notes.md#fused-layer-operations).
+// Every row is computed on its own (row-invariant).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
