@@ -21,7 +21,7 @@ test-fast:
 	$(PY) -m pytest -q -m "not real"
 
 bench: install
-	$(PY) -m speculant.cli bench --per-category 2 --max-new-tokens 128 --json-out bench-out.json
+	$(PY) -m speculant.cli bench --per-category 2 --max-new-tokens 128 --json-out bench-out.json --plot bench-out.png
 
 # the documentation site (docs/ and mkdocs.yml, Material theme) into site/; warnings fail the build
 docs:
