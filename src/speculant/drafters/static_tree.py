@@ -40,6 +40,8 @@ class StaticTreeDrafter(HeadsDrafter):
     ``self.heads_tree`` the heads' own.
     """
 
+    sizer = None  # a static tree has a fixed size (per-step sizing: dynamic_tree.DynamicTreeDrafter)
+
     def __init__(self, heads: HeadsLike, tree: TreeBuffers, vocab_size: int, lookup: LookupDrafter | None = None):
         super().__init__(heads, vocab_size)
         self.width = self.evaluator.check_tree(tree)  # top-k taken from every head
