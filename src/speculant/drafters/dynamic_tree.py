@@ -88,18 +88,18 @@ class DynamicTreeDrafter(HeadsDrafter):
             raise ConfigError(f"the dynamic tree has depth {dynamic.depth} but the heads are trained for {K}: "
                               f"use depth <= {K} (0 = {K})")
         self.dynamic, self.lookup, self.sizer = dynamic, lookup, sizer
-        self._dyn_depth = self.depth = dynamic.depth or K
+        self.depth = dynamic.depth or K  # heads drafting: 0 .. depth-1
         # the widest tree a step may draft from the heads, for the checks against the vocabularies
         self.evaluator.check_tree(compile_paths([(r,) for r in range(dynamic.top_k)]
-                                                + [(0,) * d for d in range(2, self._dyn_depth + 1)]))
+                                                + [(0,) * d for d in range(2, self.depth + 1)]))
 
     @torch.no_grad()
     def grow(self, hidden: torch.Tensor, root: torch.Tensor,
              nodes: int | None = None) -> tuple[list[tuple[int, ...]], torch.Tensor]:
-        """hidden (H,), root (1,) long -> (paths, tokens): the
-        ``nodes`` (default ``self.dynamic.nodes``) chosen nodes' paths (ranks among their parent's
-        children, in the heads' order) and their tokens (len(paths),) long, best-scored first (so
-        every prefix of the list is a tree too)."""
+        """hidden (H,), root (1,) long -> (paths, tokens): the ``nodes`` (default
+        ``self.dynamic.nodes``) chosen nodes' paths (ranks among their parent's children, in the
+        heads' order) and their tokens (len(paths),) long, best-scored first (so every prefix of the
+        list is a tree too)."""
         paths, tokens, _ = self.grow_scored(hidden, root, nodes)
         return paths, tokens
 
@@ -116,7 +116,7 @@ class DynamicTreeDrafter(HeadsDrafter):
         front_paths: list[tuple[int, ...]] = [()]
         front_score = torch.zeros(1)
         scores, paths, toks = [], [], []
-        depth = self._dyn_depth
+        depth = self.depth
         for d in range(1, depth + 1):
             tok, logp = heads.draft_topk(state, cfg.top_k, self.V, logprobs=True)  # (f, k) each
             sc = front_score[:, None] + logp.float().clamp(max=0.0)  # (f, k): log Π p along the path
@@ -145,7 +145,7 @@ class DynamicTreeDrafter(HeadsDrafter):
         best-first (a child never scores above its parent: the first ``nodes`` popped are the best)."""
         cfg = self.dynamic
         k = min(cfg.top_k, self.V)
-        idx, val = self.evaluator.candidates_logprobs(hidden, k, self._dyn_depth)  # (D, k) each
+        idx, val = self.evaluator.candidates_logprobs(hidden, k, self.depth)  # (D, k) each
         val, ranked, k = val.tolist(), idx.tolist(), idx.shape[1]
         heap = [(-min(val[0][r], 0.0), (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
         heapq.heapify(heap)
@@ -155,7 +155,7 @@ class DynamicTreeDrafter(HeadsDrafter):
             paths.append(path)
             tokens.append(ranked[len(path) - 1][path[-1]])
             scores.append(-neg)
-            if len(path) < self._dyn_depth:
+            if len(path) < self.depth:
                 for r in range(k):
                     heapq.heappush(heap, (neg - min(val[len(path)][r], 0.0), path + (r,)))
         return paths, torch.tensor(tokens, dtype=torch.long), scores
