@@ -413,15 +413,22 @@ def test_bench_report_markdown(tmp_path, capsys):
     assert main(["bench-report", str(path), "--markdown"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].startswith("*Some CPU 9000 (avx512_vnni; 2 cores), 2026-01-02; tiny-target, 2 Spec-Bench prompts")
-    assert "Command: `speculant bench --x 1`" in lines[0] and f"[{path.name}]({path.as_posix()})" in lines[0]
-    assert lines[2] == "| method | tok/s (prefill incl.) | decode tok/s | vs ar | vs best peer | τ | same as ar |"
+    assert lines[0].startswith("*Some CPU 9000 (avx512_vnni, no AMX; 2 cores), 2026-01-02; tiny-target, "
+                               "2 Spec-Bench prompts x 128 new tokens. Command: `speculant bench --x 1`.")
+    assert lines[0].endswith(f"Raw data: [{path.name}]({path.as_posix()}).*")
+    assert lines[2] == ("| method | tok/s | decode tok/s | vs `ar` | vs best peer | decode vs best peer | τ "
+                        "| same as plain |")
     rows = _md_rows(out)
-    assert list(rows) == ["`ar`", "`lookup`", "`llama-server` (peer)", "`llama-server+ngram` (peer)",
-                          "`openvino` (peer)", "`openvino+draft` (peer)"]
-    assert rows["`ar`"] == ["2.50", "3.85", "1.00x", "0.40x", "1.00", "2/2"]
-    assert rows["`lookup`"] == ["5.00", "16.67", "2.00x", "0.80x", "1.50", "1/2"]
-    assert rows["`llama-server+ngram` (peer)"][-2:] == ["–", "–"]
+    assert list(rows) == ["`ar` (speculant, plain decoding)", "`lookup` (speculant, prompt lookup)",
+                          "`llama-server` (llama.cpp, plain)", "`llama-server+ngram` (llama.cpp, n-gram lookup)",
+                          "`openvino` (OpenVINO GenAI, plain)", "`openvino+draft` (OpenVINO GenAI, draft model)"]
+    assert rows["`ar` (speculant, plain decoding)"] == ["2.50", "3.85", "1.00x", "0.40x", "0.15x", "1.00", "2/2"]
+    assert rows["`lookup` (speculant, prompt lookup)"] == ["5.00", "16.67", "2.00x", "0.80x", "0.67x", "1.50", "1/2"]
+    assert rows["`llama-server+ngram` (llama.cpp, n-gram lookup)"] == ["**6.25**", "12.50", "2.50x", "1.00x",
+                                                                     "0.50x", "–", "2/2"]
+    assert rows["`openvino` (OpenVINO GenAI, plain)"][1] == "**25.00**"
+    assert "Same as plain: prompts whose output equals plain decoding on the same runtime" in out
+    assert "every speculant row matches it" not in out  # lookup differs on one prompt
 
 
 def test_bench_report_reads_a_summary_without_decode_rates(tmp_path):
@@ -429,8 +436,11 @@ def test_bench_report_reads_a_summary_without_decode_rates(tmp_path):
     old = json.loads(path.read_text())
     keep = ("speedup", "tokens_per_s", "tokens_per_call", "identical_to_ar", "prompts")
     old["summary"] = {m: {k: v for k, v in s.items() if k in keep} for m, s in old["summary"].items()}
+    old["resolved"] = {"lookup": {"method": "lookup", "why": "test"}}
     path.write_text(json.dumps(old))
-    assert _md_rows(markdown_table(load_result(path)))["`lookup`"] == ["5.00", "–", "2.00x", "0.80x", "1.50", "1/2"]
+    rows = _md_rows(markdown_table(load_result(path)))
+    assert rows["`lookup` (speculant, prompt lookup: lookup)"] == ["5.00", "–", "2.00x", "0.80x", "–", "1.50", "1/2"]
+    assert rows["`llama-server+ngram` (llama.cpp, n-gram lookup)"][-1] == "–"
 
 
 def test_bench_report_update_readme(tmp_path, capsys):
@@ -444,7 +454,7 @@ def test_bench_report_update_readme(tmp_path, capsys):
     text = readme.read_text()
     assert text.startswith(f"# title\n\nbefore\n{BEGIN}\n*Some CPU 9000") and text.endswith(f"{END}\nafter\n")
     assert "old table" not in text and f"](benchmarks/{path.name})" in text
-    assert "| `lookup` | 5.00 |" in text
+    assert "| `lookup` (speculant, prompt lookup) | 5.00 |" in text
     assert main(["bench-report", str(path), "--update-readme", str(readme)]) == 0
     assert readme.read_text() == text  # the same again
     readme.write_text("no markers here\n")

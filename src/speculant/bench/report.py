@@ -33,7 +33,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError
-from .methods import is_peer, plain_of
+from .methods import is_peer, plain_of, split_method
 
 CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 CATEGORY_SHORT = {"mt_bench": "mt", "translation": "transl", "summarization": "summ", "qa": "qa",
@@ -324,11 +324,12 @@ def full_summary(result: dict) -> dict:
 
 
 def machine_line(result: dict) -> str:
-    """``AMD EPYC (avx512_vnni, avx512_bf16; 2 cores)`` from the JSON's machine record."""
+    """``AMD EPYC (avx512_vnni, avx512_bf16, no AMX; 2 cores)`` from the JSON's machine record."""
     m = result.get("machine") or {}
     flags = [f for f in m.get("flags") or () if f.startswith(("avx512_", "amx_", "avx_vnni"))]
     cores = f"{m['cores']} cores" if m.get("cores") else ""
-    inner = "; ".join(x for x in (", ".join(flags), cores) if x)
+    isa = ", ".join(flags) + (", no AMX" if m.get("flags") and not any(f.startswith("amx") for f in flags) else "")
+    inner = "; ".join(x for x in (isa.strip(", "), cores) if x)
     return f"{m.get('cpu') or 'unknown CPU'}" + (f" ({inner})" if inner else "")
 
 
@@ -354,23 +355,60 @@ def caption(result: dict, link: str | None = None, markdown: bool = True) -> str
     return f"{head}. Command: `{command_of(result)}`.{raw}"
 
 
+ROW_NOTES = {
+    "ar": "speculant, plain decoding", "auto": "speculant's default", "sd": "speculant, draft model",
+    "mcsd": "speculant, draft model, tree", "lookup": "speculant, prompt lookup", "medusa": "speculant, Medusa heads",
+    "medusa+lookup": "speculant, Medusa heads + prompt lookup", "hydra": "speculant, Hydra heads",
+    "hydra+lookup": "speculant, Hydra heads + prompt lookup", "bpd": "speculant, blockwise parallel decoding",
+    "hf-assisted": "transformers, assisted generation", "llama-server": "llama.cpp, plain",
+    "llama-server+draft": "llama.cpp, draft model", "llama-server+ngram": "llama.cpp, n-gram lookup",
+    "openvino": "OpenVINO GenAI, plain", "openvino+lookup": "OpenVINO GenAI, prompt lookup",
+    "openvino+draft": "OpenVINO GenAI, draft model",
+}
+
+
+def _row_note(result: dict, m: str) -> str:
+    name = split_method(m)[0]
+    resolved = (result.get("resolved") or {}).get(m)
+    if resolved:
+        return f"{ROW_NOTES.get(name, name)}: {resolved['method']}"
+    if name in ROW_NOTES:
+        return ROW_NOTES[name]
+    runtime = ((result.get("peers") or {}).get(m) or {}).get("runtime")
+    return f"peer: {runtime}" if runtime else ""
+
+
 def markdown_table(result: dict, link: str | None = None) -> str:
-    """The results table in Markdown: caption line, then one row per method."""
-    s = result["summary"]
+    """The results table in Markdown: a caption line (CPU, date, command, link to the JSON), then
+    one row per method, the fastest rate of each rate column in bold, and a note on the columns."""
+    s = full_summary(result)
     peers = set(peer_rows(result))
-    ratio = vs_best_peer(result)
+    tps = {m: v["tokens_per_s"] for m, v in s.items()}
+    dec = {m: v.get("decode_tokens_per_s") or 0.0 for m, v in s.items()}
+    best_peer_dec = max((dec[m] for m in peers), default=0.0)
+
+    def bold(text: str, win: bool) -> str:
+        return f"**{text}**" if win and text != "–" else text
+
     lines = [f"*{caption(result, link)}*", "",
-             "| method | tok/s (prefill incl.) | decode tok/s | vs ar | vs best peer | τ | same as ar |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| method | tok/s | decode tok/s | vs `ar` | vs best peer | decode vs best peer | τ | same as plain |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for m, v in s.items():
-        same = f"{v['identical_to_ar']}/{v['prompts']}" if plain_of(m) == "ar" and m not in peers else "–"
-        label = row_label(result, m).replace(m, f"`{m}`", 1)
-        cells = [f"{label} (peer)" if m in peers else label, f"{v['tokens_per_s']:.2f}",
-                 _num(v.get("decode_tokens_per_s")), _x(v.get("speedup")), _x(ratio[m]),
-                 _num(v.get("tokens_per_call")), same]
+        note = _row_note(result, m)
+        same = v.get("identical_to_plain")
+        cells = [f"`{m}`" + (f" ({note})" if note else ""),
+                 bold(f"{v['tokens_per_s']:.2f}", tps[m] == max(tps.values())),
+                 bold(_num(v.get("decode_tokens_per_s")), dec[m] > 0 and dec[m] == max(dec.values())),
+                 _x(v.get("speedup")), _x(v.get("vs_best_peer")),
+                 _x(v.get("decode_vs_best_peer", dec[m] / best_peer_dec if dec[m] and best_peer_dec else None)),
+                 _num(v.get("tokens_per_call")), f"{same}/{v['prompts']}" if same is not None else "–"]
         lines.append("| " + " | ".join(c if c != "-" else "–" for c in cells) + " |")
-    lines += ["", "τ: tokens per target call. Same as ar: prompts whose output equals plain decoding's (peers "
-              "running their own model files are not compared)."]
+    ours = [v for m, v in s.items() if m not in peers and v.get("identical_to_plain") is not None]
+    lossless = ours and all(v["identical_to_plain"] == v["prompts"] for v in ours)
+    lines += ["", "tok/s: new tokens per second, the prompt's prefill included; decode: without it. τ: tokens per "
+              "target pass. Same as plain: prompts whose output equals plain decoding on the same runtime (`ar` "
+              "for speculant's rows)" + (f"; every speculant row matches it on all {ours[0]['prompts']}." if lossless
+                                         else ".")]
     return "\n".join(lines) + "\n"
 
 
