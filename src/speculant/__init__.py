@@ -8,11 +8,12 @@
 """
 
 from .api import GenerationResult, SpeculativeDecoder, TokenEvent, generate
-from .config import SamplingConfig
+from .config import AcceptanceConfig, DecoderConfig, SamplingConfig
 from .errors import ConfigError, ModelLoadError, SpeculantError, VocabMismatchError
 from .models import load
 from .runtime import tune_allocator
 
-__all__ = ["load", "generate", "SpeculativeDecoder", "GenerationResult", "TokenEvent", "SamplingConfig",
-           "SpeculantError", "ConfigError", "ModelLoadError", "VocabMismatchError", "tune_allocator"]
+__all__ = ["load", "generate", "SpeculativeDecoder", "DecoderConfig", "GenerationResult", "TokenEvent",
+           "SamplingConfig", "AcceptanceConfig", "SpeculantError", "ConfigError", "ModelLoadError", "VocabMismatchError",
+           "tune_allocator"]
 __version__ = "0.1.0"

@@ -1,22 +1,43 @@
 """Frozen configuration dataclasses. Validation happens at construction, with messages that
-say what was wrong and how to fix it (raised as ConfigError)."""
+say what was wrong and how to fix it (raised as ConfigError).
+
+SamplingConfig     how logits become a distribution (temperature, top-k, top-p, seed)
+AcceptanceConfig   which acceptance rule the loop runs (exact by default)
+DecoderConfig      everything a ``SpeculativeDecoder`` is built from (method, models, tree, runtime)
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from .errors import ConfigError
 
-# The prompt-lookup chain of the bench's medusa+lookup / hydra+lookup (--lookup-branch). Measured
-# on 52 Spec-Bench prompts the bench does not use (questions 3-6 of each of the 13 categories),
-# teacher-forced on the target's own greedy text (deterministic): tau of hydra+lookup at 29 rows
-# is 2.268 with a 4-token chain, 2.334 with 8, 2.342 with 12 (summaries 2.87 -> 3.63); medusa's
-# static 14-node tree + the chain, 1.925 with 4, 1.999 with 12. (First version of the replay; the
-# shipped tools/teacher_forced_tau.py stops counting at each text's end: 2.238 with 4, 2.309 with 12.)
-# At hydra's 16-row default (api.DEFAULT_TREE_ROWS, packed bf16 weights), the shipped tool gives
-# 2.134 with a 4-token chain (11 heads' nodes), 2.167 with 6, 2.173 with 8 (7 nodes), 2.171 with 9,
-# 2.163 with 10, 2.135 with 12: 8.
-DEFAULT_LOOKUP_BRANCH = 8
+METHODS = ("auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd")
+BACKENDS = ("auto", "hf", "native")
+TREE_BUDGETS = ("auto", "fixed")
+NEEDS_DRAFT = frozenset({"sd", "mcsd"})
+NEEDS_HEADS = frozenset({"medusa", "hydra", "bpd"})
+TREE_METHODS = frozenset({"medusa", "hydra"})  # heads verified as a token tree
+
+# Why 8 tokens: docs/design-notes.md#lookup-branch-length
+DEFAULT_LOOKUP_BRANCH = 8  # the prompt-lookup chain of medusa+lookup / hydra+lookup (--lookup-branch)
+# hydra's default: 15 nodes, depth <= 2, grown per step from the heads' probabilities (the static tree
+# shipped next to the heads stays available through --tree-file). Why depth 2: docs/design-notes.md#hydra-tree-depth
+DEFAULT_HYDRA_TREE = "dynamic:15:2"
+# A fixed-size step verifies 1 + DEFAULT_TREE_ROWS rows; with a lookup branch of N tokens merged into
+# hydra's dynamic tree the heads get DEFAULT_TREE_ROWS - N nodes. Why 16 rows: docs/design-notes.md#tree-rows
+DEFAULT_TREE_ROWS = 15
+# tree_budget="auto" (the default for dynamic trees): every step's tree is sized against the measured
+# cost of a pass by rows (costmodel.py, drafters/sizing.py), up to this many rows
+DEFAULT_MAX_ROWS = 32
+# medusa's default with tree_budget="auto": a dynamic tree as deep as the heads go, sized per step, at
+# most DEFAULT_MAX_ROWS - 1 - lookup_branch nodes; "fixed" keeps the static tree shipped with the heads.
+# Why: docs/design-notes.md#medusa-tree-sized-per-step
+DEFAULT_MEDUSA_TREE = "dynamic"
+
 
 
 @dataclass(frozen=True)
@@ -133,3 +154,128 @@ def parse_acceptance(spec: str | AcceptanceConfig) -> AcceptanceConfig:
             raise ConfigError(f"cannot read acceptance rule {part!r} in {spec!r}: use exact, typical[=EPS[/DELTA]], "
                               "topk[=K], dist=EPS, optionally +min=M (e.g. topk=2+min=1)") from None
     return AcceptanceConfig(**kw)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Everything a :class:`~speculant.api.SpeculativeDecoder` is built from, checked at construction.
+
+    target / draft: a spec for ``speculant.load`` (directory, .gguf, preset) or a ``LoadedModel``.
+    method: "auto" (the fastest lossless setup for the target, ``defaults.choose_method``), "ar"
+    (plain decoding), "sd" (a draft chain of ``gamma`` tokens), "mcsd" (a draft token tree, the
+    k-config ``tree`` like "4x2x2x1", candidates sampled with or without ``replacement``),
+    "lookup" (n-gram prompt lookup, a chain of up to ``gamma`` tokens), "medusa" / "hydra" (heads
+    on the target's hidden state propose a tree; hydra's heads are sequential), "bpd" (blockwise
+    parallel decoding: the heads' top-1 tokens as a chain of ``gamma`` <= K).
+    gamma: draft length (default 4; 8 for an automatically chosen, sized lookup chain).
+    tree: a k-config, a list of paths, or for medusa/hydra "dynamic", "dynamic:N", "dynamic:N:D"
+    (a tree of N nodes and depth D grown per step, ``drafters.medusa.DynamicTree``).
+    heads: a heads directory or heads module (default: the heads shipped for the target preset).
+    lookup_branch: medusa/hydra only, N > 0 adds a prompt-lookup chain of N tokens to the tree.
+    acceptance: "exact" (lossless, the default) or an approximate rule (``parse_acceptance``).
+    dtype: "bfloat16" or "float32". chat: wrap string prompts in the model's chat template.
+    draft_quant: "auto", "none", "int8", "int4": weight-only quantization of a private copy of the
+    draft; it cannot change the output, only the speed.
+    backend: "auto", "hf" (transformers) or "native" (speculant's own Llama / Qwen2 forward).
+    target_quant: "auto", "none", "int8", "int4" (native only); changes the output to the
+    quantized model's. quant_head: quantize the output layer too (None: with the target).
+    tree_budget: dynamic trees and lookup: "auto" sizes every step's tree against this machine's
+    measured pass cost (at most DEFAULT_MAX_ROWS rows), a ``costmodel.PassCost`` against a given
+    curve, "fixed" always verifies the tree's full size.
+    pacing: verify the root alone while drafting does not pay (``drafters.pacing.Pacer``).
+
+    "auto" values are resolved per machine and model by ``defaults.resolve``, which returns a
+    config of the same type with every choice made (and checked again).
+    """
+
+    target: Any
+    draft: Any = None
+    method: str = "auto"
+    gamma: int | None = None
+    tree: str | Sequence[Sequence[int]] | None = None
+    replacement: bool = True
+    dtype: Any = "bfloat16"
+    chat: bool = False
+    draft_quant: str = "auto"
+    heads: Any = None
+    acceptance: str | AcceptanceConfig = "exact"
+    backend: str = "auto"
+    target_quant: str = "auto"
+    quant_head: bool | None = None
+    lookup_branch: int = 0
+    tree_budget: Any = "auto"  # "auto" | "fixed" | costmodel.PassCost
+    pacing: bool = True
+
+    def __post_init__(self) -> None:
+        from .costmodel import PassCost
+        from .quant import QUANT_MODES
+
+        _choice("method", self.method, METHODS)
+        _choice("backend", self.backend, BACKENDS)
+        if self.target_quant not in ("auto", *QUANT_MODES):
+            raise ConfigError(f"unknown target quantization {self.target_quant!r}: choose auto or one of "
+                              f"{', '.join(QUANT_MODES)}")
+        if self.draft_quant not in ("auto", *QUANT_MODES):
+            raise ConfigError(f"unknown quantization {self.draft_quant!r}: choose one of "
+                              f"auto, {', '.join(QUANT_MODES)}")
+        if self.target_quant not in ("auto", "none") and self.backend == "hf":
+            raise ConfigError("target quantization runs on the native backend: pass backend='native' "
+                              "(--backend native)")
+        if not isinstance(self.tree_budget, PassCost) and self.tree_budget not in TREE_BUDGETS:
+            raise ConfigError(f"unknown tree budget {self.tree_budget!r}: choose 'auto' (size each step's tree "
+                              "against this machine's measured pass cost) or 'fixed' (always the tree's full size)")
+        if not _is_int(self.lookup_branch) or self.lookup_branch < 0 or (
+                self.lookup_branch and self.method not in (*TREE_METHODS, "auto")):
+            raise ConfigError(f"lookup_branch={self.lookup_branch}: a prompt-lookup branch of N >= 1 tokens is an "
+                              "option of methods 'medusa' and 'hydra' only (0 = none)")
+        if self.method in NEEDS_DRAFT and self.draft is None:
+            raise ConfigError(f"method {self.method!r} needs a draft model: pass draft=... (--draft SPEC), "
+                              "or use --method lookup / ar, which need none")
+        if self.gamma is not None and (not _is_int(self.gamma) or self.gamma < 1):
+            raise ConfigError(f"gamma (draft length) must be >= 1, got {self.gamma}")
+        if isinstance(self.tree, list):  # a list of paths: kept as tuples, so the config stays immutable
+            object.__setattr__(self, "tree", tuple(tuple(p) for p in self.tree))
+        self._check_tree()
+        object.__setattr__(self, "acceptance", parse_acceptance(self.acceptance))
+
+    @property
+    def dynamic_tree(self) -> bool:
+        """Whether ``tree`` asks for a tree grown per step ("dynamic...")."""
+        return isinstance(self.tree, str) and self.tree.strip().lower().startswith("dynamic")
+
+    def _check_tree(self) -> None:
+        """A bad tree spec fails here, before any model is loaded."""
+        if self.tree is None:
+            return
+        if self.dynamic_tree:
+            if self.method not in (*TREE_METHODS, "auto"):
+                raise ConfigError(f"a dynamic tree ({self.tree!r}) is grown from heads: use --method hydra or "
+                                  "medusa, or give a static tree (a k-config or a list of paths)")
+            from .drafters.medusa import DynamicTree
+
+            DynamicTree.parse(self.tree)
+        else:
+            from .tree import build_tree
+
+            build_tree(self.tree)
+
+    @classmethod
+    def from_options(cls, target: Any, draft: Any = None, **options: Any) -> "DecoderConfig":
+        """The config of ``SpeculativeDecoder(target, draft, **options)``; an unknown option is a
+        ConfigError naming the closest valid one."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("target", "draft")]
+        for key in options:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown option {key!r}{hint}: the options are {', '.join(names)}")
+        return cls(target, draft, **options)
+
+
+def _choice(what: str, value: Any, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown {what} {value!r}: choose one of {', '.join(allowed)}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -11,22 +11,27 @@ method    with heads shipped for the target: ``hydra`` with an 8-token prompt-lo
           runs under a :class:`drafters.pacing.Pacer`, which verifies the root alone (plain
           decoding, no drafting) while drafting does not pay on the text at hand.
 
-The measurements behind each choice are in README.md ("Speed").
+:func:`resolve` turns a ``DecoderConfig``'s "auto" values into these choices. Why each default is
+what it is: docs/design-notes.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["Runtime", "choose_method", "choose_runtime"]
+from .config import DEFAULT_LOOKUP_BRANCH, DecoderConfig
+
+__all__ = ["Runtime", "choose_method", "choose_runtime", "resolve"]
 
 NATIVE_ARCHS = ("llama", "qwen2")
-AUTO_LOOKUP_BRANCH = 8  # hydra+lookup's chain (config.DEFAULT_LOOKUP_BRANCH)
+AUTO_LOOKUP_BRANCH = DEFAULT_LOOKUP_BRANCH  # hydra+lookup's chain
 AUTO_LOOKUP_GAMMA = 8  # lookup's longest chain when sized per step
+DEFAULT_GAMMA = 4  # sd's chain, bpd's and a fixed lookup chain's length
 
 
 @dataclass(frozen=True)
@@ -121,3 +126,20 @@ def choose_method(method: str, target_name: str, has_draft: bool, lookup_branch:
             "this CPU's measured pass cost, drafting paused while it does not pay)")
     return "lookup", 0, ("prompt lookup (no heads ship for this model; the chain sized against this CPU's measured "
                          "pass cost, drafting paused while it does not pay)")
+
+
+def resolve(config: DecoderConfig) -> tuple[DecoderConfig, str]:
+    """``config`` with every "auto" choice made for this machine and model (backend, target
+    quantization, output-layer quantization, method, lookup branch, gamma), checked again as a
+    whole; and one plain line saying what runs and why ("" when nothing was chosen)."""
+    rt = choose_runtime(config.target, config.dtype, config.backend, config.target_quant, config.quant_head)
+    name = getattr(config.target, "name", None) or str(config.target)
+    method, lookup_branch, method_why = choose_method(config.method, name, config.draft is not None,
+                                                      config.lookup_branch)
+    gamma = config.gamma
+    if gamma is None:
+        sized_lookup = config.method == "auto" and method == "lookup" and config.tree_budget != "fixed"
+        gamma = AUTO_LOOKUP_GAMMA if sized_lookup else DEFAULT_GAMMA
+    resolved = dataclasses.replace(config, method=method, lookup_branch=lookup_branch, gamma=gamma,
+                                   backend=rt.backend, target_quant=rt.target_quant, quant_head=rt.quant_head)
+    return resolved, "; ".join(w for w in (rt.why, method_why) if w)

@@ -1,10 +1,10 @@
 """Draft only while drafting pays: a per-step choice between the drafter's tree and plain decoding.
 
 Speculation pays when the tokens a step yields per millisecond beat plain decoding's. On a CPU
-where every verified row costs real arithmetic (AVX-512 without AMX: 8 rows ~1.7x one row), and
-where drafting itself takes a good part of a step (a draft model's passes, heads' projections),
-a drafter can lose on text it guesses badly: chat without copying, a draft model that agrees
-little. :class:`Pacer` measures both and runs the faster:
+where every verified row costs real arithmetic (AVX-512 without AMX; why:
+docs/design-notes.md#tree-size-follows-the-machine), and where drafting itself takes a good part
+of a step (a draft model's passes, heads' projections), a drafter can lose on text it guesses
+badly: chat without copying, a draft model that agrees little. :class:`Pacer` measures both and runs the faster:
 
     arm "draft":  tokens yielded / wall ms of the steps the drafter proposed
     arm "plain":  tokens yielded / wall ms of the steps verified as the root alone (1 token each)

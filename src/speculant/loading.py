@@ -1,0 +1,156 @@
+"""Loading what a decoder runs: the target and draft models on the chosen runtime, quantized as
+configured, and the drafting heads.
+
+The hf runtime keeps a transformers model (``models.load``); the native runtime a
+:class:`~speculant.backends.native.NativeModel`, built straight from a safetensors directory or
+sharing a given transformers model's weights. A caller's model is never modified: quantizing one
+works on a private copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+from torch import nn
+
+from .backends.native import NativeModel
+from .config import NEEDS_DRAFT, NEEDS_HEADS, DecoderConfig
+from .errors import ConfigError
+from .heads import MedusaHeads, SequentialHeads, load_heads, shipped_heads
+from .models import LoadedModel, load, parse_dtype, resolve
+from .packing import pack_linears
+from .quant import QUANT_MODES, quantize_linears
+
+__all__ = ["auto_draft_quant", "draft_keeps_dense", "find_heads", "heads_kind", "load_decoder_heads", "load_draft",
+           "load_native", "load_target"]
+
+
+def auto_draft_quant(dtype, backend: str = "hf") -> str:
+    """What draft_quant="auto" means for a draft of ``dtype``: "none" unless it is bf16; then on
+    the native backend int4, and on the hf backend int4 only where speculant's AMX int4 kernel
+    runs (flat cost to 16 rows), elsewhere the bf16 draft, packed: PyTorch's int4 matmul grows
+    with the rows. Why: docs/design-notes.md#draft-quantization"""
+    if parse_dtype(dtype) != torch.bfloat16:
+        return "none"
+    if backend == "native":
+        return "int4"
+    from .kernels import int4_kernel
+
+    return "int4" if int4_kernel() is not None else "none"
+
+
+def draft_keeps_dense() -> bool:
+    """Whether a quantized native draft keeps its dense bf16 weights too: only with the AMX int4
+    kernel, which hands passes of more than 16 rows to the (faster there) bf16 matmul; speculant's
+    x86 kernel runs every width itself, so the draft is lean (and saved once, like the target)."""
+    from .kernels import int4_kernel
+
+    return int4_kernel() is not None
+
+
+def _quant_mode(quant: str, spec: str | LoadedModel, dtype, backend: str) -> str:
+    """``quant`` with "auto" resolved for the model ``spec``; an unknown mode is a ConfigError."""
+    if quant == "auto":
+        quant = auto_draft_quant(spec.dtype if isinstance(spec, LoadedModel) else dtype, backend)
+    if quant not in QUANT_MODES:
+        raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
+    return quant
+
+
+def load_hf(spec: str | LoadedModel, dtype, quant: str = "none") -> LoadedModel:
+    """A transformers model for the hf runtime; with ``quant`` != "none" its linear layers are
+    quantized (weight-only), on a private copy of a given model."""
+    quant = _quant_mode(quant, spec, dtype, "hf")
+    if not isinstance(spec, LoadedModel):
+        spec = load(spec, dtype)
+    elif quant != "none":
+        spec = dataclasses.replace(spec, model=copy.deepcopy(spec.model))
+    if quant != "none":
+        quantize_linears(spec.model, quant)
+    return spec
+
+
+def load_native(spec: str, dtype: str | torch.dtype = "bfloat16", quant: str = "none",
+                quant_head: bool = False, keep_dense: bool = False) -> LoadedModel:
+    """Load ``spec`` for the native backend straight from its safetensors directory: no
+    transformers model is built, and with ``quant`` each layer is quantized as it is read (its
+    dense weight kept only with ``keep_dense``), so the peak memory is about the final model's."""
+    from transformers import AutoTokenizer
+
+    dtype = parse_dtype(dtype)
+    path = resolve(spec, dtype)
+    model = NativeModel.from_dir(path, dtype, quant, quant_head, keep_dense=keep_dense)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    name = str(spec) if "/" not in str(spec) else path.name
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, path=path, dtype=dtype)
+
+
+def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep_dense: bool) -> LoadedModel:
+    """A LoadedModel whose ``model`` is a NativeModel: shares a given transformers model's weights
+    (its quantized layers keep the dense weight iff ``keep_dense``), or loads ``spec`` lean."""
+    quant = _quant_mode(quant, spec, dtype, "native")
+    if not isinstance(spec, LoadedModel):
+        return load_native(spec, dtype, quant, quant_head, keep_dense)
+    if isinstance(spec.model, NativeModel):
+        if quant != "none" and spec.model.quant != quant:
+            raise ConfigError(f"this native model was loaded with quant={spec.model.quant!r}; load it "
+                              f"with quant={quant!r} instead (load_native(spec, quant=...))")
+        return spec
+    model = NativeModel.from_hf(spec.model, quant, quant_head=quant_head and quant != "none", keep_dense=keep_dense)
+    return dataclasses.replace(spec, model=model)
+
+
+def load_target(config: DecoderConfig) -> LoadedModel:
+    """The target on the config's (resolved) runtime, quantized as ``target_quant`` says."""
+    if config.backend == "native":
+        return to_native(config.target, config.dtype, config.target_quant, config.quant_head, keep_dense=False)
+    return load_hf(config.target, config.dtype)
+
+
+def load_draft(config: DecoderConfig) -> LoadedModel | None:
+    """The draft model of a draft-model method (None otherwise), quantized as ``draft_quant`` says."""
+    if config.method not in NEEDS_DRAFT:
+        return None
+    if config.backend == "native":
+        return to_native(config.draft, config.dtype, config.draft_quant, False, keep_dense=draft_keeps_dense())
+    return load_hf(config.draft, config.dtype, config.draft_quant)
+
+
+def heads_kind(method: str) -> str:
+    """The kind of heads a heads method reads: hydra sequential heads, medusa and bpd Medusa heads."""
+    return "sequential" if method == "hydra" else "medusa"
+
+
+def find_heads(config: DecoderConfig, target_name: str):
+    """Where a heads method's heads come from: the config's directory or module, else the heads
+    shipped for ``target_name`` (None for methods without heads)."""
+    if config.method not in NEEDS_HEADS:
+        return None
+    if config.heads is not None:
+        return config.heads
+    kind = heads_kind(config.method)
+    found = shipped_heads(target_name, kind)
+    if found is None:
+        raise ConfigError(f"method {config.method!r} needs {kind} heads and none ship for {target_name!r}: pass "
+                          "heads=DIR (--heads DIR), a heads directory (train some with `speculant "
+                          f"train-heads --head-kind {kind}`)")
+    return found
+
+
+def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHeads | SequentialHeads:
+    """The heads from ``source`` (a module is used as given; a directory is loaded here, so nobody
+    else holds them, and bf16 heads' layers are packed like the target's), checked to be the kind
+    ``method`` reads."""
+    if isinstance(source, nn.Module):
+        heads = source
+    else:
+        heads = load_heads(source, target_model)
+        pack_linears(heads)
+    kind, have = heads_kind(method), heads.config.kind
+    if have != kind:
+        raise ConfigError(f"method {method!r} needs {kind} heads but these are {have} heads: "
+                          f"use --method {'hydra' if have == 'sequential' else 'medusa'}"
+                          f"{'' if method != 'bpd' else ' (bpd reads Medusa heads)'}")
+    return heads
