@@ -414,7 +414,8 @@ def test_bench_report_markdown(tmp_path, capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("*Some CPU 9000 (avx512_vnni, no AMX; 2 cores), 2026-01-02; tiny-target, "
-                               "2 Spec-Bench prompts x 128 new tokens. Command: `speculant bench --x 1`.")
+                               "2 Spec-Bench prompts x 128 new tokens. Command: `speculant bench --x 1` (the peer "
+                               "rows: `make install-peers`).")
     assert lines[0].endswith(f"Raw data: [{path.name}]({path.as_posix()}).*")
     assert lines[2] == ("| method | tok/s | decode tok/s | vs `ar` | vs best peer | decode vs best peer | τ "
                         "| same as plain |")

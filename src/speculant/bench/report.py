@@ -346,13 +346,17 @@ def caption(result: dict, link: str | None = None, markdown: bool = True) -> str
     """One line: CPU, date, the exact command, and a link to the raw JSON."""
     date = str(result.get("date") or "")[:10] or "undated"
     cfg = result.get("config") or {}
-    what = (f"{cfg.get('target')}, {result['summary']['ar'].get('prompts', '?')} Spec-Bench prompts x "
+    runtime = {"native": "speculant's native runtime", "hf": "transformers"}.get(cfg.get("backend"), "")
+    quant = cfg.get("target_quant") if cfg.get("target_quant") not in (None, "none", "auto") else cfg.get("dtype")
+    runtime = f" on {runtime}" + (f", {quant} weights" if quant else "") if runtime else ""
+    what = (f"{cfg.get('target')}{runtime}, {result['summary']['ar'].get('prompts', '?')} Spec-Bench prompts x "
             f"{cfg.get('max_new_tokens')} new tokens" if cfg.get("target") else "")
     head = f"{machine_line(result)}, {date}" + (f"; {what}" if what else "")
     if not markdown:
         return f"{head}. Command: {command_of(result)}" + (f". Raw data: {link}" if link else "")
     raw = f" Raw data: [{Path(link).name}]({link})." if link else ""
-    return f"{head}. Command: `{command_of(result)}`.{raw}"
+    peers = " (the peer rows: `make install-peers`)" if any(is_peer(m) for m in result["summary"]) else ""
+    return f"{head}. Command: `{command_of(result)}`{peers}.{raw}"
 
 
 ROW_NOTES = {
