@@ -102,6 +102,9 @@ def teacher_forced(backend, prompt: torch.Tensor, ref: list[int]) -> tuple[int, 
 
 def run_quality(target: str, modes=("none", "int8", "int4", "int8+head", "int4+head"),
                 max_new_tokens: int = 64, json_out: str | None = None) -> dict:
+    from datetime import datetime, timezone
+
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     lm = load(target, "bfloat16")
     tok = lm.tokenizer
     text_ids = tok(quality_text(), return_tensors="pt").input_ids[0]
@@ -133,7 +136,10 @@ def run_quality(target: str, modes=("none", "int8", "int4", "int8+head", "int4+h
               f"(per prompt {results[mode]['per_prompt_first_difference']})", flush=True)
         del backend
         gc.collect()
-    out = {"target": target, "text_tokens": int(text_ids.shape[0]), "prompts": list(PROMPTS),
+    from .harness import command_line, git_info, machine_info
+
+    out = {"date": started, "command": command_line(), "machine": machine_info(), **git_info(),
+           "target": target, "text_tokens": int(text_ids.shape[0]), "prompts": list(PROMPTS),
            "max_new_tokens": max_new_tokens, "reference_lengths": [len(r) for r in reference],
            "results": results}
     if json_out:
