@@ -15,6 +15,7 @@ from speculant.drafters.lookup import LookupDrafter
 from speculant.errors import ConfigError
 from speculant.tree import build_tree, chain
 
+from helpers import decode_to_end
 from tiny import perturbed, tiny_llama, fixed_prompts
 
 GREEDY = SamplingConfig()
@@ -30,14 +31,6 @@ def draft(target):
     return perturbed(target, noise=0.3)
 
 
-def run(model, drafter, prompt, n=40, eos=frozenset(), sampling=GREEDY, generator=None, replacement=True):
-    state = None
-    for state, _ in decode(HFBackend(model), drafter, prompt, max_new_tokens=n, sampling=sampling,
-                           eos_token_ids=set(eos), replacement=replacement, generator=generator):
-        pass
-    return state
-
-
 def prompts():
     return fixed_prompts(64)
 
@@ -45,7 +38,7 @@ def prompts():
 def test_plain_matches_transformers_generate(target):
     target.generation_config.eos_token_id = None  # the config's default EOS (2) would stop HF early
     for prompt in prompts():
-        ours = run(target, NoDrafter(), prompt, n=30).generated
+        ours = decode_to_end(target, NoDrafter(), prompt, n=30).generated
         ref = target.generate(prompt.view(1, -1), attention_mask=torch.ones(1, prompt.shape[0], dtype=torch.long),
                               generation_config=GenerationConfig(
             max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0))[0, prompt.shape[0]:]
@@ -55,8 +48,8 @@ def test_plain_matches_transformers_generate(target):
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_sd_greedy_identical(target, draft, gamma):
     for prompt in prompts():
-        plain = run(target, NoDrafter(), prompt)
-        spec = run(target, DraftModelDrafter(HFBackend(draft), chain(gamma), GREEDY, 64), prompt)
+        plain = decode_to_end(target, NoDrafter(), prompt)
+        spec = decode_to_end(target, DraftModelDrafter(HFBackend(draft), chain(gamma), GREEDY, 64), prompt)
         assert spec.generated == plain.generated
         assert spec.stats.target_calls < plain.stats.target_calls
 
@@ -65,23 +58,23 @@ def test_sd_greedy_identical(target, draft, gamma):
 @pytest.mark.parametrize("replacement", [True, False])
 def test_mcsd_greedy_identical(target, draft, tree, replacement):
     for prompt in prompts():
-        plain = run(target, NoDrafter(), prompt)
+        plain = decode_to_end(target, NoDrafter(), prompt)
         drafter = DraftModelDrafter(HFBackend(draft), build_tree(tree), GREEDY, 64, replacement=replacement)
-        spec = run(target, drafter, prompt, replacement=replacement)
+        spec = decode_to_end(target, drafter, prompt, replacement=replacement)
         assert spec.generated == plain.generated
 
 
 @pytest.mark.parametrize("gamma", [2, 8])
 def test_lookup_greedy_identical(target, gamma):
     for prompt in prompts():
-        plain = run(target, NoDrafter(), prompt)
-        spec = run(target, LookupDrafter(gamma), prompt)
+        plain = decode_to_end(target, NoDrafter(), prompt)
+        spec = decode_to_end(target, LookupDrafter(gamma), prompt)
         assert spec.generated == plain.generated
 
 
 def test_self_draft_accepts_everything(target):
     prompt = prompts()[0]
-    spec = run(target, DraftModelDrafter(HFBackend(target), chain(4), GREEDY, 64), prompt, n=40)
+    spec = decode_to_end(target, DraftModelDrafter(HFBackend(target), chain(4), GREEDY, 64), prompt, n=40)
     assert spec.stats.accepted_per_call == [4] * 8
     assert spec.stats.acceptance_rate == 1.0
     assert spec.stats.tokens_per_call == 5.0
@@ -90,8 +83,8 @@ def test_self_draft_accepts_everything(target):
 @pytest.mark.parametrize("n", [1, 2, 7, 13])
 def test_max_new_tokens_mid_block(target, n):
     prompt = prompts()[0]
-    plain = run(target, NoDrafter(), prompt, n=n)
-    spec = run(target, DraftModelDrafter(HFBackend(target), chain(5), GREEDY, 64), prompt, n=n)
+    plain = decode_to_end(target, NoDrafter(), prompt, n=n)
+    spec = decode_to_end(target, DraftModelDrafter(HFBackend(target), chain(5), GREEDY, 64), prompt, n=n)
     assert len(spec.generated) == n and spec.generated == plain.generated
     assert spec.finish_reason == "length"
 
@@ -99,21 +92,21 @@ def test_max_new_tokens_mid_block(target, n):
 @pytest.mark.parametrize("at", [0, 2, 3, 9])
 def test_eos_inside_accepted_block(target, at):
     prompt = prompts()[0]
-    free = run(target, NoDrafter(), prompt, n=20).generated
+    free = decode_to_end(target, NoDrafter(), prompt, n=20).generated
     eos = free[at]
     expected = free[:free.index(eos) + 1]
     for drafter in (NoDrafter(), DraftModelDrafter(HFBackend(target), chain(5), GREEDY, 64),
                     DraftModelDrafter(HFBackend(target), build_tree("3x2x2"), GREEDY, 64)):
-        state = run(target, drafter, prompt, n=20, eos={eos})
+        state = decode_to_end(target, drafter, prompt, n=20, eos={eos})
         assert state.generated == expected
         assert state.finish_reason == "eos"
 
 
 def test_bad_arguments(target):
     with pytest.raises(ConfigError, match="max_new_tokens"):
-        run(target, NoDrafter(), torch.tensor([1, 2]), n=0)
+        decode_to_end(target, NoDrafter(), torch.tensor([1, 2]), n=0)
     with pytest.raises(ConfigError, match="empty"):
-        run(target, NoDrafter(), torch.tensor([], dtype=torch.long))
+        decode_to_end(target, NoDrafter(), torch.tensor([], dtype=torch.long))
     with pytest.raises(ConfigError, match="context"):
         list(decode(HFBackend(target), NoDrafter(), torch.arange(10), max_new_tokens=4,
                     sampling=GREEDY, max_length=8))

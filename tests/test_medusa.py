@@ -21,6 +21,7 @@ from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.tree import build_tree, chain
 
+from helpers import decode_to_end
 from tiny import tiny_llama, fixed_prompts
 
 V, H, K = 64, 48, 3
@@ -57,14 +58,6 @@ class PathLog:
         self.drafter.observe(path, next_token, hidden=hidden)
 
 
-def run(model, drafter, prompt, n=40, eos=frozenset(), sampling=GREEDY, generator=None, acceptance=None):
-    state = None
-    for state, _ in decode(HFBackend(model), drafter, prompt, max_new_tokens=n, sampling=sampling,
-                           eos_token_ids=set(eos), generator=generator, acceptance=acceptance):
-        pass
-    return state
-
-
 def prompts():
     return fixed_prompts(V)
 
@@ -76,7 +69,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def plain(target):
-    return [run(target, NoDrafter(), p).generated for p in prompts()]
+    return [decode_to_end(target, NoDrafter(), p).generated for p in prompts()]
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +166,7 @@ def test_medusa_greedy_identical(request, target, plain, tree, which):
     heads = request.getfixturevalue(which)
     for prompt, ref in zip(prompts(), plain):
         drafter = MedusaDrafter(heads, build_tree(tree), V)
-        state = run(target, drafter, prompt)
+        state = decode_to_end(target, drafter, prompt)
         assert state.generated == ref
         # every step drafts; the first one from the prefill's hidden state (none for a 1-token prompt)
         assert drafter.head_calls == state.stats.target_calls - (prompt.shape[0] == 1)
@@ -188,7 +181,7 @@ def test_side_branches_and_partial_paths_accepted(target, plain, partial_heads):
     paths = []
     for prompt, ref in zip(prompts(), plain):
         log = PathLog(MedusaDrafter(partial_heads, build_tree("3x2x1"), V))
-        state = run(target, log, prompt)
+        state = decode_to_end(target, log, prompt)
         assert state.generated == ref
         paths += log.paths
     assert any(any(r > 0 for r in p) for p in paths)  # a side branch was accepted
@@ -200,14 +193,14 @@ def test_side_branches_and_partial_paths_accepted(target, plain, partial_heads):
 def test_blockwise_greedy_identical(target, plain, trained_heads, gamma):
     calls = 0
     for prompt, ref in zip(prompts(), plain):
-        state = run(target, BlockwiseDrafter(trained_heads, V, gamma), prompt)
+        state = decode_to_end(target, BlockwiseDrafter(trained_heads, V, gamma), prompt)
         assert state.generated == ref
         calls += state.stats.target_calls
     assert calls < sum(len(r) for r in plain)
 
 
 def test_trained_heads_cut_target_calls(target, plain, trained_heads):
-    state = run(target, MedusaDrafter(trained_heads, build_tree("3x2x1"), V), prompts()[0])
+    state = decode_to_end(target, MedusaDrafter(trained_heads, build_tree("3x2x1"), V), prompts()[0])
     assert state.stats.tokens_per_call > 1.5, state.stats.to_dict()
 
 
@@ -215,7 +208,7 @@ def test_trained_heads_cut_target_calls(target, plain, trained_heads):
 def test_eos_inside_accepted_block(target, plain, trained_heads, at):
     free = plain[0][:20]
     eos = free[at]
-    state = run(target, MedusaDrafter(trained_heads, build_tree("3x2x1"), V), prompts()[0], n=20, eos={eos})
+    state = decode_to_end(target, MedusaDrafter(trained_heads, build_tree("3x2x1"), V), prompts()[0], n=20, eos={eos})
     assert state.generated == free[:free.index(eos) + 1]
     assert state.finish_reason == "eos"
 
@@ -223,14 +216,14 @@ def test_eos_inside_accepted_block(target, plain, trained_heads, at):
 def test_sampling_runs(target, trained_heads):
     """Deterministic proposals under sampling (q is None): the loop's exact rule applies."""
     sampling = SamplingConfig(temperature=0.8, seed=1)
-    state = run(target, MedusaDrafter(trained_heads, build_tree("3x2x1"), V), prompts()[0], n=25,
+    state = decode_to_end(target, MedusaDrafter(trained_heads, build_tree("3x2x1"), V), prompts()[0], n=25,
                 sampling=sampling, generator=torch.Generator().manual_seed(1))
     assert len(state.generated) == 25
 
 
 def test_one_target_call_per_step_and_prefill_hands_over_hidden(target, plain, trained_heads):
     drafter = MedusaDrafter(trained_heads, build_tree("3x2x1"), V)
-    state = run(target, drafter, prompts()[0])
+    state = decode_to_end(target, drafter, prompts()[0])
     assert state.generated == plain[0]
     assert drafter.head_calls == state.stats.target_calls  # the prefill's hidden state drafts step 1 too
 
@@ -264,8 +257,8 @@ def test_approximate_rules_reduce_to_greedy(target, plain, partial_heads, rule):
 def test_topk_acceptance_keeps_every_token_in_the_targets_topk(target, plain, partial_heads):
     exact_calls = approx_calls = 0
     for prompt, ref in zip(prompts(), plain):
-        exact = run(target, MedusaDrafter(partial_heads, build_tree("3x2x1"), V), prompt)
-        approx = run(target, MedusaDrafter(partial_heads, build_tree("3x2x1"), V), prompt,
+        exact = decode_to_end(target, MedusaDrafter(partial_heads, build_tree("3x2x1"), V), prompt)
+        approx = decode_to_end(target, MedusaDrafter(partial_heads, build_tree("3x2x1"), V), prompt,
                      acceptance=parse_acceptance("topk=3"))
         assert len(approx.generated) == 40
         assert max(target_ranks(target, prompt, approx.generated)) < 3
@@ -275,7 +268,7 @@ def test_topk_acceptance_keeps_every_token_in_the_targets_topk(target, plain, pa
 
 
 def test_min_block_forces_the_first_tokens(target, partial_heads):
-    state = run(target, BlockwiseDrafter(partial_heads, V, 3), prompts()[0], n=30,
+    state = decode_to_end(target, BlockwiseDrafter(partial_heads, V, 3), prompts()[0], n=30,
                 acceptance=parse_acceptance("min=2"))
     assert all(a >= 2 for a in state.stats.accepted_per_call[1:-1])  # step 1 has no hidden state yet
     assert state.stats.acceptance == "exact+min2"
@@ -293,10 +286,10 @@ def test_lookup_branch_greedy_identical(target, which, request):
     from speculant.drafters.lookup import LookupDrafter
     heads = request.getfixturevalue(which)
     for prompt in repetitive_prompts():
-        ref = run(target, NoDrafter(), prompt).generated
+        ref = decode_to_end(target, NoDrafter(), prompt).generated
         drafter = MedusaDrafter(heads, build_tree("3x2x1"), V, LookupDrafter(4))
         assert drafter.tree.size == build_tree("3x2x1").size + 4 and drafter.depth == 3
-        assert run(target, drafter, prompt).generated == ref
+        assert decode_to_end(target, drafter, prompt).generated == ref
 
 
 def test_lookup_branch_is_filled_and_accepted():
@@ -400,7 +393,7 @@ def test_context_layer_reads_every_committed_position(target, plain, seq_heads_c
     for prompt, ref in zip(prompts(), plain):
         drafter = MedusaDrafter(heads, build_tree("3x2x1"), V)
         assert drafter.hidden_need is HiddenNeed.ALL
-        state = run(target, drafter, prompt)
+        state = decode_to_end(target, drafter, prompt)
         assert state.generated == ref
         L = drafter._context_cache.length
         if L > state.context.shape[0]:  # the last block was cut at max_new_tokens: its tail is unknown here
@@ -446,7 +439,7 @@ def test_sequential_greedy_identical(request, target, plain, tree, which):
     for prompt, ref in zip(prompts(), plain):
         drafter = MedusaDrafter(heads, build_tree(tree), V)
         state = PathLog(drafter) if which == "seq_heads_small_vocab" else drafter
-        state = run(target, state, prompt)
+        state = decode_to_end(target, state, prompt)
         assert state.generated == ref
         calls += state.stats.target_calls
         if which == "seq_heads_small_vocab":  # only draft-vocabulary tokens are ever proposed
@@ -459,9 +452,9 @@ def test_sequential_greedy_identical(request, target, plain, tree, which):
 def test_sequential_blockwise_and_lookup_branch_identical(target, plain, seq_heads_trained):
     from speculant.drafters.lookup import LookupDrafter
     for prompt, ref in zip(prompts(), plain):
-        assert run(target, BlockwiseDrafter(seq_heads_trained, V, 3), prompt).generated == ref
+        assert decode_to_end(target, BlockwiseDrafter(seq_heads_trained, V, 3), prompt).generated == ref
         drafter = MedusaDrafter(seq_heads_trained, build_tree("3x2x1"), V, LookupDrafter(3))
-        assert run(target, drafter, prompt).generated == ref
+        assert decode_to_end(target, drafter, prompt).generated == ref
 
 
 # ------------------------------------------------------------------ dynamic trees (EAGLE-2 style)
@@ -479,7 +472,7 @@ def test_dynamic_tree_greedy_identical(request, target, plain, spec, which):
     calls = 0
     for prompt, ref in zip(prompts(), plain):
         for lookup in (None, LookupDrafter(3)):
-            state = run(target, MedusaDrafter(heads, build_tree("2"), V, lookup, dynamic=DynamicTree.parse(spec)), prompt)
+            state = decode_to_end(target, MedusaDrafter(heads, build_tree("2"), V, lookup, dynamic=DynamicTree.parse(spec)), prompt)
             assert state.generated == ref
             calls += state.stats.target_calls if lookup is None else 0
     if which == "seq_heads_trained" and spec == "dynamic:10":
@@ -617,7 +610,7 @@ def test_dynamic_tree_of_medusa_heads(target, plain, request, which):
     assert all(score[q] <= worst + 1e-5 for q in score if q not in paths)
     for prompt, ref in zip(prompts(), plain):
         for lookup in (None, LookupDrafter(3)):
-            assert run(target, MedusaDrafter(heads, build_tree("2"), V, lookup, dynamic=cfg), prompt).generated == ref
+            assert decode_to_end(target, MedusaDrafter(heads, build_tree("2"), V, lookup, dynamic=cfg), prompt).generated == ref
 
 
 def test_default_hydra_tree_makes_room_for_the_lookup_chain(tmp_path):

@@ -17,7 +17,6 @@ from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend, NativeModel
 from speculant.backends.native_cache import StaticKVCache
 from speculant.config import SamplingConfig
-from speculant.decoding import decode
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
@@ -28,6 +27,7 @@ from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
 from speculant.tree import build_tree, chain
 
+from helpers import decode_to_end
 from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2, fixed_prompts
 
 LOGIT_TOL = 1e-4
@@ -175,12 +175,6 @@ def test_tree_verification_equals_sequential(model):
 
 # ------------------------------------------------------------------ every method, greedy
 
-def run(backend, drafter, prompt, n=30):
-    state = None
-    for state, _ in decode(backend, drafter, prompt, max_new_tokens=n, sampling=GREEDY):
-        pass
-    return state
-
 
 def prompts():
     return fixed_prompts(V)
@@ -214,12 +208,12 @@ def test_every_method_greedy_identical(which):
     target = MODELS[which]()
     draft = perturbed(target, noise=0.3)
     backend = NativeBackend(target)
-    plain = [run(backend, NoDrafter(), p).generated for p in prompts()]
+    plain = [decode_to_end(backend, NoDrafter(), p, n=30).generated for p in prompts()]
     # the native plain output is the transformers backend's plain output (fp32)
-    assert plain == [run(HFBackend(target), NoDrafter(), p).generated for p in prompts()]
+    assert plain == [decode_to_end(HFBackend(target), NoDrafter(), p, n=30).generated for p in prompts()]
     for name, make in drafters(target, draft).items():
         for p, ref in zip(prompts(), plain):
-            state = run(backend, make(), p)
+            state = decode_to_end(backend, make(), p, n=30)
             assert state.generated == ref, name
             if name == "sd-self":
                 assert state.stats.tokens_per_call > 3
@@ -264,13 +258,13 @@ def test_quantized_native_sd_equals_ar(quant, dtype, isa, monkeypatch):
     # heads sharing the quantized output layer (no dense weight: called as a module)
     shared = random_heads(64, backend.model.get_output_embeddings()).to(dtype)
     for p in prompts():
-        plain = run(backend, NoDrafter(), p).generated
+        plain = decode_to_end(backend, NoDrafter(), p, n=30).generated
         assert len(plain) == 30
         for drafter in (DraftModelDrafter(draft, chain(3), GREEDY, V), LookupDrafter(3),
                         DraftModelDrafter(draft, build_tree("2x2"), GREEDY, V),
                         DraftModelDrafter(draft, build_tree("4x2x2"), GREEDY, V),  # 29 rows: > 16
                         MedusaDrafter(shared, build_tree("3x2x1"), V, LookupDrafter(4))):
-            assert run(backend, drafter, p).generated == plain
+            assert decode_to_end(backend, drafter, p, n=30).generated == plain
 
 
 def test_api_native_backend(tmp_path):

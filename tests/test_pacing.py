@@ -12,7 +12,6 @@ from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend
 from speculant.config import SamplingConfig
 from speculant.costmodel import PassCost
-from speculant.decoding import decode
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
@@ -22,6 +21,7 @@ from speculant.drafters.sizing import TreeSizer
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.tree import build_tree, chain
 
+from helpers import decode_to_end
 from tiny import fixed_prompts, perturbed, tiny_llama, tiny_model_dir
 
 GREEDY = SamplingConfig()
@@ -76,13 +76,6 @@ class Alternating:
         self.i += 1
 
 
-def run(backend, drafter, prompt, pacer=None, n=40):
-    state = None
-    for state, _ in decode(backend, drafter, prompt, max_new_tokens=n, sampling=GREEDY, pacer=pacer):
-        pass
-    return state
-
-
 def random_heads(hidden):
     heads = MedusaHeads(HeadsConfig(3, 1, hidden, V, shared_lm_head=False))
     g = torch.Generator().manual_seed(0)
@@ -101,13 +94,13 @@ def test_skipped_drafting_steps_keep_every_drafter_exact(backend_kind):
     make = HFBackend if backend_kind == "hf" else NativeBackend
     flat = PassCost((1, 32), (10.0, 10.5))
     for prompt in fixed_prompts(V)[:3]:
-        plain = run(make(target), NoDrafter(), prompt).generated
+        plain = decode_to_end(make(target), NoDrafter(), prompt).generated
         drafters = [DraftModelDrafter(make(perturbed(target, 0.3)), chain(3), GREEDY, V),
                     DraftModelDrafter(make(perturbed(target, 0.3)), build_tree("2x2"), GREEDY, V),
                     LookupDrafter(4, sizer=TreeSizer(flat)),
                     MedusaDrafter(random_heads(target.config.hidden_size), build_tree("3x2x1"), V, LookupDrafter(3))]
         for drafter in drafters:
-            state = run(make(target), drafter, prompt, pacer=Alternating())
+            state = decode_to_end(make(target), drafter, prompt, pacer=Alternating())
             assert state.generated == plain, type(drafter).__name__
             assert 0 < state.stats.plain_steps < state.stats.target_calls
 
@@ -117,10 +110,10 @@ def test_lookup_chain_is_sized_by_the_pass_cost():
     costs as much as a pass, none of it (and the output is plain decoding's either way)."""
     target = tiny_llama(0, scale=4.0)
     prompt = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12] * 3)
-    plain = run(HFBackend(target), NoDrafter(), prompt).generated
+    plain = decode_to_end(HFBackend(target), NoDrafter(), prompt).generated
     rows = {}
     for name, cost in [("flat", PassCost((1, 32), (10.0, 10.3))), ("steep", PassCost((1, 2, 32), (10.0, 20.0, 320.0)))]:
-        state = run(HFBackend(target), LookupDrafter(6, sizer=TreeSizer(cost)), prompt)
+        state = decode_to_end(HFBackend(target), LookupDrafter(6, sizer=TreeSizer(cost)), prompt)
         assert state.generated == plain
         rows[name] = sum(state.stats.drafted_per_call)
     assert rows["steep"] == 0 < rows["flat"]

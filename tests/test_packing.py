@@ -12,13 +12,13 @@ from speculant.backends.base import HiddenNeed
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeModel
 from speculant.config import SamplingConfig
-from speculant.decoding import decode
 from speculant.kernels import cpu_kernels
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.packing import PackedLinear, is_packed, pack_linears, unpack_linears
 from speculant.tree import build_tree
 
+from helpers import decode_to_end
 from tiny import fixed_prompts, perturbed, tiny_qwen2
 
 pytestmark = pytest.mark.skipif(not packing.available(), reason="no oneDNN bf16 linear on this CPU / torch build")
@@ -26,13 +26,6 @@ pytestmark = pytest.mark.skipif(not packing.available(), reason="no oneDNN bf16 
 
 def bf16_qwen(seed=0, tied=True):
     return tiny_qwen2(seed=seed, tied=tied, scale=4.0, dtype=torch.bfloat16)
-
-
-def run(backend, drafter, prompt, n=30):
-    state = None
-    for state, _ in decode(backend, drafter, prompt, max_new_tokens=n, sampling=SamplingConfig()):
-        pass
-    return state
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -65,11 +58,11 @@ def test_greedy_outputs_identical_to_the_plain_model():
     draft = perturbed(target, noise=0.3)
     packed_target, packed_draft = copy.deepcopy(target), copy.deepcopy(draft)
     for prompt in fixed_prompts(64):
-        ref = run(HFBackend(target, pack=False), NoDrafter(), prompt).generated
-        assert run(HFBackend(packed_target), NoDrafter(), prompt).generated == ref
+        ref = decode_to_end(HFBackend(target, pack=False), NoDrafter(), prompt, n=30).generated
+        assert decode_to_end(HFBackend(packed_target), NoDrafter(), prompt, n=30).generated == ref
         for tree in ("4", "4x2x2x1"):
             drafter = DraftModelDrafter(HFBackend(packed_draft), build_tree(tree), SamplingConfig(), 64)
-            assert run(HFBackend(packed_target), drafter, prompt).generated == ref
+            assert decode_to_end(HFBackend(packed_target), drafter, prompt, n=30).generated == ref
     assert is_packed(packed_target) and is_packed(packed_draft)
 
 

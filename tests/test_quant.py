@@ -6,13 +6,13 @@ from torch import nn
 
 from speculant.backends.hf import HFBackend
 from speculant.config import SamplingConfig
-from speculant.decoding import decode
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.errors import ConfigError
 from speculant.quant import Int4Linear, Int8Linear, quantize_linears
 from speculant.tree import build_tree, chain
 
+from helpers import decode_to_end
 from tiny import perturbed, tiny_llama
 
 
@@ -49,13 +49,8 @@ def test_quantized_draft_keeps_greedy_output_identical(mode):
     greedy = SamplingConfig()
     prompt = torch.randint(0, 64, (7,), generator=torch.Generator().manual_seed(0))
 
-    def run(drafter):
-        for state, _ in decode(HFBackend(target), drafter, prompt, max_new_tokens=30, sampling=greedy):
-            pass
-        return state
-
-    plain = run(NoDrafter())
+    plain = decode_to_end(target, NoDrafter(), prompt, n=30)
     for tree in (chain(4), build_tree("2x2x1")):
-        spec = run(DraftModelDrafter(HFBackend(draft), tree, greedy, 64))
+        spec = decode_to_end(target, DraftModelDrafter(HFBackend(draft), tree, greedy, 64), prompt, n=30)
         assert spec.generated == plain.generated
         assert sum(spec.stats.accepted_per_call) > 0
