@@ -20,7 +20,8 @@ from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, SequentialHeads
 from speculant.tree import build_tree
 
-from test_medusa import H, V, plain, prompts, run, seq_heads_random, target  # noqa: F401 (fixtures)
+from helpers import decode_to_end
+from test_medusa import H, V, plain, prompts, seq_heads_random, target  # noqa: F401 (fixtures)
 from tiny import tiny_llama
 
 FLAT = PassCost((1, 64), (100.0, 100.0))  # every width costs one row's pass (the AMX limit case)
@@ -202,7 +203,7 @@ def test_sized_trees_are_lossless(target, plain, seq_heads_random, cost, lookup)
             return d
 
         drafter.propose = logged
-        assert run(target, drafter, prompt).generated == ref
+        assert decode_to_end(target, drafter, prompt).generated == ref
     assert max(sizes) <= 12
     if cost is STEEP:
         assert sizes == {1}
