@@ -18,7 +18,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from .backends.base import HiddenNeed
 from .errors import ConfigError
 from .tree import chain
 
-__all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key"]
+__all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key", "cpu_share"]
 
 WIDTHS = (1, 2, 4, 8, 12, 16, 20, 24, 32)
 LONG_WIDTHS = (1, 16, 32)  # re-timed after a longer context, for the cost's growth with it
@@ -65,6 +65,8 @@ class PassCost:
     ms: tuple[float, ...]
     context: int = 0
     slope: tuple[float, ...] = ()
+    # share of the wall time the measuring thread ran (below BUSY_SHARE: measured on a busy machine)
+    cpu_share: float = field(default=1.0, compare=False)
 
     def __post_init__(self) -> None:
         rows, ms = tuple(int(r) for r in self.rows), tuple(float(m) for m in self.ms)
@@ -110,6 +112,18 @@ class PassCost:
                 "slope": [round(x, 5) for x in self.slope]}
 
 
+# A measurement counts as taken on a busy machine when the measuring thread ran for less than this
+# share of the wall time (other jobs took its core): its timings then measure the scheduler (an
+# OpenMP barrier waits for a descheduled thread), so it is not cached. On an idle machine the
+# thread runs nearly all the time (computing, or spinning at a barrier).
+BUSY_SHARE = 0.8
+
+
+def cpu_share(wall_s: float, thread_cpu_s: float) -> float:
+    """Share of ``wall_s`` seconds during which the measuring thread ran (``thread_cpu_s``)."""
+    return thread_cpu_s / wall_s if wall_s > 0 else 1.0
+
+
 @torch.inference_mode()
 def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: int = 512,
                       long_widths=LONG_WIDTHS, reps: int = 3, seed: int = 0) -> PassCost:
@@ -147,6 +161,7 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
 
     backend.reset()
     backend.forward(torch.randint(0, vocab, (context,), generator=gen))
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
     short = timed(widths)
     slope: tuple[float, ...] = ()
     if long_context:
@@ -155,8 +170,9 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
         far = timed(lw)
         at = tuple((far[w] - short[w]) / (long_context - context) for w in lw)
         slope = tuple(max(_interp(tuple(lw), at, w), 0.0) for w in widths)
+    share = cpu_share(time.perf_counter() - wall0, time.thread_time() - cpu0)
     backend.reset()
-    return PassCost.monotone(widths, [short[w] for w in widths], context, slope)
+    return replace(PassCost.monotone(widths, [short[w] for w in widths], context, slope), cpu_share=share)
 
 
 def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
@@ -208,6 +224,13 @@ def pass_cost(backend, key: str, *, path: Path | None = None, quiet: bool = Fals
         rel = ", ".join(f"{r}: {cost(r, 512) / cost(1, 512):.2f}x" for r in (8, 16, 32))
         print(f"speculant: one row {cost(1, 512):.0f} ms after 512 tokens; relative cost by rows {rel}",
               file=sys.stderr, flush=True)
+    share = cost.cpu_share
+    if share < BUSY_SHARE:  # other jobs held the cores: use it for this process only
+        if not quiet:
+            print(f"speculant: the CPU was busy with other jobs while measuring (speculant ran {share:.0%} of "
+                  f"the time), so the measurement is used for this run only and not cached; it is "
+                  f"taken again next time", file=sys.stderr, flush=True)
+        return cost
     curves = dict(saved.get("curves", {})) if saved else {}
     curves[key] = cost.to_dict()
     try:
