@@ -18,7 +18,7 @@ test: install
 	$(PY) -m pytest -q -ra
 
 test-fast:
-	$(PY) -m pytest -q -m "not real"
+	$(PY) -m pytest -q -m "not real and not slow"
 
 bench: install
 	$(PY) -m speculant.cli bench --per-category 2 --max-new-tokens 128 --json-out bench-out.json --plot bench-out.png

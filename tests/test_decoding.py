@@ -54,6 +54,7 @@ def test_sd_greedy_identical(target, draft, gamma):
         assert spec.stats.target_calls < plain.stats.target_calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", ["2x2", "3x2x1", "4x2x2x1", "[[0],[1],[0,0],[0,0,0],[2]]"])
 @pytest.mark.parametrize("replacement", [True, False])
 def test_mcsd_greedy_identical(target, draft, tree, replacement):

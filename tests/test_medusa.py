@@ -385,6 +385,7 @@ def seq_heads_context(target, seq_heads_trained):
     return heads.eval()
 
 
+@pytest.mark.slow
 def test_context_layer_reads_every_committed_position(target, plain, seq_heads_context):
     """With a context layer the loop hands the drafter the prefill's and every accepted node's
     hidden states, in order: the heads' first state after decoding equals the layer's output over

@@ -238,6 +238,7 @@ def test_dequantized_large_inputs_match_kernel():
         assert (big - small).abs().max().item() <= 0.05 * small.abs().max().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quant,dtype,isa", [("int8", torch.float32, ""), ("int8", torch.bfloat16, ""),
                                              ("int4", torch.bfloat16, ""), ("int4", torch.bfloat16, "portable")])
 def test_quantized_native_sd_equals_ar(quant, dtype, isa, monkeypatch):

@@ -187,6 +187,7 @@ def test_estimates_follow_what_is_accepted():
 
 # ---- lossless whatever the curve -----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cost", [FLAT, STEEP, AVX512], ids=["flat", "steep", "avx512"])
 @pytest.mark.parametrize("lookup", [0, 3])
 def test_sized_trees_are_lossless(target, plain, seq_heads_random, cost, lookup):
