@@ -98,3 +98,17 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "index.html").is_file()
     for page in ("methods", "performance", "heads", "architecture"):
         assert (tmp_path / "site" / page / "index.html").is_file(), f"the site has no {page} page"
+
+
+def test_every_design_note_the_code_points_to_exists():
+    """Source comments point into docs/design-notes.md by anchor; each anchor must be a section."""
+    notes = (ROOT / "docs" / "design-notes.md").read_text("utf-8")
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).strip().replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", notes, flags=re.M)}
+    cited = set()
+    for path in [*(ROOT / "src").rglob("*"), *(ROOT / "tools").rglob("*")]:
+        if path.is_file() and path.suffix in (".py", ".cpp", ".h", ".sh"):
+            cited |= {(path.name, a) for a in re.findall(r"design-notes\.md#([a-z0-9-]+)", path.read_text("utf-8"))}
+    assert cited, "no pointers found: the search is broken"
+    missing = sorted(f"{name}: #{a}" for name, a in cited if a not in anchors)
+    assert not missing, f"pointers to sections docs/design-notes.md lacks: {missing}"
