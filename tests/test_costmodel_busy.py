@@ -1,26 +1,30 @@
 """A pass-cost curve measured while other jobs held the cores is used but not cached."""
 
 import json
+import multiprocessing
+import os
 
 import pytest
 
 import speculant.costmodel as cm
 from speculant.backends.hf import HFBackend
-from speculant.costmodel import PassCost, cpu_share, pass_cost
+from speculant.costmodel import PassCost, pass_cost, runqueue_wait_s, waited_share
 from tiny import tiny_llama
 
-
-def test_cpu_share():
-    assert cpu_share(2.0, 1.0) == pytest.approx(0.5)
-    assert cpu_share(0.0, 0.0) == 1.0
-    assert PassCost((1, 2), (1.0, 2.0), cpu_share=0.3) == PassCost((1, 2), (1.0, 2.0))  # not part of the curve
+needs_schedstat = pytest.mark.skipif(runqueue_wait_s() is None, reason="this kernel does not report schedstat")
 
 
-@pytest.mark.parametrize("share, cached", [(0.3, False), (0.95, True)])
-def test_a_busy_measurement_is_not_cached(tmp_path, monkeypatch, capsys, share, cached):
+def test_waited_share():
+    assert waited_share(2.0, 1.0, threads=2) == pytest.approx(0.25)
+    assert waited_share(0.0, 1.0, threads=2) == 0.0
+    assert PassCost((1, 2), (1.0, 2.0), waited=0.5) == PassCost((1, 2), (1.0, 2.0))  # not part of the curve
+
+
+@pytest.mark.parametrize("waited, cached", [(0.5, False), (0.01, True)])
+def test_a_busy_measurement_is_not_cached(tmp_path, monkeypatch, capsys, waited, cached):
     backend = HFBackend(tiny_llama(seed=0, vocab=64, hidden=32))
     real = cm.measure_pass_cost
-    monkeypatch.setattr(cm, "measure_pass_cost", lambda *a, **k: PassCost(real(*a, **k).rows, (1.0, 2.0), cpu_share=share))
+    monkeypatch.setattr(cm, "measure_pass_cost", lambda *a, **k: PassCost(real(*a, **k).rows, (1.0, 2.0), waited=waited))
     path = tmp_path / "pass_cost.json"
     cost = pass_cost(backend, "machine", path=path, widths=(1, 2), context=4, long_context=0, reps=1)
     assert cost.ms == (1.0, 2.0)
@@ -31,8 +35,31 @@ def test_a_busy_measurement_is_not_cached(tmp_path, monkeypatch, capsys, share, 
         assert json.loads(path.read_text())["curves"]["machine"]["ms"] == [1.0, 2.0]
 
 
-def test_an_idle_measurement_of_a_tiny_model_counts_as_idle():
-    """The measuring thread runs the whole time on an idle machine (the test suite runs alone)."""
-    backend = HFBackend(tiny_llama(seed=0, vocab=64, hidden=32))
-    cost = cm.measure_pass_cost(backend, widths=(1, 2, 4), context=8, long_context=0, reps=3)
-    assert 0.0 < cost.cpu_share <= 1.05
+def _spin(seconds: float) -> None:
+    import time
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@needs_schedstat
+def test_runqueue_wait_grows_when_other_jobs_hold_every_core():
+    """Negative control for the detector: with a spinning process on every core (and this one
+    spinning too), this process waits for a core a measurable share of the time."""
+    n = os.cpu_count() or 1
+    ctx = multiprocessing.get_context("spawn")
+    others = [ctx.Process(target=_spin, args=(3.0,)) for _ in range(n)]
+    for p in others:
+        p.start()
+    try:
+        import time
+
+        time.sleep(0.5)  # let them start
+        w0, t0 = runqueue_wait_s(), time.perf_counter()
+        _spin(1.5)
+        share = waited_share(time.perf_counter() - t0, runqueue_wait_s() - w0, threads=1)
+    finally:
+        for p in others:
+            p.join()
+    assert share > 0.2

@@ -27,7 +27,7 @@ from .backends.base import HiddenNeed
 from .errors import ConfigError
 from .tree import chain
 
-__all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key", "cpu_share"]
+__all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key", "runqueue_wait_s", "waited_share"]
 
 WIDTHS = (1, 2, 4, 8, 12, 16, 20, 24, 32)
 LONG_WIDTHS = (1, 16, 32)  # re-timed after a longer context, for the cost's growth with it
@@ -65,8 +65,8 @@ class PassCost:
     ms: tuple[float, ...]
     context: int = 0
     slope: tuple[float, ...] = ()
-    # share of the wall time the measuring thread ran (below BUSY_SHARE: measured on a busy machine)
-    cpu_share: float = field(default=1.0, compare=False)
+    # share of its threads' time the measurement waited for a core (above BUSY_WAIT: a busy machine)
+    waited: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         rows, ms = tuple(int(r) for r in self.rows), tuple(float(m) for m in self.ms)
@@ -112,16 +112,30 @@ class PassCost:
                 "slope": [round(x, 5) for x in self.slope]}
 
 
-# A measurement counts as taken on a busy machine when the measuring thread ran for less than this
-# share of the wall time (other jobs took its core): its timings then measure the scheduler (an
-# OpenMP barrier waits for a descheduled thread), so it is not cached. On an idle machine the
-# thread runs nearly all the time (computing, or spinning at a barrier).
-BUSY_SHARE = 0.8
+# A measurement counts as taken on a busy machine when its threads spent more than this share of
+# their time runnable but waiting for a core (other jobs held it; Linux's per-thread schedstat):
+# its timings then measure the scheduler (an OpenMP barrier waits for a descheduled thread), so it
+# is not cached. See docs/design-notes.md#pass-cost-measured-on-a-quiet-machine.
+BUSY_WAIT = 0.2
 
 
-def cpu_share(wall_s: float, thread_cpu_s: float) -> float:
-    """Share of ``wall_s`` seconds during which the measuring thread ran (``thread_cpu_s``)."""
-    return thread_cpu_s / wall_s if wall_s > 0 else 1.0
+def runqueue_wait_s() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU, summed over its
+    threads (``/proc/self/task/*/schedstat``); None where the kernel does not report it."""
+    total = 0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+def waited_share(wall_s: float, waited_s: float, threads: int | None = None) -> float:
+    """Share of ``threads`` threads' time over ``wall_s`` spent waiting for a core."""
+    n = threads or max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+    return waited_s / (wall_s * n) if wall_s > 0 else 0.0
 
 
 @torch.inference_mode()
@@ -161,7 +175,7 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
 
     backend.reset()
     backend.forward(torch.randint(0, vocab, (context,), generator=gen))
-    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    wall0, wait0 = time.perf_counter(), runqueue_wait_s()
     short = timed(widths)
     slope: tuple[float, ...] = ()
     if long_context:
@@ -170,9 +184,10 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
         far = timed(lw)
         at = tuple((far[w] - short[w]) / (long_context - context) for w in lw)
         slope = tuple(max(_interp(tuple(lw), at, w), 0.0) for w in widths)
-    share = cpu_share(time.perf_counter() - wall0, time.thread_time() - cpu0)
+    wait1 = runqueue_wait_s()
+    waited = waited_share(time.perf_counter() - wall0, wait1 - wait0) if wait0 is not None and wait1 is not None else 0.0
     backend.reset()
-    return replace(PassCost.monotone(widths, [short[w] for w in widths], context, slope), cpu_share=share)
+    return replace(PassCost.monotone(widths, [short[w] for w in widths], context, slope), waited=waited)
 
 
 def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
@@ -224,11 +239,10 @@ def pass_cost(backend, key: str, *, path: Path | None = None, quiet: bool = Fals
         rel = ", ".join(f"{r}: {cost(r, 512) / cost(1, 512):.2f}x" for r in (8, 16, 32))
         print(f"speculant: one row {cost(1, 512):.0f} ms after 512 tokens; relative cost by rows {rel}",
               file=sys.stderr, flush=True)
-    share = cost.cpu_share
-    if share < BUSY_SHARE:  # other jobs held the cores: use it for this process only
+    if cost.waited > BUSY_WAIT:  # other jobs held the cores: use it for this process only
         if not quiet:
-            print(f"speculant: the CPU was busy with other jobs while measuring (speculant ran {share:.0%} of "
-                  f"the time), so the measurement is used for this run only and not cached; it is "
+            print(f"speculant: the CPU was busy with other jobs while measuring (speculant's threads waited {cost.waited:.0%} of "
+                  f"their time for a core), so the measurement is used for this run only and not cached; it is "
                   f"taken again next time", file=sys.stderr, flush=True)
         return cost
     curves = dict(saved.get("curves", {})) if saved else {}
