@@ -193,82 +193,18 @@ inline void store8(const Problem& P, int64_t m0, int64_t n0, const __m256* acc) 
   }
 }
 
-// Rows m0 .. m0+R-1 of channel block nb, 8 channels (half h) at a time; O octets per group.
-template <int R, int O>
-void chunk_avx2(const Problem& P, int64_t nb, int64_t m0) {
-  const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const uint16_t* sb = P.sz + nb * P.G * 32;
-  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < P.G; ++g) {
-      const uint8_t* qg = qb + g * O * 64 + 32 * h;
-      const int8_t* xg = P.xq + m0 * P.K + g * (8 * O);
-      __m256i d32[R], d16[R];
-      for (int r = 0; r < R; ++r) d32[r] = d16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 16
-      for (int p = 0; p < O; ++p) {
-        if (h == 0) _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(qg + 64 * p));
-        const __m256i lo = _mm256_and_si256(w, nib), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* x = xg + r * P.K + 8 * p;
-          // u8 codes x s8 activations: |pair sums| <= 2 * 15 * 127, four octets' sums fit int16
-          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(x))),
-                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(x + 4))));
-          d16[r] = _mm256_add_epi16(d16[r], t);
-        }
-        if ((p & 3) == 3 || p == O - 1)
-          for (int r = 0; r < R; ++r) {
-            d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(d16[r], ones));
-            d16[r] = _mm256_setzero_si256();
-          }
-      }
-      fold8<R>(P, m0, g, sb + g * 32 + 8 * h, d32, acc);
-    }
-    store8<R>(P, m0, nb * 16 + 8 * h, acc);
-  }
-}
+#define INT4_AVX2_CHUNK chunk_avx2
+#define INT4_AVX2_VNNI 0
+#include "int4_avx2_chunk.h"
 
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avxvnni")
 
-template <int R, int O>
-void chunk_avx2_vnni(const Problem& P, int64_t nb, int64_t m0) {
-  constexpr int C = R <= 2 ? 2 : 1;
-  const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const uint16_t* sb = P.sz + nb * P.G * 32;
-  const __m256i nib = _mm256_set1_epi8(0x0F);
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < P.G; ++g) {
-      const uint8_t* qg = qb + g * O * 64 + 32 * h;
-      const int8_t* xg = P.xq + m0 * P.K + g * (8 * O);
-      __m256i d[R][C];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) d[r][c] = _mm256_setzero_si256();
-#pragma GCC unroll 16
-      for (int p = 0; p < O; ++p) {
-        if (h == 0) _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(qg + 64 * p));
-        const __m256i lo = _mm256_and_si256(w, nib), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* x = xg + r * P.K + 8 * p;
-          d[r][0] = _mm256_dpbusd_avx_epi32(d[r][0], lo, _mm256_set1_epi32(load4(x)));
-          d[r][C - 1] = _mm256_dpbusd_avx_epi32(d[r][C - 1], hi, _mm256_set1_epi32(load4(x + 4)));
-        }
-      }
-      __m256i dot[R];
-      for (int r = 0; r < R; ++r) dot[r] = C == 2 ? _mm256_add_epi32(d[r][0], d[r][C - 1]) : d[r][0];
-      fold8<R>(P, m0, g, sb + g * 32 + 8 * h, dot, acc);
-    }
-    store8<R>(P, m0, nb * 16 + 8 * h, acc);
-  }
-}
+#define INT4_AVX2_CHUNK chunk_avx2_vnni
+#define INT4_AVX2_VNNI 1
+#include "int4_avx2_chunk.h"
 
 #pragma GCC pop_options
 
