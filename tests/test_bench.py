@@ -540,3 +540,14 @@ def test_bench_with_real_peers(tmp_path):
     for m, s in saved["summary"].items():
         assert s["identical_to_plain"] == 1 and s["vs_best_peer"] > 0, m
     assert res["summary"]["ar"]["plain"] == "ar"
+
+
+def test_machine_line_names_the_instruction_sets():
+    from speculant.bench.report import machine_line
+
+    assert machine_line({"machine": {"cpu": "AMD EPYC", "flags": ["avx2", "fma"], "cores": 2}}) == \
+        "AMD EPYC (avx2, no AVX-512, no AMX; 2 cores)"
+    assert machine_line({"machine": {"cpu": "X", "flags": ["avx2", "avx512f", "avx512_bf16", "amx_tile"], "cores": 2}}) == \
+        "X (avx512_bf16, amx_tile; 2 cores)"
+    assert machine_line({"machine": {"cpu": "X", "flags": ["avx2", "avx512f", "avx512_vnni"]}}) == "X (avx512_vnni, no AMX)"
+    assert machine_line({}) == "unknown CPU"

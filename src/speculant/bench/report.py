@@ -326,9 +326,12 @@ def full_summary(result: dict) -> dict:
 def machine_line(result: dict) -> str:
     """``AMD EPYC (avx512_vnni, avx512_bf16, no AMX; 2 cores)`` from the JSON's machine record."""
     m = result.get("machine") or {}
-    flags = [f for f in m.get("flags") or () if f.startswith(("avx512_", "amx_", "avx_vnni"))]
+    every = list(m.get("flags") or ())
+    flags = [f for f in every if f.startswith(("avx512_", "amx_", "avx_vnni"))]
+    if every and not any(f.startswith("avx512") for f in every):  # an AVX2 machine: say it
+        flags = [f for f in every if f in ("avx2", "avx_vnni")] + ["no AVX-512"]
     cores = f"{m['cores']} cores" if m.get("cores") else ""
-    isa = ", ".join(flags) + (", no AMX" if m.get("flags") and not any(f.startswith("amx") for f in flags) else "")
+    isa = ", ".join(flags) + (", no AMX" if every and not any(f.startswith("amx") for f in flags) else "")
     inner = "; ".join(x for x in (isa.strip(", "), cores) if x)
     return f"{m.get('cpu') or 'unknown CPU'}" + (f" ({inner})" if inner else "")
 
