@@ -1,8 +1,9 @@
 """A pass-cost curve measured while other jobs held the cores is used but not cached."""
 
 import json
-import multiprocessing
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -35,31 +36,22 @@ def test_a_busy_measurement_is_not_cached(tmp_path, monkeypatch, capsys, waited,
         assert json.loads(path.read_text())["curves"]["machine"]["ms"] == [1.0, 2.0]
 
 
-def _spin(seconds: float) -> None:
-    import time
-
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+SPIN = "import time\nend = time.perf_counter() + {s}\nwhile time.perf_counter() < end:\n    pass\n"
 
 
 @needs_schedstat
 def test_runqueue_wait_grows_when_other_jobs_hold_every_core():
-    """Negative control for the detector: with a spinning process on every core (and this one
+    """Negative control for the detector: with two spinning processes per core (and this one
     spinning too), this process waits for a core a measurable share of the time."""
-    n = os.cpu_count() or 1
-    ctx = multiprocessing.get_context("spawn")
-    others = [ctx.Process(target=_spin, args=(3.0,)) for _ in range(n)]
-    for p in others:
-        p.start()
-    try:
-        import time
+    import time
 
-        time.sleep(0.5)  # let them start
+    others = [subprocess.Popen([sys.executable, "-c", SPIN.format(s=2.5)]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        time.sleep(0.3)  # let them start
         w0, t0 = runqueue_wait_s(), time.perf_counter()
-        _spin(1.5)
+        exec(SPIN.format(s=1.5))
         share = waited_share(time.perf_counter() - t0, runqueue_wait_s() - w0, threads=1)
     finally:
         for p in others:
-            p.join()
+            p.wait()
     assert share > 0.2
