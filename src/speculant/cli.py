@@ -117,6 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the text between <!-- results:begin --> and <!-- results:end --> in this file "
                         "with the Markdown results table")
 
+    sb = sub.add_parser("bench-serve", help="speculant serve against llama-server: time to first token and tokens/s, "
+                                             "one streaming client, same prompts, same run")
+    sb.add_argument("--rows", default=None, help="comma-separated, of speculant (its default method), speculant-ar, "
+                                                   "llama-server, llama-server+draft, llama-server+ngram (default: all)")
+    sb.add_argument("--per-category", type=int, default=1, help="Spec-Bench questions per category (default: 1)")
+    sb.add_argument("--categories", default=None)
+    sb.add_argument("--questions", default=None, help="a Spec-Bench-style JSONL file (default: the bundled one)")
+    sb.add_argument("--max-new-tokens", type=int, default=128)
+    sb.add_argument("--serve-args", default="", help="extra `speculant serve` options for the speculant rows, "
+                                                     "one string (e.g. \"--target PRESET\")")
+    sb.add_argument("--json-out", default=None, help="write the runs and summary as JSON to this file")
+
     q = sub.add_parser("quant-eval", help="quality cost of target quantization: perplexity and greedy agreement")
     q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     q.add_argument("--modes", default="none,int8,int4,int8+head,int4+head",
@@ -309,6 +321,22 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
     return 0
 
 
+def cmd_bench_serve(args, argv: list[str] | None = None) -> int:
+    import shlex
+
+    from .bench.harness import command_line
+    from .bench.serve_bench import ServeBenchConfig, format_table, run_serve_bench
+
+    rows = {"rows": tuple(r for r in args.rows.split(",") if r)} if args.rows else {}
+    cfg = ServeBenchConfig(**rows, per_category=args.per_category, max_new_tokens=args.max_new_tokens,
+                           categories=tuple(args.categories.split(",")) if args.categories else None,
+                           questions=args.questions, serve_args=tuple(shlex.split(args.serve_args)),
+                           json_out=args.json_out)
+    result = run_serve_bench(cfg, command=command_line(argv))
+    print(format_table(result))
+    return 0
+
+
 def cmd_bench_report(args) -> int:
     from pathlib import Path
 
@@ -416,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     tune_allocator()
     try:
         commands = {"generate": cmd_generate, "bench": lambda a: cmd_bench(a, argv),
-                    "bench-report": cmd_bench_report, "demo": cmd_demo,
+                    "bench-report": cmd_bench_report, "bench-serve": lambda a: cmd_bench_serve(a, argv),
+                    "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree}
         return commands[args.command](args)
     except SpeculantError as e:
