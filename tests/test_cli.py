@@ -46,6 +46,17 @@ def test_json_output_and_methods_agree(dirs, capsys):
     assert len(set(map(tuple, outs.values()))) == 1  # every method: the same greedy output
 
 
+def test_stop_strings_cut_the_output(dirs, capsys):
+    full = run_json(capsys, "--target", dirs["target"], "--method", "ar", "--max-new-tokens", "12", PROMPT)
+    stop = " ".join(full["text"].split(" ")[2:4])
+    for method in ("ar", "lookup"):
+        cut = run_json(capsys, "--target", dirs["target"], "--method", method, "--max-new-tokens", "12",
+                       "--stop", "never", "--stop", stop, PROMPT)
+        assert cut["text"] == full["text"][:full["text"].find(stop)] and cut["finish_reason"] == "stop"
+    code = main(["generate", "--target", dirs["target"], *["--stop", "x"] * 5, PROMPT])
+    assert code == 2 and "at most 4 stop strings" in capsys.readouterr().err
+
+
 def test_sampling_is_reproducible_with_seed(dirs, capsys):
     args = ["--target", dirs["target"], "--draft", dirs["draft"], "--method", "sd", "--temperature", "0.8",
             "--top-p", "0.9", "--top-k", "20", "--seed", "7", "--max-new-tokens", "16", PROMPT]

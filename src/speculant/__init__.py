@@ -7,13 +7,13 @@
     print(result.text, result.stats.to_dict())
 """
 
-from .api import GenerationResult, SpeculativeDecoder, TokenEvent, generate
+from .api import Generation, GenerationResult, SpeculativeDecoder, TokenEvent, generate
 from .config import AcceptanceConfig, DecoderConfig, SamplingConfig
 from .errors import ConfigError, ModelLoadError, SpeculantError, VocabMismatchError
 from .models import load
 from .runtime import tune_allocator
 
-__all__ = ["load", "generate", "SpeculativeDecoder", "DecoderConfig", "GenerationResult", "TokenEvent",
+__all__ = ["load", "generate", "SpeculativeDecoder", "DecoderConfig", "Generation", "GenerationResult", "TokenEvent",
            "SamplingConfig", "AcceptanceConfig", "SpeculantError", "ConfigError", "ModelLoadError", "VocabMismatchError",
            "tune_allocator"]
 __version__ = "0.1.0"

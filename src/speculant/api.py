@@ -10,7 +10,7 @@ drafter from ``drafters.factory.build_drafter``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -27,8 +27,9 @@ from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .loading import auto_draft_quant, draft_keeps_dense, load_native  # noqa: F401 (re-exported)
 from .loading import find_heads, load_decoder_heads, load_draft, load_target
-from .models import LoadedModel, chat_prompt, check_vocab_compatible
+from .models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
 from .sampling import make_generator
+from .stopping import StopStrings, parse_stop
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -43,7 +44,7 @@ class GenerationResult:
     text: str
     token_ids: list[int]
     prompt_tokens: int
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "length" | "stop" (a stop string) | "cancelled"
     stats: Stats
 
     def to_dict(self) -> dict:
@@ -108,8 +109,14 @@ class SpeculativeDecoder:
     acceptance = property(lambda self: self.config.acceptance)
     pacing = property(lambda self: self.config.pacing and self.config.method != "ar")
 
-    def encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:
-        if isinstance(prompt, str):
+    def encode(self, prompt: str | Sequence[int] | Sequence[dict] | torch.Tensor) -> torch.Tensor:
+        """The prompt's token ids (T,): a string (in the chat template as one user turn when
+        ``chat`` is on), a list of chat messages (``{"role", "content"}``, always in the chat
+        template), or token ids."""
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            text = chat_messages_prompt(self.tokenizer, prompt)
+            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+        elif isinstance(prompt, str):
             if not prompt.strip():
                 raise ConfigError("the prompt is empty: give some text to continue")
             text = chat_prompt(self.tokenizer, prompt) if self.chat else prompt
@@ -129,61 +136,124 @@ class SpeculativeDecoder:
     def _drafter(self, sampling: SamplingConfig, generator) -> Drafter:
         return build_drafter(self.config, self._parts, sampling, generator)
 
-    def _run(self, prompt, max_new_tokens, sampling: SamplingConfig):
-        ids = self.encode(prompt)
+    def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig):
+        """The decoding loop's (state, step) after every step, for prompt ids ``ids`` (T,)."""
         generator = make_generator(sampling.seed)
         drafter = self._drafter(sampling, generator)
         with torch.inference_mode():
-            yield ids, None, None
-            for state, step in decode(self.target_backend, drafter, ids, max_new_tokens=max_new_tokens,
-                                      sampling=sampling, eos_token_ids=self.eos_token_ids,
-                                      max_length=self.max_length, replacement=self.replacement,
-                                      generator=generator, vocab_size=self.vocab_size,
-                                      acceptance=self.acceptance, embedding=self._embedding(),
-                                      pacer=Pacer() if self.pacing else None):
-                yield ids, state, step
+            yield from decode(self.target_backend, drafter, ids, max_new_tokens=max_new_tokens,
+                              sampling=sampling, eos_token_ids=self.eos_token_ids,
+                              max_length=self.max_length, replacement=self.replacement,
+                              generator=generator, vocab_size=self.vocab_size,
+                              acceptance=self.acceptance, embedding=self._embedding(),
+                              pacer=Pacer() if self.pacing else None)
 
-    def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, *,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats."""
+    def start(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
+              top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
+              cancel: Callable[[], bool] | None = None) -> "Generation":
+        """A generation that has not run yet: iterate it for its tokens (``TokenEvent``), or call
+        ``result()``. The prompt is encoded and every option checked here, before any pass."""
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
-        state = None
-        for ids, state, _ in self._run(prompt, max_new_tokens, sampling):
-            pass
-        gen = state.generated
-        return GenerationResult(self.tokenizer.decode(gen, skip_special_tokens=True), gen,
-                                int(ids.shape[0]), state.finish_reason, state.stats)
+        return Generation(self, self.encode(prompt), max_new_tokens, sampling,
+                          StopStrings(parse_stop(stop)), cancel)
 
-    def stream(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, *,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               seed: int | None = None) -> Iterator[TokenEvent]:
-        """Yield tokens as they are accepted, each with its text and where it came from."""
-        sampling = SamplingConfig(temperature, top_k, top_p, seed)
-        gen: list[int] = []
-        shown = ""
+    def generate(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats. ``prompt``:
+        text, chat messages or token ids (see ``encode``). ``stop``: up to 4 strings; the text
+        ends right before the first of them (``finish_reason`` "stop")."""
+        return self.start(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          seed=seed, stop=stop).result()
+
+    def stream(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
+               cancel: Callable[[], bool] | None = None) -> Iterator[TokenEvent]:
+        """Yield tokens as they are accepted, each with its text and where it came from. The texts
+        add up to ``generate(...).text``. ``cancel``: polled after every step; when it returns
+        True the generation ends after that step (``finish_reason`` "cancelled")."""
+        gen = self.start(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         seed=seed, stop=stop, cancel=cancel)
         self.last_stats, self.last_finish_reason = None, None  # set as the stream runs
-        for _, state, step in self._run(prompt, max_new_tokens, sampling):
-            if step is None:
-                continue
-            labelled = [(t, "draft") for t in step.accepted]
-            if step.target_token >= 0:
-                labelled.append((step.target_token, "target"))
-            for tok, source in labelled:
-                gen.append(tok)
-                text = self.tokenizer.decode(gen, skip_special_tokens=True)
-                # hold back an incomplete UTF-8 character until a later token completes it
-                piece = text[len(shown):] if not text.endswith("\ufffd") else ""
-                shown += piece
-                yield TokenEvent(tok, piece, source)
-            self.last_stats = state.stats
-            self.last_finish_reason = state.finish_reason
+        self.last_prompt_tokens = gen.prompt_tokens
+        for event in gen:
+            self.last_stats, self.last_finish_reason = gen.stats, gen.finish_reason
+            yield event
+        self.last_stats, self.last_finish_reason = gen.stats, gen.finish_reason
+
+
+class Generation:
+    """One generation of a decoder: iterating it runs the decoding loop and yields a
+    ``TokenEvent`` per new token; ``token_ids``, ``text``, ``finish_reason`` and ``stats`` follow
+    it. Text is held back while it may be the start of a stop string or of a multi-byte character,
+    so the events' texts add up to ``text``. ``token_ids``: every token generated, up to the one
+    that completed a stop string."""
+
+    def __init__(self, decoder: SpeculativeDecoder, ids: torch.Tensor, max_new_tokens: int,
+                 sampling: SamplingConfig, stops: StopStrings, cancel: Callable[[], bool] | None):
+        self.decoder, self.ids, self.max_new_tokens, self.sampling = decoder, ids, max_new_tokens, sampling
+        self.stops, self.cancel = stops, cancel
+        self.prompt_tokens = int(ids.shape[0])
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stats: Stats | None = None
+        self._texts = True  # decode the text after every token (a stream shows it as it grows)
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        shown, checked = "", 0
+        decode_text = self.decoder.tokenizer.decode
+        steps = self.decoder._run(self.ids, self.max_new_tokens, self.sampling)
+        try:
+            for state, step in steps:
+                self.stats = state.stats
+                ending = state.finish_reason is not None or (self.cancel is not None and self.cancel())
+                labelled = [(t, "draft") for t in step.accepted]
+                if step.target_token >= 0:
+                    labelled.append((step.target_token, "target"))
+                for n, (tok, source) in enumerate(labelled, 1):
+                    self.token_ids.append(tok)
+                    if not (self._texts or self.stops.strings):
+                        continue
+                    text = decode_text(self.token_ids, skip_special_tokens=True)
+                    hit = self.stops.scan(text, checked)
+                    checked = len(text.rstrip("\ufffd"))
+                    final = hit is not None or (ending and n == len(labelled))
+                    if hit is not None:
+                        self.text, self.finish_reason = text[:hit], "stop"
+                        visible = self.text
+                    else:
+                        self.text = text
+                        # hold back an incomplete UTF-8 character and a possible start of a stop string
+                        visible = text if final else text[:self.stops.safe_length(text.rstrip("\ufffd"))]
+                    piece = visible[len(shown):] if len(visible) > len(shown) else ""
+                    shown += piece
+                    if final and self.finish_reason is None:
+                        self.finish_reason = state.finish_reason or "cancelled"
+                    yield TokenEvent(tok, piece, source)
+                    if final:
+                        return
+                if ending:  # the step ended the generation without a token to carry its text
+                    self.finish_reason = state.finish_reason or "cancelled"
+                    break
+        finally:
+            steps.close()
+            if not (self._texts or self.stops.strings) and self.finish_reason is not None:
+                self.text = decode_text(self.token_ids, skip_special_tokens=True)
+
+    def result(self) -> GenerationResult:
+        """Run the generation to its end (if not yet) and return its result."""
+        if self.finish_reason is None:
+            self._texts = False
+            for _ in self:
+                pass
+        return GenerationResult(self.text, list(self.token_ids), self.prompt_tokens, self.finish_reason, self.stats)
 
 
 def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
              method: str = "auto", max_new_tokens: int = 128, **kwargs) -> GenerationResult:
     """One-shot convenience: build a decoder and generate."""
-    sampling_keys = {"temperature", "top_k", "top_p", "seed"}
+    sampling_keys = {"temperature", "top_k", "top_p", "seed", "stop"}
     gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}
     return SpeculativeDecoder(target, draft, method=method, **kwargs).generate(
         prompt, max_new_tokens, **gen_kwargs)

@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
+    g.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="end the output right before this text (repeat for up to 4)")
     g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
 
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
@@ -251,19 +253,12 @@ def _tree(args):
         raise ConfigError(f"cannot read --tree-file {args.tree_file}: {e.strerror}") from None
 
 
-def cmd_generate(args) -> int:
+def _decoder(args):
+    """The decoder the decoding options of ``generate`` / ``serve`` describe (the "auto" choices
+    resolved for this machine); prints what runs and why."""
     from .api import SpeculativeDecoder
+    from .config import parse_acceptance
 
-    from .config import SamplingConfig, parse_acceptance
-    from .errors import ConfigError
-
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    # validate cheap arguments before loading any model
-    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
-    if args.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not prompt.strip():
-        raise ConfigError("the prompt is empty: give some text to continue")
     parse_acceptance(args.accept)
     dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=_tree(args),
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
@@ -273,7 +268,24 @@ def cmd_generate(args) -> int:
                              pacing=not args.no_pacing)
     if dec.why:
         print(f"speculant: {dec.why}", file=sys.stderr, flush=True)
-    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return dec
+
+
+def cmd_generate(args) -> int:
+    from .config import SamplingConfig
+    from .errors import ConfigError
+    from .stopping import parse_stop
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # validate cheap arguments before loading any model
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty: give some text to continue")
+    parse_stop(args.stop)
+    dec = _decoder(args)
+    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop)
     if args.json:
         result = dec.generate(prompt, args.max_new_tokens, **kw)
         print(json.dumps(result.to_dict()))

@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -396,10 +396,32 @@ def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
                                  f"different eos token ids ({de} vs {te}); {fix}")
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
 def chat_prompt(tokenizer: Any, text: str) -> str:
     """``text`` as one user turn in the tokenizer's chat template, ready for the assistant's
     reply; ``text`` unchanged if the tokenizer has no chat template (a base model)."""
     if not getattr(tokenizer, "chat_template", None):
         return text
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
+    return chat_messages_prompt(tokenizer, [{"role": "user", "content": text}])
+
+
+def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict]) -> str:
+    """A conversation (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``) in
+    the tokenizer's chat template, ending with the prompt for the assistant's next turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("this model has no chat template, so it cannot take chat messages: "
+                          "send a plain text prompt instead")
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ConfigError("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ConfigError(f"messages[{i}] must be an object with \"role\" and \"content\", "
+                              f"got {type(m).__name__}")
+        if m.get("role") not in CHAT_ROLES:
+            raise ConfigError(f"messages[{i}] has role {m.get('role')!r}: use one of {', '.join(CHAT_ROLES)}")
+        if not isinstance(m.get("content"), str):
+            raise ConfigError(f"messages[{i}].content must be a string, got {type(m.get('content')).__name__}")
+    return tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                         tokenize=False, add_generation_prompt=True)
