@@ -84,6 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end the output right before this text (repeat for up to 4)")
     g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
 
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions, streaming)")
+    _decoder_args(sv)
+    sv.add_argument("--method", choices=["auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd"],
+                    default="auto", help="as for generate (default: the fastest lossless method; it is printed)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on /v1 requests (default: $SPECULANT_API_KEY if set)")
+    sv.add_argument("--max-queue", type=int, default=16,
+                    help="requests that may wait behind the running one; more get HTTP 429 (default: %(default)s)")
+    sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
+    sv.add_argument("--model-id", default=None, help="the model's id in the API (default: the target's name)")
+
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
     b.add_argument("--methods", default="ar,auto,lookup,sd,llama-server,llama-server+draft,llama-server+ngram,"
@@ -309,6 +322,25 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import os
+
+    from .errors import ConfigError
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_queue < 1 or args.max_body_bytes < 1024:
+        raise ConfigError("--max-queue must be >= 1 and --max-body-bytes >= 1024")
+    api_key = args.api_key or os.environ.get("SPECULANT_API_KEY") or None
+    from .serve.app import ServeConfig
+    from .serve.server import serve
+
+    args.chat = False  # /v1/chat/completions applies the chat template; /v1/completions sends raw text
+    serve(_decoder(args), ServeConfig(host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
+                                      max_body_bytes=args.max_body_bytes, model_id=args.model_id))
+    return 0
+
+
 def cmd_bench(args, argv: list[str] | None = None) -> int:
     from .bench.harness import BenchConfig, command_line, run_bench
 
@@ -455,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tune_allocator()
     try:
-        commands = {"generate": cmd_generate, "bench": lambda a: cmd_bench(a, argv),
+        commands = {"generate": cmd_generate, "serve": cmd_serve, "bench": lambda a: cmd_bench(a, argv),
                     "bench-report": cmd_bench_report, "bench-serve": lambda a: cmd_bench_serve(a, argv),
                     "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree}

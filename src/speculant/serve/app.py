@@ -1,0 +1,269 @@
+"""The FastAPI application: OpenAI's chat and text completions over one SpeculativeDecoder.
+
+``create_app(decoder, ServeConfig(...))`` builds it. Requests are checked (``schema``), queued
+(``scheduler``) and answered as OpenAI answers: a JSON body, or with ``"stream": true`` server-sent
+events in OpenAI's chunk format ending with ``data: [DONE]``. Every error has OpenAI's shape.
+A client that goes away has its generation cancelled within one decoding step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import APIError, bad_request
+from .metrics import Metrics
+from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, Token
+from .schema import CompletionRequest, parse_request
+
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How the server runs: ``api_key`` (None: no key needed), ``max_queue`` (requests waiting
+    beyond the one running; more get 429), ``max_body_bytes`` (larger bodies get 413),
+    ``model_id`` (None: the target's name; "default" is always accepted too), ``retry_after``
+    (seconds, in a 429's Retry-After)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int = 16
+    max_body_bytes: int = 1 << 20
+    model_id: str | None = None
+    retry_after: int = 2
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
+    """The application serving ``decoder`` (a SpeculativeDecoder); its scheduler starts with it."""
+    model_id = config.model_id or decoder.target.name
+    metrics = Metrics(decoder.method)
+
+    def finished(ticket: Ticket, event) -> None:
+        metrics.set_queue(scheduler.waiting, scheduler.running)
+        if isinstance(event, Finished):
+            metrics.generation(ticket.prompt_tokens, len(event.token_ids), event.finish_reason, event.stats)
+
+    scheduler = Scheduler(decoder, config.max_queue, on_finish=finished)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, scheduler.close)
+
+    app = FastAPI(title="speculant", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.scheduler, app.state.metrics, app.state.model_id = scheduler, metrics, model_id
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return e.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        what = "no such endpoint" if e.status_code == 404 else str(e.detail)
+        return APIError(e.status_code, f"{what}: {request.method} {request.url.path} (see GET /v1/models, "
+                                       "POST /v1/chat/completions, POST /v1/completions)",
+                        code="not_found" if e.status_code == 404 else None).response()
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>' "
+                                "with the key the server was started with", type="authentication_error",
+                           code="invalid_api_key")
+
+    async def read_json(request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
+            raise APIError(413, f"the request body is {int(length)} bytes; the limit is {config.max_body_bytes}",
+                           code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > config.max_body_bytes:
+                raise APIError(413, f"the request body is over the limit of {config.max_body_bytes} bytes",
+                               code="request_too_large")
+            chunks.append(chunk)
+        try:
+            text = b"".join(chunks).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}): send UTF-8 JSON") from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+
+    async def next_event(ticket: Ticket, request: Request):
+        """The ticket's next event; cancels the job if the client goes away while waiting."""
+        while True:
+            try:
+                return await asyncio.wait_for(ticket.events.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    ticket.cancel()
+                    raise _ClientGone from None
+
+    async def complete(request: Request, kind: str) -> Response:
+        endpoint, arrived = request.url.path, time.perf_counter()
+        try:
+            authorize(request)
+            req = parse_request(await read_json(request), kind)
+            if req.model not in (model_id, "default"):
+                raise APIError(404, f"the model {req.model!r} is not served here; use {model_id!r} "
+                                    "(GET /v1/models lists it)", param="model", code="model_not_found")
+            context = decoder.max_length
+            if req.max_tokens is not None and context is not None and req.max_tokens >= context:
+                raise bad_request(f"max_tokens is {req.max_tokens} but the model's context is {context} tokens "
+                                  "(prompt included): ask for fewer", param="max_tokens")
+            job = Job(req.prompt, req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed, req.stop)
+            try:
+                ticket = scheduler.submit(job, asyncio.get_running_loop())
+            except QueueFull:
+                raise APIError(429, f"the server is busy: {config.max_queue} requests are already waiting; "
+                                    f"retry in {config.retry_after} s", type="rate_limit_error",
+                               code="queue_full", headers={"Retry-After": str(config.retry_after)}) from None
+            metrics.set_queue(scheduler.waiting, scheduler.running)
+            first = await next_event(ticket, request)
+            if isinstance(first, Failed):
+                raise APIError(first.status, first.message, type="invalid_request_error" if first.status < 500
+                               else "server_error")
+        except APIError as e:
+            metrics.request(endpoint, e.status)
+            return e.response()
+        except _ClientGone:
+            metrics.request(endpoint, 499)
+            return Response(status_code=499)
+        meta = _Meta(kind, model_id, decoder.method, arrived, metrics)
+        if req.stream:
+            metrics.request(endpoint, 200)
+            return StreamingResponse(_sse(ticket, req, meta), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            while not isinstance(event := await next_event(ticket, request), (Finished, Failed)):
+                meta.token(event)
+        except _ClientGone:
+            metrics.request(endpoint, 499)
+            return Response(status_code=499)
+        if isinstance(event, Failed):
+            metrics.request(endpoint, event.status)
+            return APIError(event.status, event.message, type="server_error").response()
+        metrics.request(endpoint, 200)
+        return JSONResponse(meta.body(event, ticket.prompt_tokens))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, "completion")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        metrics.request("/v1/models", 200)
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "speculant"}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id, "method": decoder.method,
+                "waiting": scheduler.waiting, "running": scheduler.running}
+
+    @app.get("/metrics")
+    async def prometheus():
+        metrics.set_queue(scheduler.waiting, scheduler.running)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+class _Meta:
+    """One response's identity and the pieces of its body."""
+
+    def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics):
+        self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.first = True
+
+    def token(self, event: Token) -> None:
+        if self.first:
+            self.metrics.first_token(time.perf_counter() - self.arrived)
+            self.first = False
+
+    def usage(self, event: Finished, prompt_tokens: int) -> dict[str, Any]:
+        s = event.stats
+        n = len(event.token_ids)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+                "speculative": {"method": self.method, "target_calls": s.target_calls if s else 0,
+                                "tokens_per_call": s.tokens_per_call if s else 0.0,
+                                "acceptance_rate": s.acceptance_rate if s else 0.0}}
+
+    def body(self, event: Finished, prompt_tokens: int) -> dict[str, Any]:
+        reason = _FINISH[event.finish_reason]
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
+                      "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": reason}
+        return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice],
+                "usage": self.usage(event, prompt_tokens)}
+
+    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
+              usage: dict | None = None) -> str:
+        if usage is not None:
+            choices: list = []
+        elif self.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        else:
+            choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+
+async def _sse(ticket: Ticket, req: CompletionRequest, meta: _Meta) -> AsyncIterator[str]:
+    """The stream of one request; cancelling it (the client went away) cancels its generation."""
+    try:
+        if meta.kind == "chat":
+            yield meta.chunk(role=True)
+        while True:
+            event = await ticket.events.get()
+            if isinstance(event, Token):
+                meta.token(event)
+                if event.text:
+                    yield meta.chunk(event.text)
+            elif isinstance(event, Finished):
+                yield meta.chunk(None, finish=_FINISH[event.finish_reason])
+                if req.include_usage:
+                    yield meta.chunk(usage=meta.usage(event, ticket.prompt_tokens))
+                break
+            elif isinstance(event, Failed):
+                yield f"data: {json.dumps(APIError(event.status, event.message, type='server_error').body())}\n\n"
+                break
+            elif isinstance(event, Started):
+                continue
+        yield "data: [DONE]\n\n"
+    finally:
+        ticket.cancel()  # a no-op when it finished; else it stops within one decoding step
