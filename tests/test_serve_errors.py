@@ -1,0 +1,153 @@
+"""``speculant serve`` refuses bad requests with a 4xx in OpenAI's error shape and a message that
+names the problem, and still answers correctly afterwards; an API key is enforced; SIGTERM lets a
+request in flight finish before the process exits; the default target answers the openai client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from speculant import SpeculativeDecoder
+
+from serve_helpers import CHAT_TEMPLATE, RunningServer, free_port
+from tiny import tiny_model_dir
+
+KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MESSAGES = [{"role": "user", "content": "w1 w2 w3 w4"}]
+GOOD = {"model": "default", "messages": MESSAGES, "max_tokens": 8, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return str(tiny_model_dir(tmp_path_factory.mktemp("models") / "target", seed=0))
+
+
+@pytest.fixture(scope="module")
+def server(target):
+    dec = SpeculativeDecoder(target, method="lookup", dtype="float32", tree_budget="fixed")
+    dec.tokenizer.chat_template = CHAT_TEMPLATE
+    s = RunningServer(dec, api_key=KEY, max_body_bytes=64 * 1024)
+    s.expected = dec.generate(MESSAGES, 8).text  # before the server's worker uses the decoder
+    yield s
+    s.stop()
+
+
+def _with(**fields):
+    body = {**GOOD, **fields}
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+LONG = " ".join(f"w{i % 50 + 3}" for i in range(600))  # the tiny models' context is 512 tokens
+BAD = [
+    # (name, body or raw bytes, extra headers, status, words the message must contain)
+    ("invalid JSON", b'{"model": "default", "messages": [', {}, 400, "not valid JSON"),
+    ("invalid UTF-8", b'{"model": "default", "messages": "\xff\xfe"}', {}, 400, "not valid UTF-8"),
+    ("not an object", [1, 2], {}, 400, "must be a JSON object"),
+    ("wrong type", _with(max_tokens="8"), {}, 400, "'max_tokens' must be an integer"),
+    ("unknown model", _with(model="gpt-9"), {}, 404, "'gpt-9' is not served here"),
+    ("no model", _with(model=...), {}, 400, "'model' is required"),
+    ("empty messages", _with(messages=[]), {}, 400, "'messages' must be a non-empty list"),
+    ("unknown role", _with(messages=[{"role": "wizard", "content": "w1"}]), {}, 400, "role is 'wizard'"),
+    ("content not text", _with(messages=[{"role": "user", "content": 5}]), {}, 400, "content must be a string"),
+    ("max_tokens 0", _with(max_tokens=0), {}, 400, "'max_tokens' must be an integer >= 1"),
+    ("max_tokens beyond the context", _with(max_tokens=100000), {}, 400, "context is 512 tokens"),
+    ("negative temperature", _with(temperature=-0.5), {}, 400, "'temperature' must be between 0 and 2"),
+    ("top_p 0", _with(top_p=0), {}, 400, "'top_p' must be in (0, 1]"),
+    ("top_p above 1", _with(top_p=1.5), {}, 400, "'top_p' must be in (0, 1]"),
+    ("five stop strings", _with(stop=["a", "b", "c", "d", "e"]), {}, 400, "at most 4"),
+    ("an empty stop string", _with(stop=["a", ""]), {}, 400, "'stop' has an empty string"),
+    ("n = 2", _with(n=2), {}, 400, "'n' must be 1"),
+    ("logprobs", _with(logprobs=True), {}, 400, "'logprobs' is not supported"),
+    ("tools", _with(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "'tools' is not supported"),
+    ("json response format", _with(response_format={"type": "json_object"}), {}, 400, "'response_format'"),
+    ("unknown field", _with(temprature=0.5), {}, 400, "unknown field 'temprature'"),
+    ("stream_options without stream", _with(stream_options={"include_usage": True}), {}, 400, "only allowed"),
+    ("prompt too long", _with(messages=[{"role": "user", "content": LONG}]), {}, 400, "tokens but the model's context is 512"),
+    ("prompt and max_tokens beyond the context", _with(messages=[{"role": "user", "content": LONG[:1200]}],
+                                                       max_tokens=300), {}, 400, "but the model's context is 512"),
+    ("oversized body", b'{"model": "default", "pad": "' + b"x" * (70 * 1024) + b'"}', {}, 413, "limit"),
+    ("missing API key", GOOD, {"Authorization": ""}, 401, "a valid API key is required"),
+    ("wrong API key", GOOD, {"Authorization": "Bearer nope"}, 401, "a valid API key is required"),
+]
+
+
+@pytest.mark.parametrize("name, body, headers, status, words", BAD, ids=[b[0] for b in BAD])
+def test_a_bad_request_is_a_clear_4xx_and_the_server_still_answers(server, name, body, headers, status, words):
+    headers = {**AUTH, **headers}
+    if isinstance(body, bytes):
+        r = server.post("/v1/chat/completions", content=body, headers={**headers, "Content-Type": "application/json"})
+    else:
+        r = server.post("/v1/chat/completions", body, headers=headers)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and words in error["message"], error
+    ok = server.post("/v1/chat/completions", GOOD, headers=AUTH)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == server.expected
+
+
+def test_the_api_key_guards_v1_but_not_health(server):
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    assert httpx.get(server.url + "/v1/models", headers=AUTH).status_code == 200
+    assert httpx.get(server.url + "/health").status_code == 200
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+    assert client.chat.completions.create(**GOOD).choices[0].message.content == server.expected
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert server.post("/v1/nothing", GOOD, headers=AUTH).json()["error"]["code"] == "not_found"
+
+
+def test_sigterm_lets_the_request_in_flight_finish(target):
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "speculant.cli", "serve", "--target", target, "--dtype", "float32",
+                             "--method", "ar", "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        body = {"model": "default", "prompt": "w1 w2 w3", "max_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"  # the stream ran to its end
+        # uvicorn re-raises the signal once it has shut down, so the exit status says "terminated"
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_default_target_answers_a_chat_completion():
+    from speculant.cli import DEFAULT_TARGET
+
+    dec = SpeculativeDecoder(DEFAULT_TARGET)
+    s = RunningServer(dec)
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+        got = client.chat.completions.create(model="default", messages=messages, max_tokens=24, temperature=0)
+    finally:
+        s.stop()
+    assert got.choices[0].message.content == dec.generate(messages, 24).text
+    assert got.usage.completion_tokens == 24 and got.usage.model_extra["speculative"]["method"] == dec.method
