@@ -79,6 +79,25 @@ def test_int4_matches_exact_reference_on_every_width(isa, N, K, gsize):
 
 
 @pytest.mark.parametrize("isa", [isa_param(i) for i in ISAS])
+@pytest.mark.parametrize("gsize", [32, 64, 128])
+def test_int4_extreme_codes_and_activations_stay_exact(isa, gsize):
+    """The largest integer sums a group can reach (every code 15, every activation +-127) do not
+    overflow the narrow accumulators of any path: 7 rows, so a full chunk and a ragged one run."""
+    N, K = 32, 4 * gsize
+    q = torch.full((N, K), 15)
+    q[N // 2:, ::3] = 0  # some channels not at the extreme either
+    scale, offset = torch.full((N, K // gsize), 0.01), torch.full((N, K // gsize), -0.05)
+    qpack, sz = pack_int4_x86(q, scale, offset)
+    x = torch.ones(7, K, dtype=torch.bfloat16)
+    x[1] = -1
+    x[2, ::2] = -1
+    ref = exact_reference(x, q, sz, gsize)
+    y = kernels.int4_gemm(x, qpack, sz, torch.empty(0), True, INT4_ISAS[isa])
+    torch.testing.assert_close(y.double(), ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(y, kernels.int4_gemm(x, qpack, sz, torch.empty(0), True, INT4_ISAS["portable"]))
+
+
+@pytest.mark.parametrize("isa", [isa_param(i) for i in ISAS])
 def test_int4_rows_are_independent_bit_for_bit(isa):
     """Row i alone == row i inside a 32-row call, and == every other code path's, in fp32 and bf16."""
     q, scale, offset = random_weight(80, 512, 64, seed=2)

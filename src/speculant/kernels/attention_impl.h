@@ -49,15 +49,18 @@ inline void attend_token(const uint16_t* q, const uint16_t* keys, const uint16_t
     }
     inv[j] = 1.f / V::sum(vsum);
   }
-  // out_j = sum_u s[j][u] v_u / sum, 64 dimensions at a time (G x 4 accumulators)
-  for (int64_t c = 0; c < D; c += 64) {
-    const int64_t nv = D - c < 64 ? (D - c) / 16 : 4;
-    V o[G][4];
+  // out_j = sum_u s[j][u] v_u / sum, 16 V::kWide dimensions at a time (G x V::kWide accumulators:
+  // 64 dimensions with AVX-512's 32 registers, 16 with AVX2's 16, which would spill more). Each
+  // output element sums the same terms in key order whatever the blocking: the same bits.
+  constexpr int W = V::kWide;
+  for (int64_t c = 0; c < D; c += 16 * W) {
+    const int64_t nv = D - c < 16 * W ? (D - c) / 16 : W;
+    V o[G][W];
     for (int j = 0; j < G; ++j)
-      for (int t = 0; t < 4; ++t) o[j][t] = V::zero();
+      for (int t = 0; t < W; ++t) o[j][t] = V::zero();
     for (int64_t u = 0; u < m; ++u) {
       const uint16_t* vrow = values + (int64_t)idx[u] * D + c;
-      V vv[4];
+      V vv[W];
       for (int t = 0; t < nv; ++t) vv[t] = V::load_bf16(vrow + 16 * t);
       for (int j = 0; j < G; ++j) {
         const V p = V::set1(w.s[j * w.stride + u]);

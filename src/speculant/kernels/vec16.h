@@ -33,6 +33,7 @@ inline float pow2i(float i) {  // 2^i for integral i in [-126, 127]
 
 namespace portable {
 struct V {
+  static constexpr int kWide = 4;  // V accumulators per output row a pass keeps (no vector registers: blocking as for AVX-512)
   float v[16];
   static V zero() { V r; for (int i = 0; i < 16; ++i) r.v[i] = 0.f; return r; }
   static V set1(float x) { V r; for (int i = 0; i < 16; ++i) r.v[i] = x; return r; }
@@ -77,6 +78,7 @@ inline __m128i to_bf16x8(__m256 a) {  // round to nearest even (finite inputs)
   return _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 struct V {
+  static constexpr int kWide = 1;  // V accumulators per output row a pass keeps (two ymm registers per V)
   __m256 lo, hi;  // lanes 0-7, 8-15
   static V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static V set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
@@ -123,6 +125,7 @@ struct V {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 namespace avx512 {
 struct V {
+  static constexpr int kWide = 4;  // V accumulators per output row a pass keeps (one zmm register per V)
   __m512 v;
   static V zero() { return {_mm512_setzero_ps()}; }
   static V set1(float x) { return {_mm512_set1_ps(x)}; }
