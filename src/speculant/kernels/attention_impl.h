@@ -49,9 +49,9 @@ inline void attend_token(const uint16_t* q, const uint16_t* keys, const uint16_t
     }
     inv[j] = 1.f / V::sum(vsum);
   }
-  // out_j = sum_u s[j][u] v_u / sum, 16 V::kWide dimensions at a time (G x V::kWide accumulators:
-  // 64 dimensions with AVX-512's 32 registers, 16 with AVX2's 16, which would spill more). Each
-  // output element sums the same terms in key order whatever the blocking: the same bits.
+  // out_j = sum_u s[j][u] v_u / sum, 16 V::kWide dimensions at a time, G x V::kWide accumulators
+  // (docs/design-notes.md#avx2-attention-blocking). Each output element sums the same terms in key
+  // order whatever the blocking: the same bits.
   constexpr int W = V::kWide;
   for (int64_t c = 0; c < D; c += 16 * W) {
     const int64_t nv = D - c < 16 * W ? (D - c) / 16 : W;
