@@ -19,7 +19,8 @@ from .backends.hf import HFBackend
 from .backends.native import NativeBackend
 from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TREE_BUDGETS  # noqa: F401 (re-exported)
 from .config import NEEDS_HEADS, DecoderConfig, SamplingConfig
-from .decoding import Stats, decode
+from .batching import Batch, Member
+from .decoding import SequenceRun, Stats, decode
 from .defaults import resolve
 from .drafters.base import Drafter
 from .drafters.factory import DraftParts, build_drafter, build_sizer, plan_tree, warm_up_heads
@@ -95,6 +96,8 @@ class SpeculativeDecoder:
         self.tree, self.dynamic = plan_tree(c, heads_source, self.heads.num_heads if self.heads is not None else None)
         self.sizer = build_sizer(c, self.dynamic, self.target_backend, self.target.name, self.target.dtype)
         self._parts = DraftParts(self.tree, self.vocab_size, self.dynamic, self.sizer, self.draft_backend, self.heads)
+        self._idle_targets = [self.target_backend]  # backends (KV caches) free for a sequence of a batch
+        self._idle_drafts = [self.draft_backend] if self.draft_backend is not None else []
         if self.heads is not None:
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
             warm_up_heads(self.heads, self.vocab_size)
@@ -136,17 +139,88 @@ class SpeculativeDecoder:
     def _drafter(self, sampling: SamplingConfig, generator) -> Drafter:
         return build_drafter(self.config, self._parts, sampling, generator)
 
+    def _loop_options(self, max_new_tokens: int, sampling: SamplingConfig, generator) -> dict:
+        """The decoding loop's keywords for one generation (``decoding.SequenceRun``)."""
+        return dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=self.eos_token_ids,
+                    max_length=self.max_length, replacement=self.replacement, generator=generator,
+                    vocab_size=self.vocab_size, acceptance=self.acceptance, embedding=self._embedding(),
+                    pacer=Pacer() if self.pacing else None)
+
     def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig):
         """The decoding loop's (state, step) after every step, for prompt ids ``ids`` (T,)."""
         generator = make_generator(sampling.seed)
         drafter = self._drafter(sampling, generator)
         with torch.inference_mode():
-            yield from decode(self.target_backend, drafter, ids, max_new_tokens=max_new_tokens,
-                              sampling=sampling, eos_token_ids=self.eos_token_ids,
-                              max_length=self.max_length, replacement=self.replacement,
-                              generator=generator, vocab_size=self.vocab_size,
-                              acceptance=self.acceptance, embedding=self._embedding(),
-                              pacer=Pacer() if self.pacing else None)
+            yield from decode(self.target_backend, drafter, ids, **self._loop_options(max_new_tokens, sampling, generator))
+
+    # ---- several sequences at once (batching.py) -------------------------------------------
+    def join(self, batch: Batch, gen: "Generation",
+             on_events: Callable[["Generation", list[TokenEvent]], None] | None = None) -> Member:
+        """Add the generation ``gen`` (from ``start``) to ``batch``, on a target backend (KV cache)
+        and drafter of its own; ``on_events(gen, events)`` after each of its steps (e.g. to stream
+        them). It leaves the batch when it ends; ``leave`` takes one out earlier (a cancelled
+        request). Run the batch with ``batch.step()`` under ``torch.inference_mode()``."""
+        target = self._idle_targets.pop() if self._idle_targets else self.target_backend.sibling()
+        draft = None
+        if self.draft_backend is not None:
+            draft = self._idle_drafts.pop() if self._idle_drafts else self.draft_backend.sibling()
+        generator = make_generator(gen.sampling.seed)
+        drafter = build_drafter(self.config, self._parts, gen.sampling, generator, draft=draft, own_sizer=True)
+        run = SequenceRun(target, drafter, gen.ids, **self._loop_options(gen.max_new_tokens, gen.sampling, generator))
+
+        def on_step(member: Member, step) -> bool:
+            events, done = gen._take(member.run.state, step)
+            if on_events is not None:
+                on_events(gen, events)
+            if done:
+                gen._finish()
+                self._release(member)
+            return done
+
+        member = batch.add(gen, run, on_step)
+        member.extra = (target, draft)
+        return member
+
+    def leave(self, batch: Batch, gen: "Generation") -> None:
+        """Take ``gen`` out of ``batch`` now (it ends as "cancelled" if it had not ended)."""
+        member = batch.remove(gen)
+        if member is not None:
+            gen.finish_reason = gen.finish_reason or "cancelled"
+            gen._finish()
+            self._release(member)
+
+    def _release(self, member: Member) -> None:
+        if member.extra is None:
+            return
+        target, draft = member.extra
+        member.extra = None
+        target.reset()
+        self._idle_targets.append(target)
+        if draft is not None:
+            draft.reset()
+            self._idle_drafts.append(draft)
+
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                       stop: str | Sequence[str] | None = None, max_batch: int | None = None) -> list[GenerationResult]:
+        """``generate`` for every prompt, several sequences per target pass: one result per prompt,
+        in order, each the one ``generate(prompt, ...)`` gives (the same options for all; with a
+        ``seed``, each sequence samples as if generated alone with it). ``max_batch``: at most this
+        many sequences decode together (default: all); the others join as sequences end. Every
+        prompt and option is checked before any pass."""
+        if max_batch is not None and max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        gens = [self.start(p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           stop=stop) for p in prompts]
+        batch, waiting = Batch(max_batch), list(gens)
+        with torch.inference_mode():
+            while waiting or len(batch):
+                while waiting and not batch.full:
+                    gen = waiting.pop(0)
+                    gen._texts = False  # text at the end (stop strings still scanned as they come)
+                    self.join(batch, gen)
+                batch.step()
+        return [g.result() for g in gens]
 
     def start(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
@@ -159,10 +233,15 @@ class SpeculativeDecoder:
 
     def generate(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None) -> GenerationResult:
+                 stop: str | Sequence[str] | None = None) -> GenerationResult | list[GenerationResult]:
         """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats. ``prompt``:
         text, chat messages or token ids (see ``encode``). ``stop``: up to 4 strings; the text
-        ends right before the first of them (``finish_reason`` "stop")."""
+        ends right before the first of them (``finish_reason`` "stop"). A list of prompts
+        (strings, token-id lists or message lists) runs them together (``generate_batch``) and
+        returns a list of results."""
+        if is_prompt_list(prompt):
+            return self.generate_batch(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                       seed=seed, stop=stop)
         return self.start(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           seed=seed, stop=stop).result()
 
@@ -199,47 +278,59 @@ class Generation:
         self.finish_reason: str | None = None
         self.stats: Stats | None = None
         self._texts = True  # decode the text after every token (a stream shows it as it grows)
+        self._shown, self._checked = "", 0  # text shown by events so far; text scanned for stops so far
 
     def __iter__(self) -> Iterator[TokenEvent]:
-        shown, checked = "", 0
-        decode_text = self.decoder.tokenizer.decode
         steps = self.decoder._run(self.ids, self.max_new_tokens, self.sampling)
         try:
             for state, step in steps:
-                self.stats = state.stats
-                ending = state.finish_reason is not None or (self.cancel is not None and self.cancel())
-                labelled = [(t, "draft") for t in step.accepted]
-                if step.target_token >= 0:
-                    labelled.append((step.target_token, "target"))
-                for n, (tok, source) in enumerate(labelled, 1):
-                    self.token_ids.append(tok)
-                    if not (self._texts or self.stops.strings):
-                        continue
-                    text = decode_text(self.token_ids, skip_special_tokens=True)
-                    hit = self.stops.scan(text, checked)
-                    checked = len(text.rstrip("\ufffd"))
-                    final = hit is not None or (ending and n == len(labelled))
-                    if hit is not None:
-                        self.text, self.finish_reason = text[:hit], "stop"
-                        visible = self.text
-                    else:
-                        self.text = text
-                        # hold back an incomplete UTF-8 character and a possible start of a stop string
-                        visible = text if final else text[:self.stops.safe_length(text.rstrip("\ufffd"))]
-                    piece = visible[len(shown):] if len(visible) > len(shown) else ""
-                    shown += piece
-                    if final and self.finish_reason is None:
-                        self.finish_reason = state.finish_reason or "cancelled"
-                    yield TokenEvent(tok, piece, source)
-                    if final:
-                        return
-                if ending:  # the step ended the generation without a token to carry its text
-                    self.finish_reason = state.finish_reason or "cancelled"
-                    break
+                events, done = self._take(state, step)
+                yield from events
+                if done:
+                    return
         finally:
             steps.close()
-            if not (self._texts or self.stops.strings) and self.finish_reason is not None:
-                self.text = decode_text(self.token_ids, skip_special_tokens=True)
+            self._finish()
+
+    def _take(self, state, step) -> tuple[list[TokenEvent], bool]:
+        """One decoding step's tokens: their events, and whether the generation ends with them."""
+        self.stats = state.stats
+        events: list[TokenEvent] = []
+        ending = state.finish_reason is not None or (self.cancel is not None and self.cancel())
+        labelled = [(t, "draft") for t in step.accepted]
+        if step.target_token >= 0:
+            labelled.append((step.target_token, "target"))
+        for n, (tok, source) in enumerate(labelled, 1):
+            self.token_ids.append(tok)
+            if not (self._texts or self.stops.strings):
+                continue
+            text = self.decoder.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+            hit = self.stops.scan(text, self._checked)
+            self._checked = len(text.rstrip("\ufffd"))
+            final = hit is not None or (ending and n == len(labelled))
+            if hit is not None:
+                self.text, self.finish_reason = text[:hit], "stop"
+                visible = self.text
+            else:
+                self.text = text
+                # hold back an incomplete UTF-8 character and a possible start of a stop string
+                visible = text if final else text[:self.stops.safe_length(text.rstrip("\ufffd"))]
+            piece = visible[len(self._shown):] if len(visible) > len(self._shown) else ""
+            self._shown += piece
+            if final and self.finish_reason is None:
+                self.finish_reason = state.finish_reason or "cancelled"
+            events.append(TokenEvent(tok, piece, source))
+            if final:
+                return events, True
+        if ending:  # the step ended the generation without a token to carry its text
+            self.finish_reason = state.finish_reason or "cancelled"
+            return events, True
+        return events, False
+
+    def _finish(self) -> None:
+        """After the last step: the text, where no event carried it."""
+        if not (self._texts or self.stops.strings) and self.finish_reason is not None:
+            self.text = self.decoder.tokenizer.decode(self.token_ids, skip_special_tokens=True)
 
     def result(self) -> GenerationResult:
         """Run the generation to its end (if not yet) and return its result."""
@@ -257,6 +348,14 @@ def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | 
     gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}
     return SpeculativeDecoder(target, draft, method=method, **kwargs).generate(
         prompt, max_new_tokens, **gen_kwargs)
+
+
+def is_prompt_list(prompt) -> bool:
+    """Whether ``prompt`` is several prompts: a non-empty list or tuple of strings, of token-id
+    lists (or tensors), or of chat-message lists — not one prompt's token ids or messages."""
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        return False
+    return all(isinstance(p, str) for p in prompt) or all(isinstance(p, (list, tuple, torch.Tensor)) for p in prompt)
 
 
 def _backend(kind: str, model: LoadedModel, name: str) -> Backend:

@@ -19,14 +19,14 @@ from typing import Callable, Iterator
 import torch
 
 from .acceptance import accept_tree
-from .backends.base import Backend, ForwardOut
+from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter, HiddenNeed
 from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .tree import chain
 
-__all__ = ["DecodeState", "Stats", "Step", "StopRule", "decode"]
+__all__ = ["DecodeState", "SequenceRun", "Stats", "Step", "StopRule", "decode"]
 
 
 @dataclass
@@ -159,6 +159,110 @@ class _Clock:
         self.stats.wall_s = time.perf_counter() - self.start
 
 
+class SequenceRun:
+    """One generation's decoding loop, stage by stage, so that a caller can run the target's
+    passes itself (``batching`` verifies several sequences in one pass):
+
+        run = SequenceRun(target, drafter, prompt, ...)
+        run.begin(target.forward(*run.prefill()) if run.prefill() else None)   # 0. prefill
+        while run.finish_reason is None:
+            draft = run.draft()                                                 # 1. draft
+            out = target.forward(...run.verify_request(draft)...)               # 2. verify
+            step = run.complete(draft, out, pass_seconds)                       # 3. accept, 4. commit
+
+    ``decode`` is exactly this loop. The target backend is the sequence's own (its KV cache);
+    ``complete`` compacts it. Arguments as ``decode``'s."""
+
+    def __init__(self, target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
+                 sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
+                 replacement: bool = True, generator: torch.Generator | None = None,
+                 vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
+                 embedding: torch.Tensor | None = None, pacer: Pacer | None = None):
+        self.stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
+        self.stop.check(prompt)
+        self.target, self.drafter, self.pacer, self.prompt = target, drafter, pacer, prompt
+        self.V = vocab_size or target.vocab_size
+        self.state = DecodeState(prompt.clone(), prompt.shape[0])
+        if acceptance is not None and not acceptance.exact:
+            self.state.stats.acceptance = acceptance.label
+        self.accept = partial(accept_tree, sampling=sampling, replacement=replacement, generator=generator,
+                              acceptance=acceptance, embedding=embedding)
+        self.clock = _Clock(self.state.stats)
+        self._drafted = True
+        self._start = 0
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.state.finish_reason
+
+    def prefill(self) -> ForwardRequest | None:
+        """The prefill pass: every prompt token but the last (the first root), with the hidden
+        states the drafter needs; None for a one-token prompt. Resets the target's cache."""
+        self.target.reset()
+        if self.prompt.shape[0] < 2:
+            return None
+        need = self.drafter.hidden_need
+        rows = torch.tensor([self.prompt.shape[0] - 2]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
+        return ForwardRequest(self.prompt[:-1], rows=rows, want_hidden=need)
+
+    def begin(self, out: ForwardOut | None, seconds: float = 0.0) -> None:
+        """The prefill pass's output (None without one) took ``seconds``: start the drafter."""
+        st = self.state.stats
+        st.prefill_s += seconds
+        st.verify_s += seconds
+        need = self.drafter.hidden_need
+        hidden = None if out is None or out.hidden is None else out.hidden[-1] if need is HiddenNeed.LAST else out.hidden
+        self.drafter.begin(self.prompt, hidden=hidden)
+        self.clock.lap()
+
+    def draft(self) -> Draft:
+        """Stage 1: the drafter's tree (or, a step the pacer keeps plain, the root alone)."""
+        self.clock.begin_step()
+        self._drafted = self.pacer is None or self.pacer.draft_now()
+        return self.clock.timed("draft_s", _propose, self.drafter, self.state.context, self._drafted)
+
+    def verify_request(self, draft: Draft) -> ForwardRequest:
+        """Stage 2: one target pass over the whole tree (positions = cache length + node depth,
+        the tree mask; every node's hidden state if the drafter needs them)."""
+        self._start = self.target.cache_length
+        tree = draft.tree
+        want = HiddenNeed.NONE if self.drafter.hidden_need is HiddenNeed.NONE else HiddenNeed.LAST
+        return ForwardRequest(draft.tokens.clamp(min=0), self._start + tree.depths, tree.mask, want_hidden=want)
+
+    def complete(self, draft: Draft, out: ForwardOut, seconds: float) -> Step:
+        """Stages 3 and 4: accept from the verification pass's output ``out`` (which took
+        ``seconds``) and commit; returns the step (the state is in ``self.state``)."""
+        self.state.stats.verify_s += seconds
+        path, token = self.accept(draft, out.logits[:, :self.V])
+        step = _commit(self.target, self.drafter, self.state, draft, _Verified(out, self._start), path, token,
+                       self.stop, self.clock)
+        self.state.stats.plain_steps += not self._drafted
+        if self.pacer is not None:
+            self.pacer.record(self._drafted, len(step.tokens), self.clock.step_ms())
+        self.clock.lap()
+        return step
+
+
+def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -> Iterator[tuple[DecodeState, Step]]:
+    """Yield (state, step) after every step. ``prompt`` (T,) long, T >= 1. Keywords
+    (``SequenceRun``'s): max_new_tokens, sampling, eos_token_ids, max_length, replacement,
+    generator, vocab_size; ``acceptance``: an approximate rule (off by default: None or exact is
+    lossless); ``embedding`` (V, H) for the distance rule; ``pacer``: decides step by step whether
+    drafting pays (else the step verifies the root alone; ``drafters.pacing``)."""
+    run = SequenceRun(target, drafter, prompt, **options)
+    pre = run.prefill()  # 0. prefill
+    t = time.perf_counter()
+    out = None if pre is None else target.forward(pre.tokens, rows=pre.rows, want_hidden=pre.want_hidden)
+    run.begin(out, time.perf_counter() - t)
+    while run.finish_reason is None:
+        draft = run.draft()  # 1. draft
+        req = run.verify_request(draft)
+        t = time.perf_counter()
+        out = target.forward(req.tokens, req.positions, req.tree_mask, want_hidden=req.want_hidden)  # 2. verify
+        step = run.complete(draft, out, time.perf_counter() - t)  # 3. accept, 4. commit
+        yield run.state, step
+
+
 @dataclass(frozen=True)
 class _Verified:
     """A verification pass over a draft tree: ``out.logits`` (N, V') one row per node, and with a
@@ -167,63 +271,9 @@ class _Verified:
     start: int
 
 
-def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
-           sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
-           replacement: bool = True, generator: torch.Generator | None = None,
-           vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
-           embedding: torch.Tensor | None = None, pacer: Pacer | None = None) -> Iterator[tuple[DecodeState, Step]]:
-    """Yield (state, step) after every step. ``prompt`` (T,) long, T >= 1. ``acceptance``: an
-    approximate rule (off by default: None or exact is lossless); ``embedding`` (V, H) for the
-    distance rule; ``pacer``: decides step by step whether drafting pays (else the step verifies
-    the root alone; ``drafters.pacing``)."""
-    stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
-    stop.check(prompt)
-    V = vocab_size or target.vocab_size
-    state = DecodeState(prompt.clone(), prompt.shape[0])
-    if acceptance is not None and not acceptance.exact:
-        state.stats.acceptance = acceptance.label
-    accept = partial(accept_tree, sampling=sampling, replacement=replacement, generator=generator,
-                     acceptance=acceptance, embedding=embedding)
-    clock = _Clock(state.stats)
-    _prefill(target, drafter, prompt, clock)  # 0. prefill
-    while state.finish_reason is None:
-        clock.begin_step()
-        drafted = pacer is None or pacer.draft_now()
-        draft = clock.timed("draft_s", _propose, drafter, state.context, drafted)  # 1. draft
-        verified = clock.timed("verify_s", _verify, target, draft, drafter.hidden_need)  # 2. verify
-        path, token = accept(draft, verified.out.logits[:, :V])  # 3. accept
-        step = _commit(target, drafter, state, draft, verified, path, token, stop, clock)  # 4. commit
-        state.stats.plain_steps += not drafted
-        if pacer is not None:
-            pacer.record(drafted, len(step.tokens), clock.step_ms())
-        clock.lap()
-        yield state, step
-
-
-def _prefill(target: Backend, drafter: Drafter, prompt: torch.Tensor, clock: _Clock) -> None:
-    """The target caches every prompt token but the last (the first root); the drafter begins,
-    with the hidden states it needs of those positions."""
-    need = drafter.hidden_need
-    target.reset()
-    pre = None
-    if prompt.shape[0] > 1:
-        rows = torch.tensor([prompt.shape[0] - 2]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
-        pre = clock.timed(("prefill_s", "verify_s"), target.forward, prompt[:-1], rows=rows, want_hidden=need)
-    hidden = None if pre is None or pre.hidden is None else pre.hidden[-1] if need is HiddenNeed.LAST else pre.hidden
-    drafter.begin(prompt, hidden=hidden)
-
-
 def _propose(drafter: Drafter, context: torch.Tensor, drafted: bool) -> Draft:
     """The drafter's tree, or (a step the pacer keeps plain) the root alone."""
     return drafter.propose(context) if drafted else Draft(chain(0), context[-1:])
-
-
-def _verify(target: Backend, draft: Draft, need: HiddenNeed) -> _Verified:
-    """One target pass over the whole tree: positions = cache length + node depth, tree mask."""
-    start = target.cache_length
-    tree = draft.tree
-    want = HiddenNeed.NONE if need is HiddenNeed.NONE else HiddenNeed.LAST  # rows=None: every node's state
-    return _Verified(target.forward(draft.tokens.clamp(min=0), start + tree.depths, tree.mask, want_hidden=want), start)
 
 
 def _commit(target: Backend, drafter: Drafter, state: DecodeState, draft: Draft, verified: _Verified,

@@ -1,6 +1,10 @@
 """The backend protocol: the one seam between the decoding loop and a model runtime.
 
-A backend owns one model and its KV cache for one sequence. ``forward`` appends the given tokens
+A backend owns one model and its KV cache for one sequence; ``sibling()`` gives another
+sequence's backend over the same model (its own cache, no copy of the weights), and
+:func:`forward_batch` runs one pass for several sequences at once where the runtime can (one
+concatenation of every sequence's rows through the weights; each sequence attends to its own
+cache under its own mask). ``forward`` appends the given tokens
 after the ``cache_length`` cached ones, with explicit positions and an optional tree mask whose
 columns cover the last ``c`` cached entries and the ``n`` new ones (everything earlier is visible
 to all new tokens: it is committed context), and returns logits (and, on request, the final normed hidden state) for the rows
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -62,6 +66,35 @@ class CacheBacked:
         self.cache.compact(start, keep)
 
 
+@dataclass(frozen=True)
+class ForwardRequest:
+    """One sequence's part of a pass: ``Backend.forward``'s arguments (see there)."""
+    tokens: torch.Tensor  # (n,) long
+    positions: torch.Tensor | None = None  # (n,) long; None = cache_length + arange(n)
+    tree_mask: torch.Tensor | None = None  # (n, c + n) bool; None = causal
+    rows: torch.Tensor | None = None  # (m,) long; None = all n rows
+    want_hidden: HiddenNeed = HiddenNeed.NONE
+
+
+def forward_batch(backends: Sequence["Backend"], requests: Sequence[ForwardRequest]) -> list[ForwardOut]:
+    """One pass of every ``requests[i]`` on ``backends[i]`` (distinct sequences of one model):
+    through the backend class's ``forward_many`` when it has one and every backend shares the
+    model, else one ``forward`` per sequence. Returns one ForwardOut per request, in order; each
+    is what ``forward`` alone would return for that sequence (bit for bit where the runtime's
+    kernels are row-invariant)."""
+    if len(backends) != len(requests):
+        raise ValueError(f"{len(backends)} backends for {len(requests)} requests")
+    if len({id(b) for b in backends}) != len(backends):
+        raise ValueError("forward_batch needs one backend (one KV cache) per sequence")
+    if not backends:
+        return []
+    first = backends[0]
+    many = getattr(type(first), "forward_many", None)
+    if many is not None and all(type(b) is type(first) and b.model is first.model for b in backends):
+        return many(list(backends), list(requests))
+    return [b.forward(r.tokens, r.positions, r.tree_mask, r.rows, r.want_hidden) for b, r in zip(backends, requests)]
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
@@ -84,3 +117,7 @@ class Backend(Protocol):
     def compact(self, start: int, keep: torch.Tensor) -> None: ...
 
     def reset(self) -> None: ...
+
+    def sibling(self) -> "Backend":
+        """A backend for another sequence over the same model: its own empty KV cache."""
+        ...

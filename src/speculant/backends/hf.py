@@ -67,3 +67,12 @@ class HFBackend(CacheBacked):
 
     def reset(self) -> None:
         self.cache = KVCache(self.num_layers)
+
+    def sibling(self) -> "HFBackend":
+        """A backend for another sequence over the same model (its own, empty KV cache). The
+        transformers backend has no fused multi-sequence pass: ``forward_batch`` runs its
+        sequences one after another."""
+        other = object.__new__(HFBackend)
+        other.__dict__.update(self.__dict__)
+        other.cache = KVCache(self.num_layers)
+        return other

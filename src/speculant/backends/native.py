@@ -16,320 +16,29 @@ once quantized. This one is the decoder written out as tensor ops over weights i
 Shapes: n new tokens, c cached entries inside the tree mask's window, T = cache length + n,
 H hidden, D head dim, H_q / H_kv query / key-value heads, g = H_q / H_kv.
 
-``NativeModel`` holds the weights: ``from_hf`` shares the tensors of a loaded transformers model
-(no copy), ``from_dir`` reads a transformers safetensors directory tensor by tensor (quantizing
-as it goes, so a quantized model never has its dense weights resident all at once). Quantized
-linears are ``speculant.quant`` Int8Linear / Int4Linear. ``NativeBackend`` runs one sequence
-over a ``StaticKVCache`` with the same forward / rollback / compact semantics as ``HFBackend``.
+``native_model.NativeModel`` holds the weights. ``NativeBackend`` runs one sequence over a
+``StaticKVCache`` with the same forward / rollback / compact semantics as ``HFBackend``;
+``NativeBackend.forward_many`` runs several sequences (each its own backend and cache) in one pass:
+their rows are concatenated through every linear layer (one pass over the weights for all of
+them), and each sequence's rows take RoPE, the cache write and attention over its own cache under
+its own mask. Every kernel here is row-invariant, so each sequence gets bit for bit what its own
+pass gives it.
 """
 
 from __future__ import annotations
-
-import json
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, ModelLoadError
 from ..kernels import cpu_kernels, x86_kernels
-from ..packing import unpack_linears
-from ..quant import QUANT_MODES, Int4Linear, quantize_linear
-from .base import CacheBacked, ForwardOut, HiddenNeed
+from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed
 from .native_cache import StaticKVCache
+from .native_model import SUPPORTED, NativeBlock, NativeModel, _rms_norm, _rotate  # noqa: F401 (re-exported)
 
-SUPPORTED = ("llama", "qwen2")
 INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _attention_plan)
 Q_BLOCK, KV_BLOCK = 32, 512  # PyTorch's CPU flash attention blocks for short queries / long keys
-_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _CAUSAL = torch.empty(0, dtype=torch.bool)  # kernels' attend: no mask = causal
-
-
-def _rope_theta(cfg) -> float:
-    params = getattr(cfg, "rope_parameters", None) or {}
-    scaling = getattr(cfg, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ConfigError(f"the native backend supports plain RoPE only; this model uses rope_type "
-                          f"{rope_type!r}: use backend='hf'")
-    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
-    if theta is None:
-        raise ConfigError("the model config has no rope_theta")
-    return float(theta)
-
-
-def _check_config(cfg) -> None:
-    if cfg.model_type not in SUPPORTED:
-        raise ConfigError(f"the native backend runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}: "
-                          "use backend='hf'")
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise ConfigError(f"the native backend needs a SiLU MLP, not {cfg.hidden_act!r}: use backend='hf'")
-    if getattr(cfg, "use_sliding_window", False):
-        raise ConfigError("the native backend does not implement sliding-window attention: use backend='hf'")
-
-
-class NativeBlock(nn.Module):
-    """One decoder layer's weights (modules and tensors shared with their source).
-
-    Where q/k/v (and gate/up) are int4 layers of one of speculant's kernels without dense weights,
-    they are also joined into one layer each (``qkv``, ``gate_up``): one kernel call instead of three
-    (two), the activations quantized once, the same bits (every output channel is computed on its
-    own)."""
-
-    def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, proj: dict[str, nn.Module],
-                 qkv: nn.Module | None = None, gate_up: nn.Module | None = None):
-        """``qkv`` / ``gate_up``: the joined layers when the caller has them (``proj``'s are then
-        views of them); else they are joined here where possible."""
-        super().__init__()
-        self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
-        for name in _PROJ:
-            setattr(self, name, proj[name])
-        self.qkv = qkv if qkv is not None else _joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
-        self.gate_up = gate_up if gate_up is not None else _joined([proj["gate_proj"], proj["up_proj"]])
-        self.widths = (proj["q_proj"].out_features, proj["k_proj"].out_features, proj["v_proj"].out_features)
-
-    def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.qkv is None:
-            return self.q_proj(h), self.k_proj(h), self.v_proj(h)
-        return self.qkv(h).split(self.widths, dim=-1)
-
-    def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-def _joined(layers: list[nn.Module]) -> nn.Module | None:
-    """Int4Linear.concat of ``layers`` if they are int4 layers it can join, else None."""
-    from ..quant import Int4Linear
-
-    if all(isinstance(l, Int4Linear) and l.kind != "torch" and l.weight is None for l in layers):
-        return Int4Linear.concat(layers)
-    return None
-
-
-class NativeModel(nn.Module):
-    """Weights + architecture constants of a Llama / Qwen2 causal LM, for NativeBackend.
-
-    ``config`` and ``generation_config`` are the transformers ones; ``get_output_embeddings()``
-    returns the output layer (so heads sharing it and ``LoadedModel.logits_dim`` work as with a
-    transformers model).
-    """
-
-    def __init__(self, config, embed: torch.Tensor, blocks: list[NativeBlock], norm: torch.Tensor,
-                 lm_head: nn.Module, generation_config=None, quant: str = "none"):
-        super().__init__()
-        _check_config(config)
-        self.config, self.generation_config, self.quant = config, generation_config, quant
-        self.embed = embed  # (V_in, H)
-        self.blocks = nn.ModuleList(blocks)
-        self.norm = norm  # (H,)
-        self.lm_head = lm_head  # (V, H) linear, dense or quantized
-        self.dtype = embed.dtype
-        self.hidden = config.hidden_size
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
-        self.eps = float(config.rms_norm_eps)
-        theta = _rope_theta(config)
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim)
-        self.vocab_size = lm_head.out_features
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.lm_head
-
-    def get_input_embeddings(self) -> nn.Module:
-        """The input embeddings as an ``nn.Embedding`` sharing ``embed`` (read by sequential heads)."""
-        return nn.Embedding(*self.embed.shape, _weight=self.embed, _freeze=True)
-
-    # ---------------------------------------------------------------- construction
-
-    @classmethod
-    def from_hf(cls, model: nn.Module, quant: str = "none", quant_head: bool = False,
-                keep_dense: bool = True, group_size: int = 64) -> "NativeModel":
-        """Share the weights of a transformers ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``.
-
-        quant: weight-only quantization of every decoder linear (and the output layer with
-        ``quant_head``); the quantized copies are new, the dense tensors stay shared.
-        keep_dense: quantized layers keep (a reference to) the dense weight for inputs of many
-        rows; it costs nothing here, the transformers model holds it anyway.
-        """
-        unpack_linears(model)  # plain nn.Linear weights to share (a no-op unless an HFBackend packed them)
-        cfg = model.config.get_text_config()
-        _check_config(cfg)
-        _check_quant(quant, next(model.parameters()).dtype)
-        decoder = model.get_decoder()
-        q = lambda lin: lin if quant == "none" else quantize_linear(lin, quant, group_size, keep_dense)
-        blocks = []
-        for layer in decoder.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            proj = {n: q(getattr(attn if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else mlp, n))
-                    for n in _PROJ}
-            blocks.append(NativeBlock(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, proj))
-        head = model.get_output_embeddings()
-        head = q(head) if quant_head else head
-        return cls(cfg, decoder.embed_tokens.weight, blocks, decoder.norm.weight, head,
-                   getattr(model, "generation_config", None), quant)
-
-    @classmethod
-    def from_dir(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16, quant: str = "none",
-                 quant_head: bool = False, group_size: int = 64, keep_dense: bool = False) -> "NativeModel":
-        """Read a transformers model directory (config.json + *.safetensors) tensor by tensor.
-
-        With ``quant``, each linear is quantized right after it is read and, unless
-        ``keep_dense``, its dense weight dropped (inputs of many rows then dequantize per call),
-        so the peak memory is the quantized model plus one dense tensor.
-        """
-        from safetensors import safe_open
-        from transformers import AutoConfig, GenerationConfig
-
-        path = Path(path)
-        _check_quant(quant, dtype)
-        try:
-            cfg = AutoConfig.from_pretrained(str(path)).get_text_config()
-        except Exception as e:
-            raise ModelLoadError(f"cannot read the config of {path}: {type(e).__name__}: {e}") from e
-        _check_config(cfg)
-        try:
-            gen = GenerationConfig.from_pretrained(str(path))
-        except Exception:
-            gen = None
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        else:
-            files = [p.name for p in sorted(path.glob("*.safetensors"))]
-        if not files:
-            raise ModelLoadError(f"no safetensors weights in {path}")
-        where: dict[str, Path] = {}  # tensor name -> file
-        for f in files:
-            with safe_open(str(path / f), framework="pt") as h:
-                where.update({k: path / f for k in h.keys()})
-        prefix = "model." if any(k.startswith("model.layers.") for k in where) else ""
-
-        kind = _int4_layout(group_size) if quant == "int4" and not keep_dense else None
-        if kind is None:
-            return cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
-        from ..runtime import file_lock, release_memory
-        from .native_store import load_store, save_store, store_path
-
-        store = store_path(path, [path / f for f in files], quant_head, kind, group_size)
-        model = load_store(store, cfg, gen, dtype)
-        if model is not None:
-            return model
-        with file_lock(store.with_name(store.name + ".lock")):
-            model = load_store(store, cfg, gen, dtype)  # made by another process meanwhile?
-            if model is not None:
-                return model
-            print(f"speculant: quantizing {path.name} to int4 once for this machine's kernel ({kind}); "
-                  f"saved to {store}", file=sys.stderr, flush=True)
-            model = cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
-            if all(b.qkv is not None and b.gate_up is not None for b in model.blocks):
-                try:
-                    save_store(model, store, kind, group_size, quant_head)
-                except OSError as e:
-                    print(f"speculant: could not save the int4 model ({e}); it will be quantized again next time",
-                          file=sys.stderr, flush=True)
-                    return model
-                del model  # read it back: the embedding mapped, not resident
-                release_memory()
-                return load_store(store, cfg, gen, dtype)
-            return model
-
-    @classmethod
-    def _read_dir(cls, path: Path, files: list[str], where: dict, prefix: str, cfg, gen, dtype: torch.dtype,
-                  quant: str, quant_head: bool, group_size: int, keep_dense: bool) -> "NativeModel":
-        """from_dir's reading and quantizing, tensor by tensor."""
-        from safetensors import safe_open
-
-        from ..runtime import release_memory
-
-        def get(name: str, copy: bool = True) -> torch.Tensor:
-            if name not in where:
-                raise ModelLoadError(f"{path} lacks the tensor {name!r}")
-            # the file is mapped for this one tensor only (a mapping held open would count every
-            # page read so far in RSS), and the tensor is a private copy, not a view of the map;
-            # with copy=False it is the mapping itself (its pages read when touched)
-            with safe_open(str(where[name]), framework="pt") as h:
-                t = h.get_tensor(name)
-            return t.to(dtype) if t.dtype != dtype else t.clone() if copy else t
-
-        def linear(name: str, do_quant: bool) -> nn.Module:
-            b = get(name + ".bias") if name + ".bias" in where else None
-            if do_quant and quant == "int4" and not keep_dense and _int4_layout(group_size) is not None:
-                with safe_open(str(where[name + ".weight"]), framework="pt") as h:
-                    sl = h.get_slice(name + ".weight")
-                    n, k = sl.get_shape()
-                    if n > 8192 and n % 16 == 0 and b is None:  # a large output layer: 4,096 rows at a time,
-                        parts = []                               # never the whole dense matrix in memory
-                        for r in range(0, n, 4096):
-                            lin = nn.Linear(k, min(4096, n - r), bias=False, device="meta")
-                            lin.weight = nn.Parameter(sl[r:r + 4096].to(dtype), requires_grad=False)
-                            parts.append(quantize_linear(lin, quant, group_size, keep_dense=False))
-                        return Int4Linear.concat(parts)
-            w = get(name + ".weight")
-            lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
-            lin.weight = nn.Parameter(w, requires_grad=False)
-            if b is not None:
-                lin.bias = nn.Parameter(b, requires_grad=False)
-            if do_quant and quant != "none":
-                return quantize_linear(lin, quant, group_size, keep_dense=keep_dense)
-            return lin
-
-        blocks = []
-        for i in range(cfg.num_hidden_layers):
-            p = f"{prefix}layers.{i}."
-            proj = {n: linear(p + ("self_attn." if n in _PROJ[:4] else "mlp.") + n, True) for n in _PROJ}
-            blocks.append(NativeBlock(get(p + "input_layernorm.weight"), get(p + "post_attention_layernorm.weight"),
-                                      proj))
-            if quant != "none":
-                release_memory()  # the layer's dense weights and quantizing temporaries, freed: give them back
-        untied = "lm_head.weight" in where and not getattr(cfg, "tie_word_embeddings", False)
-        head = linear("lm_head", quant_head) if untied else None  # before the embedding: a lower peak
-        # a quantized model's embedding: the mapped tensor, not a second copy of 0.5 GB (1.5B model)
-        embed = get(f"{prefix}embed_tokens.weight", copy=quant == "none")
-        if head is None:  # tied: the output layer is the embedding matrix
-            head = nn.Linear(embed.shape[1], embed.shape[0], bias=False, device="meta")
-            head.weight = nn.Parameter(embed, requires_grad=False)
-            if quant_head and quant != "none":
-                head = quantize_linear(head, quant, group_size, keep_dense=True)  # embed stays anyway
-        norm = get(f"{prefix}norm.weight")
-        model = cls(cfg, embed, blocks, norm, head, gen, quant)
-        model.requires_grad_(False)
-        return model.eval()
-
-
-def _int4_layout(group_size: int) -> str | None:
-    """The packed layout int4 layers get here: "amx" or "x86" (speculant's kernels), else None."""
-    from ..kernels import int4_isa, int4_kernel
-
-    if group_size != 64:
-        return None
-    return "amx" if int4_kernel() is not None else "x86" if int4_isa() is not None else None
-
-
-def _check_quant(quant: str, dtype: torch.dtype) -> None:
-    if quant not in QUANT_MODES:
-        raise ConfigError(f"unknown quantization {quant!r}: choose one of {', '.join(QUANT_MODES)}")
-    if quant == "int4" and dtype != torch.bfloat16:
-        raise ConfigError("int4 weights need a bfloat16 model: load it with dtype='bfloat16'")
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, scaled in the model dtype (as transformers' Llama / Qwen2 do)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x (n, heads, D); cos, sin (n, 1, D) in x's dtype."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 class NativeBackend(CacheBacked):
@@ -412,55 +121,90 @@ class NativeBackend(CacheBacked):
             return out
         return attend
 
+    def sibling(self) -> "NativeBackend":
+        """A backend for another sequence over the same weights (its own, empty KV cache)."""
+        return NativeBackend(self.model, self.name, self.cache.capacity)
+
     @torch.no_grad()
     def forward(self, tokens, positions=None, tree_mask=None, rows=None,
                 want_hidden: HiddenNeed = HiddenNeed.NONE) -> ForwardOut:
-        m, cache = self.model, self.cache
-        n = tokens.shape[0]
-        past = cache.length
-        if positions is None:
-            positions = torch.arange(past, past + n)
-        cache.reserve(past + n)
+        return NativeBackend.forward_many([self], [ForwardRequest(tokens, positions, tree_mask, rows, want_hidden)])[0]
+
+    @staticmethod
+    @torch.no_grad()
+    def forward_many(backends: list["NativeBackend"], requests: list[ForwardRequest]) -> list[ForwardOut]:
+        """One pass for several sequences: ``requests[b]`` on ``backends[b]`` (one model, distinct
+        caches). The rows of all sequences, (N, H) with N = Σ n_b, go through each linear layer at
+        once; RoPE, the cache write and attention run per sequence on its slice of rows."""
+        m = backends[0].model
         Hq, Hkv, D = m.heads, m.kv_heads, m.head_dim
         g = Hq // Hkv
-        attend = self._attention_plan(n, past, tree_mask, g)
-        freqs = positions.float()[:, None] * m.inv_freq[None, :]  # (n, D/2)
-        x = m.embed[tokens]  # (n, H)
+        seqs = []  # (backend, past, n, first row, attend, cos, sin)
+        first = 0
+        for b, r in zip(backends, requests):
+            n, past = r.tokens.shape[0], b.cache.length
+            positions = r.positions if r.positions is not None else torch.arange(past, past + n)
+            b.cache.reserve(past + n)
+            freqs = positions.float()[:, None] * m.inv_freq[None, :]  # (n, D/2)
+            seqs.append((b, past, n, first, b._attention_plan(n, past, r.tree_mask, g), freqs))
+            first += n
+        x = m.embed[torch.cat([r.tokens for r in requests])] if len(requests) > 1 else m.embed[requests[0].tokens]
         fused = x86_kernels() if m.dtype == torch.bfloat16 else None
         if fused is not None:  # layer_x86.cpp: norms, RoPE + cache write, SiLU * up in one call each
-            cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+            rope = [(f.cos().contiguous(), f.sin().contiguous()) for *_, f in seqs]
             for i, blk in enumerate(m.blocks):
                 h = fused.rms_norm(x, blk.in_norm, m.eps, 0)
                 qkv = blk.qkv(h) if blk.qkv is not None else torch.cat(blk.project_qkv(h), dim=-1)
-                q = fused.rope_qkv(qkv.contiguous(), cos, sin, Hq, Hkv, cache.kv[i], past, 0)  # (n, Hq, D)
-                o = attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D)
+                outs = []
+                for (b, past, n, r0, attend, _), (cos, sin) in zip(seqs, rope):
+                    part = qkv[r0:r0 + n].contiguous()
+                    q = fused.rope_qkv(part, cos, sin, Hq, Hkv, b.cache.kv[i], past, 0)  # (n, Hq, D)
+                    outs.append(attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
+                o = outs[0] if len(outs) == 1 else torch.cat(outs)
                 x = x + blk.o_proj(o)
                 h = fused.rms_norm(x, blk.post_norm, m.eps, 0)
                 gu = blk.gate_up(h) if blk.gate_up is not None else torch.cat([blk.gate_proj(h), blk.up_proj(h)], -1)
                 x = x + blk.down_proj(fused.silu_mul(gu.contiguous(), 0))
         else:
-            emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (n, 1, D)
-            cos, sin = emb.cos().to(m.dtype), emb.sin().to(m.dtype)
+            rope = []
+            for *_, f in seqs:
+                emb = torch.cat((f, f), dim=-1)[:, None, :]  # (n, 1, D)
+                rope.append((emb.cos().to(m.dtype), emb.sin().to(m.dtype)))
             for i, blk in enumerate(m.blocks):
                 h = _rms_norm(x, blk.in_norm, m.eps)
-                q, k, v = blk.project_qkv(h)
-                q = _rotate(q.reshape(n, Hq, D), cos, sin)
-                k = _rotate(k.reshape(n, Hkv, D), cos, sin)
-                v = v.reshape(n, Hkv, D)
-                cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
-                o = attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D)
-                x = x + blk.o_proj(o)
+                q_all, k_all, v_all = blk.project_qkv(h)
+                outs = []
+                for (b, past, n, r0, attend, _), (cos, sin) in zip(seqs, rope):
+                    q = _rotate(q_all[r0:r0 + n].reshape(n, Hq, D), cos, sin)
+                    k = _rotate(k_all[r0:r0 + n].reshape(n, Hkv, D), cos, sin)
+                    v = v_all[r0:r0 + n].reshape(n, Hkv, D)
+                    b.cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
+                    outs.append(attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
+                x = x + blk.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
                 x = x + blk.mlp(_rms_norm(x, blk.post_norm, m.eps))
-        cache.advance(n)
+        for b, _, n, *_ in seqs:
+            b.cache.advance(n)
         norm = (lambda t: fused.rms_norm(t.contiguous(), m.norm, m.eps, 0)) if fused is not None else \
             (lambda t: _rms_norm(t, m.norm, m.eps))
-        full = norm(x) if want_hidden is HiddenNeed.ALL else None  # (n, H)
-        if rows is not None:
-            x = x.index_select(0, rows)
-        h = norm(x)  # (m, H)
+        picked, counts = [], []  # the rows that get logits, all sequences' at once through the output layer
+        for (b, past, n, r0, *_), r in zip(seqs, requests):
+            sel = torch.arange(r0, r0 + n) if r.rows is None else r.rows + r0
+            picked.append(sel)
+            counts.append(sel.shape[0])
+        h = norm(x.index_select(0, torch.cat(picked)) if len(picked) > 1 or requests[0].rows is not None else x)
         head = m.lm_head
-        logits = head.forward_float(h) if hasattr(head, "forward_float") else head(h).float()  # (m, V)
-        return ForwardOut(logits, full if full is not None else h if want_hidden is HiddenNeed.LAST else None)
+        logits = head.forward_float(h) if hasattr(head, "forward_float") else head(h).float()  # (Σ m_b, V)
+        full = norm(x) if any(r.want_hidden is HiddenNeed.ALL for r in requests) else None  # (N, H)
+        results, at = [], 0
+        for (b, past, n, r0, *_), r, c in zip(seqs, requests, counts):
+            hidden = None
+            if r.want_hidden is HiddenNeed.ALL:
+                hidden = full[r0:r0 + n]
+            elif r.want_hidden is HiddenNeed.LAST:
+                hidden = h[at:at + c]
+            results.append(ForwardOut(logits[at:at + c], hidden))
+            at += c
+        return results
 
     def reset(self) -> None:
         self.cache.reset()

@@ -111,7 +111,7 @@ def load_store(path: Path, cfg, generation_config, dtype: torch.dtype):
     from safetensors import safe_open
 
     from ..quant import Int4Linear
-    from .native import NativeBlock, NativeModel
+    from .native_model import NativeBlock, NativeModel
 
     if not path.is_file():
         return None

@@ -100,8 +100,16 @@ def build_sizer(config: DecoderConfig, dynamic: DynamicTree | None, target: Back
 
 
 def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingConfig,
-                  generator: torch.Generator | None = None) -> Drafter:
-    """A fresh drafter for one generation (``sampling`` and ``generator``: a draft model's)."""
+                  generator: torch.Generator | None = None, *, draft: Backend | None = None,
+                  own_sizer: bool = False) -> Drafter:
+    """A fresh drafter for one generation (``sampling`` and ``generator``: a draft model's).
+    For a sequence decoded beside others (``batching``): ``draft``, the draft model's backend of
+    this sequence (its own KV cache; default ``parts.draft``), and ``own_sizer``, a fork of the
+    shared tree sizer (each sequence sizes its own trees)."""
+    if own_sizer and parts.sizer is not None:
+        parts = dataclasses.replace(parts, sizer=parts.sizer.fork())
+    if draft is not None:
+        parts = dataclasses.replace(parts, draft=draft)
     method = config.method
     if method == "ar":
         return NoDrafter()

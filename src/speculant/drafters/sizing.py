@@ -51,6 +51,21 @@ class TreeSizer:
         self.overhead_ms = 0.0  # drafting time per step (EMA)
         self.last_choice: tuple[int, int] | None = None
         self._pending: tuple[list[int], list[int], float, float] | None = None
+        self.others_rows, self.others_tokens = 0, 0.0  # what other sequences put in the same pass
+
+    def fork(self) -> "TreeSizer":
+        """A sizer for another sequence: the same cost curve and settings, a copy of the estimates
+        learned so far (each sequence then learns its own)."""
+        other = TreeSizer(self.cost, self.max_rows, self.chain_prior, self.prior_weight, self.decay)
+        other.hits, other.offered = list(self.hits), list(self.offered)
+        other.heads_pred, other.heads_seen, other.overhead_ms = self.heads_pred, self.heads_seen, self.overhead_ms
+        return other
+
+    def share(self, rows: int, tokens: float) -> None:
+        """Other sequences put ``rows`` rows into the next pass and expect ``tokens`` tokens from
+        it (``batching``): the tree is then sized for the whole pass's tokens per millisecond,
+        (E + tokens) / cost(rows + own rows)."""
+        self.others_rows, self.others_tokens = max(int(rows), 0), max(float(tokens), 0.0)
 
     # ---- estimates -------------------------------------------------------------------------
     @property
@@ -87,7 +102,8 @@ class TreeSizer:
             r_prefix.append(r_prefix[-1] + x)
         cap = 1 + len(scores) + n_chain
         cap = min(cap, self.max_rows) if self.max_rows is not None else cap
-        time_of = [0.0] + [self.cost(rows, context) + self.overhead_ms for rows in range(1, cap + 1)]
+        base, others = self.others_rows, self.others_tokens
+        time_of = [0.0] + [self.cost(base + rows, context) + self.overhead_ms for rows in range(1, cap + 1)]
         best, best_rate = (0, 0), -1.0
         k = 0  # chain tokens held by the first m nodes
         for m in range(len(scores) + 1):
@@ -98,7 +114,7 @@ class TreeSizer:
                 rows = 1 + m + c
                 if rows > cap:
                     break
-                rate = (heads + r_prefix[k + c] - r_prefix[k]) / time_of[rows]
+                rate = (others + heads + r_prefix[k + c] - r_prefix[k]) / time_of[rows]
                 if rate > best_rate + 1e-12:
                     best, best_rate = (m, c), rate
         self.last_choice = best

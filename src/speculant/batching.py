@@ -1,0 +1,144 @@
+"""Batched speculative decoding: several sequences advance together, one target pass per step.
+
+Each member of a :class:`Batch` is one generation's :class:`~speculant.decoding.SequenceRun`
+over its own target backend (a ``sibling``: its own KV cache, the same weights), with its own
+drafter, sampling generator, pacer and stopping rule. One :meth:`Batch.step`:
+
+    1. draft    every running member proposes its tree (trees may differ in size);
+    2. verify   ONE target pass (``backends.base.forward_batch``) scores every member's tree, and
+                the prompts of members that joined since the last step (their prefill);
+    3. accept   each member walks its own tree with its own acceptance rule;
+    4. commit   each member compacts its own cache and extends its own context.
+
+Members join between steps (``add``) and leave as soon as they finish or are cancelled
+(``step`` drops them; ``remove`` drops one at once). The native runtime concatenates the rows of
+all members through every linear layer — one read of the weights for all of them — and each
+member's rows attend to its own cache under its own mask, so no member is padded to another's
+tree and each gets bit for bit what it would get decoded alone. The transformers runtime verifies
+the members one after another (same results, no shared pass).
+
+Tree sizing across the batch: a member's sizer (``drafters.sizing.TreeSizer``) is told how many
+rows the other members put in the pass and how many tokens they are expected to yield, and sizes
+its own tree for the most tokens per millisecond of the whole pass: the more members, the more
+each extra row costs them all, the smaller each tree (never less than the root).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+from .backends.base import Backend, ForwardRequest, forward_batch
+from .decoding import SequenceRun, Step
+from .drafters.base import Draft
+
+__all__ = ["Batch", "Member"]
+
+
+@dataclass
+class Member:
+    """One sequence of a batch. ``key``: the caller's handle; ``on_step(member, step)`` is called
+    after each of its steps and returns True when the member is done (a stop string, a
+    cancellation); a member whose run finished (EOS, length) leaves too."""
+    key: Hashable
+    run: SequenceRun
+    on_step: Callable[["Member", Step], bool] | None = None
+    prefilled: bool = False
+    done: bool = False
+    last_rows: int = 1  # rows of its last verified tree (the root included)
+    tokens_per_step: float = 1.0  # moving average of the tokens a step yields
+    extra: Any = field(default=None, repr=False)
+
+
+class Batch:
+    """The sequences decoding together (see the module doc). Not thread-safe: one thread adds,
+    steps and removes."""
+
+    def __init__(self, max_size: int | None = None):
+        self.max_size = max_size
+        self.members: list[Member] = []
+        self.passes = 0  # target passes run
+        self.rows = 0  # rows verified in them
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    @property
+    def full(self) -> bool:
+        return self.max_size is not None and len(self.members) >= self.max_size
+
+    def add(self, key: Hashable, run: SequenceRun, on_step: Callable[[Member, Step], bool] | None = None) -> Member:
+        """Join ``run`` (a fresh SequenceRun on a target backend no other member uses); its
+        prefill runs in the next step's pass."""
+        if self.full:
+            raise RuntimeError(f"the batch is full ({self.max_size} sequences)")
+        if any(m.run.target is run.target for m in self.members):
+            raise ValueError("every member needs its own target backend (KV cache): use backend.sibling()")
+        member = Member(key, run, on_step)
+        self.members.append(member)
+        return member
+
+    def remove(self, key: Hashable) -> Member | None:
+        """Drop the member ``key`` now (a cancelled request); returns it, or None."""
+        for i, m in enumerate(self.members):
+            if m.key == key:
+                return self.members.pop(i)
+        return None
+
+    def step(self) -> list[tuple[Member, Step]]:
+        """One step of every member (see the module doc): returns (member, step) for each member
+        that verified a tree in this pass (members that only prefilled return nothing yet).
+        Finished members are dropped after their last step."""
+        if not self.members:
+            return []
+        backends: list[Backend] = []
+        requests: list[ForwardRequest] = []
+        work: list[tuple[Member, Draft | None]] = []
+        stepping = [m for m in self.members if m.prefilled]
+        self._share_budget(stepping)
+        for m in self.members:
+            if not m.prefilled:
+                pre = m.run.prefill()
+                if pre is None:  # a one-token prompt: nothing to prefill, it drafts right away
+                    m.run.begin(None)
+                    m.prefilled = True
+                else:
+                    backends.append(m.run.target)
+                    requests.append(pre)
+                    work.append((m, None))
+                    continue
+            draft = m.run.draft()
+            backends.append(m.run.target)
+            requests.append(m.run.verify_request(draft))
+            work.append((m, draft))
+        t = time.perf_counter()
+        outs = forward_batch(backends, requests)
+        seconds = time.perf_counter() - t
+        self.passes += 1
+        self.rows += sum(int(r.tokens.shape[0]) for r in requests)
+        stepped = []
+        for (m, draft), out in zip(work, outs):
+            if draft is None:
+                m.run.begin(out, seconds)
+                m.prefilled = True
+                continue
+            step = m.run.complete(draft, out, seconds)
+            m.last_rows = int(draft.tokens.shape[0])
+            m.tokens_per_step = 0.8 * m.tokens_per_step + 0.2 * len(step.tokens)
+            stepped.append((m, step))
+            if m.on_step is not None and m.on_step(m, step):
+                m.done = True
+            if m.run.finish_reason is not None:
+                m.done = True
+        self.members = [m for m in self.members if not m.done]
+        return stepped
+
+    def _share_budget(self, stepping: list[Member]) -> None:
+        """Tell each member's tree sizer what the others put into the pass (see the module doc)."""
+        total_rows = sum(m.last_rows for m in stepping)
+        total_tokens = sum(m.tokens_per_step for m in stepping)
+        for m in stepping:
+            sizer = getattr(m.run.drafter, "sizer", None)
+            if sizer is not None and hasattr(sizer, "share"):
+                sizer.share(total_rows - m.last_rows, total_tokens - m.tokens_per_step)
