@@ -201,6 +201,20 @@ class _Slow:
                     yield event
         return Gen()
 
+    def join(self, batch, gen, on_events=None, on_error=None):  # the batched worker's way in
+        outer, count = self, [0]
+
+        def events(g, evs):
+            for _ in evs:
+                if outer.fail == count[0]:
+                    outer.fail = None
+                    raise RuntimeError("injected fault")
+                count[0] += 1
+                time.sleep(outer.delay)
+            if on_events is not None:
+                on_events(g, evs)
+        return self._dec.join(batch, gen, events, on_error)
+
 
 def _metric(url: str, name: str, **labels) -> float:
     total = 0.0
@@ -211,9 +225,10 @@ def _metric(url: str, name: str, **labels) -> float:
     return total
 
 
-def test_a_client_that_leaves_is_cancelled_a_full_queue_is_429_and_a_fault_spares_the_next(dirs, reference):
+@pytest.mark.parametrize("max_batch", [1, 3])  # one at a time; continuous batching
+def test_a_client_that_leaves_is_cancelled_a_full_queue_is_429_and_a_fault_spares_the_next(dirs, reference, max_batch):
     slow = _Slow(_decoder(dirs, "ar"), delay=0.05)
-    s = RunningServer(slow, max_queue=1)
+    s = RunningServer(slow, max_queue=1, max_batch=max_batch)
     body = {"model": "default", "messages": MESSAGES, "max_tokens": 200, "temperature": 0}
     try:
         # a client reads two chunks and leaves: its generation stops long before 200 tokens
@@ -225,12 +240,12 @@ def test_a_client_that_leaves_is_cancelled_a_full_queue_is_429_and_a_fault_spare
             assert time.monotonic() < deadline, "the generation of a client that left was not cancelled"
             time.sleep(0.05)
         assert _metric(s.url, "speculant_completion_tokens_total") < 50
-        # one running, one waiting: the third is refused at once
+        # max_batch running, one waiting: the next is refused at once
         results = {}
 
         def post(i):
             results[i] = s.post("/v1/chat/completions", {**body, "max_tokens": 30})
-        busy = [threading.Thread(target=post, args=(i,)) for i in range(2)]
+        busy = [threading.Thread(target=post, args=(i,)) for i in range(max_batch + 1)]
         for t in busy:
             t.start()
             time.sleep(0.3)
@@ -239,7 +254,7 @@ def test_a_client_that_leaves_is_cancelled_a_full_queue_is_429_and_a_fault_spare
         assert "busy" in third.json()["error"]["message"]
         for t in busy:
             t.join(60)
-        assert [results[i].status_code for i in range(2)] == [200, 200]
+        assert [results[i].status_code for i in range(max_batch + 1)] == [200] * (max_batch + 1)
         # a generation that fails mid-stream ends that stream with an error; the next is whole
         slow.fail = 3
         text, status = _stream_text(s.url, {**body, "max_tokens": N})

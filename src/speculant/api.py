@@ -155,11 +155,14 @@ class SpeculativeDecoder:
 
     # ---- several sequences at once (batching.py) -------------------------------------------
     def join(self, batch: Batch, gen: "Generation",
-             on_events: Callable[["Generation", list[TokenEvent]], None] | None = None) -> Member:
+             on_events: Callable[["Generation", list[TokenEvent]], None] | None = None,
+             on_error: Callable[["Generation", Exception], None] | None = None) -> Member:
         """Add the generation ``gen`` (from ``start``) to ``batch``, on a target backend (KV cache)
         and drafter of its own; ``on_events(gen, events)`` after each of its steps (e.g. to stream
         them). It leaves the batch when it ends; ``leave`` takes one out earlier (a cancelled
-        request). Run the batch with ``batch.step()`` under ``torch.inference_mode()``."""
+        request). A fault of its own ends it alone: ``on_error(gen, exception)``, or without one
+        the exception propagates from ``batch.step()``. Run the batch with ``batch.step()`` under
+        ``torch.inference_mode()``."""
         target = self._idle_targets.pop() if self._idle_targets else self.target_backend.sibling()
         draft = None
         if self.draft_backend is not None:
@@ -177,7 +180,14 @@ class SpeculativeDecoder:
                 self._release(member)
             return done
 
-        member = batch.add(gen, run, on_step)
+        def failed(member: Member, error: Exception) -> None:
+            gen.finish_reason = gen.finish_reason or "error"
+            self._release(member)
+            if on_error is None:
+                raise error
+            on_error(gen, error)
+
+        member = batch.add(gen, run, on_step, failed)
         member.extra = (target, draft)
         return member
 

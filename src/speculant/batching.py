@@ -31,7 +31,7 @@ from typing import Any, Callable, Hashable
 
 from .backends.base import Backend, ForwardRequest, forward_batch
 from .decoding import SequenceRun, Step
-from .drafters.base import Draft
+from .drafters.base import Draft, PassPlan
 
 __all__ = ["Batch", "Member"]
 
@@ -44,6 +44,7 @@ class Member:
     key: Hashable
     run: SequenceRun
     on_step: Callable[["Member", Step], bool] | None = None
+    on_error: Callable[["Member", Exception], None] | None = None  # it failed (and left); the others go on
     prefilled: bool = False
     done: bool = False
     last_rows: int = 1  # rows of its last verified tree (the root included)
@@ -68,14 +69,17 @@ class Batch:
     def full(self) -> bool:
         return self.max_size is not None and len(self.members) >= self.max_size
 
-    def add(self, key: Hashable, run: SequenceRun, on_step: Callable[[Member, Step], bool] | None = None) -> Member:
+    def add(self, key: Hashable, run: SequenceRun, on_step: Callable[[Member, Step], bool] | None = None,
+            on_error: Callable[[Member, Exception], None] | None = None) -> Member:
         """Join ``run`` (a fresh SequenceRun on a target backend no other member uses); its
-        prefill runs in the next step's pass."""
+        prefill runs in the next step's pass. An exception in a member's own work (drafting,
+        accepting, committing, ``on_step``) ends that member alone, through ``on_error``; one in
+        the shared pass propagates from ``step`` (no member can go on from it)."""
         if self.full:
             raise RuntimeError(f"the batch is full ({self.max_size} sequences)")
         if any(m.run.target is run.target for m in self.members):
             raise ValueError("every member needs its own target backend (KV cache): use backend.sibling()")
-        member = Member(key, run, on_step)
+        member = Member(key, run, on_step, on_error)
         self.members.append(member)
         return member
 
@@ -95,20 +99,32 @@ class Batch:
         backends: list[Backend] = []
         requests: list[ForwardRequest] = []
         work: list[tuple[Member, Draft | None]] = []
+        for m in self.members:
+            if not m.prefilled and m.run.prompt.shape[0] < 2:  # a one-token prompt: nothing to prefill
+                m.run.prefill()
+                m.run.begin(None)
+                m.prefilled = True
         stepping = [m for m in self.members if m.prefilled]
         self._share_budget(stepping)
+        plans = {}
+        for m in stepping:
+            try:
+                plans[id(m)] = m.run.draft_plan()
+            except Exception as e:  # noqa: BLE001 -- one member's fault
+                self._fail(m, e)
+        drafts, errors = _run_plans(plans)  # 1. draft (draft-model passes shared)
+        for m in stepping:
+            if id(m) in errors:
+                self._fail(m, errors[id(m)])
         for m in self.members:
+            if m.done:
+                continue
             if not m.prefilled:
-                pre = m.run.prefill()
-                if pre is None:  # a one-token prompt: nothing to prefill, it drafts right away
-                    m.run.begin(None)
-                    m.prefilled = True
-                else:
-                    backends.append(m.run.target)
-                    requests.append(pre)
-                    work.append((m, None))
-                    continue
-            draft = m.run.draft()
+                backends.append(m.run.target)
+                requests.append(m.run.prefill())
+                work.append((m, None))
+                continue
+            draft = drafts[id(m)]
             backends.append(m.run.target)
             requests.append(m.run.verify_request(draft))
             work.append((m, draft))
@@ -123,16 +139,26 @@ class Batch:
                 m.run.begin(out, seconds)
                 m.prefilled = True
                 continue
-            step = m.run.complete(draft, out, seconds)
-            m.last_rows = int(draft.tokens.shape[0])
-            m.tokens_per_step = 0.8 * m.tokens_per_step + 0.2 * len(step.tokens)
-            stepped.append((m, step))
-            if m.on_step is not None and m.on_step(m, step):
-                m.done = True
+            try:
+                step = m.run.complete(draft, out, seconds)
+                m.last_rows = int(draft.tokens.shape[0])
+                m.tokens_per_step = 0.8 * m.tokens_per_step + 0.2 * len(step.tokens)
+                stepped.append((m, step))
+                if m.on_step is not None and m.on_step(m, step):
+                    m.done = True
+            except Exception as e:  # noqa: BLE001 -- one member's fault
+                self._fail(m, e)
             if m.run.finish_reason is not None:
                 m.done = True
         self.members = [m for m in self.members if not m.done]
         return stepped
+
+    def _fail(self, m: Member, error: Exception) -> None:
+        """End member ``m`` after a fault of its own; ``on_error`` tells its owner."""
+        m.done = True
+        if m.on_error is None:
+            raise error
+        m.on_error(m, error)
 
     def _share_budget(self, stepping: list[Member]) -> None:
         """Tell each member's tree sizer what the others put into the pass (see the module doc)."""
@@ -142,3 +168,31 @@ class Batch:
             sizer = getattr(m.run.drafter, "sizer", None)
             if sizer is not None and hasattr(sizer, "share"):
                 sizer.share(total_rows - m.last_rows, total_tokens - m.tokens_per_step)
+
+
+def _run_plans(plans: dict[Hashable, PassPlan]) -> tuple[dict[Hashable, Draft], dict[Hashable, Exception]]:
+    """Run several drafters' PassPlans together: each round, one pass (``forward_batch``) over the
+    pending pass of every plan that has one. Returns each plan's Draft, and the exception of each
+    plan that raised one."""
+    done: dict[Hashable, Draft] = {}
+    errors: dict[Hashable, Exception] = {}
+    pending: dict[Hashable, tuple[PassPlan, tuple[Backend, ForwardRequest]]] = {}
+
+    def advance(key, plan, out=None) -> None:
+        try:
+            pending[key] = (plan, next(plan) if out is None else plan.send(out))
+        except StopIteration as stop:
+            done[key] = stop.value
+            pending.pop(key, None)
+        except Exception as e:  # noqa: BLE001 -- that plan's sequence fails alone
+            errors[key] = e
+            pending.pop(key, None)
+
+    for key, plan in plans.items():
+        advance(key, plan)
+    while pending:
+        keys = list(pending)
+        outs = forward_batch([pending[k][1][0] for k in keys], [pending[k][1][1] for k in keys])
+        for k, out in zip(keys, outs):
+            advance(k, pending[k][0], out)
+    return done, errors

@@ -93,7 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on /v1 requests (default: $SPECULANT_API_KEY if set)")
     sv.add_argument("--max-queue", type=int, default=16,
-                    help="requests that may wait behind the running one; more get HTTP 429 (default: %(default)s)")
+                    help="requests that may wait behind the running ones; more get HTTP 429 (default: %(default)s)")
+    sv.add_argument("--max-batch", type=int, default=4,
+                    help="requests decoded together, one target pass per step for all of them; new requests join "
+                         "between steps, finished ones leave at once (continuous batching; 1: one at a time; "
+                         "default: %(default)s)")
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
     sv.add_argument("--model-id", default=None, help="the model's id in the API (default: the target's name)")
 
@@ -329,15 +333,15 @@ def cmd_serve(args) -> int:
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
-    if args.max_queue < 1 or args.max_body_bytes < 1024:
-        raise ConfigError("--max-queue must be >= 1 and --max-body-bytes >= 1024")
+    if args.max_queue < 1 or args.max_body_bytes < 1024 or args.max_batch < 1:
+        raise ConfigError("--max-queue and --max-batch must be >= 1 and --max-body-bytes >= 1024")
     api_key = args.api_key or os.environ.get("SPECULANT_API_KEY") or None
     from .serve.app import ServeConfig
     from .serve.server import serve
 
     args.chat = False  # /v1/chat/completions applies the chat template; /v1/completions sends raw text
     serve(_decoder(args), ServeConfig(host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
-                                      max_body_bytes=args.max_body_bytes, model_id=args.model_id))
+                                      max_batch=args.max_batch, max_body_bytes=args.max_body_bytes, model_id=args.model_id))
     return 0
 
 

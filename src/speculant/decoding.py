@@ -21,7 +21,7 @@ import torch
 from .acceptance import accept_tree
 from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
-from .drafters.base import Draft, Drafter, HiddenNeed
+from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, drive
 from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .tree import chain
@@ -217,9 +217,22 @@ class SequenceRun:
 
     def draft(self) -> Draft:
         """Stage 1: the drafter's tree (or, a step the pacer keeps plain, the root alone)."""
+        return drive(self.draft_plan())
+
+    def draft_plan(self) -> PassPlan:
+        """Stage 1 as a PassPlan (``drafters.base``): the drafter's own model passes, if it runs a
+        model and offers them, are yielded for the caller to run (``batching`` runs several
+        sequences' together)."""
         self.clock.begin_step()
         self._drafted = self.pacer is None or self.pacer.draft_now()
-        return self.clock.timed("draft_s", _propose, self.drafter, self.state.context, self._drafted)
+        context = self.state.context
+        passes = getattr(self.drafter, "propose_passes", None)
+        if not self._drafted or passes is None:
+            return self.clock.timed("draft_s", _propose, self.drafter, context, self._drafted)
+        t = time.perf_counter()
+        draft = yield from passes(context)
+        self.state.stats.draft_s += time.perf_counter() - t
+        return draft
 
     def verify_request(self, draft: Draft) -> ForwardRequest:
         """Stage 2: one target pass over the whole tree (positions = cache length + node depth,

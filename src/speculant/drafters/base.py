@@ -13,14 +13,14 @@ and ``observe`` through their ``hidden`` argument (None when the drafter needs n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generator, Protocol
 
 import torch
 
-from ..backends.base import HiddenNeed
+from ..backends.base import Backend, ForwardOut, ForwardRequest, HiddenNeed
 from ..tree import TreeBuffers, chain
 
-__all__ = ["Draft", "Drafter", "HiddenNeed", "NoDrafter"]
+__all__ = ["Draft", "Drafter", "HiddenNeed", "NoDrafter", "PassPlan", "drive"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,24 @@ class Draft:
     tree: TreeBuffers
     tokens: torch.Tensor  # (N,) long; tokens[0] = root; -1 marks an invalid (unfilled) node
     q: torch.Tensor | None = None  # (N, V) float32 draft distribution at each node, or None
+
+
+# A proposal written as the model passes it needs: a generator that yields (backend, request) for
+# each pass, is sent that pass's ForwardOut, and returns the Draft. A drafter that runs a model
+# offers ``propose_passes(context) -> PassPlan`` beside ``propose``, so that the passes of several
+# sequences' drafters can be run together (``batching``); ``drive`` runs one plan alone.
+PassPlan = Generator[tuple[Backend, ForwardRequest], ForwardOut, "Draft"]
+
+
+def drive(plan: PassPlan) -> "Draft":
+    """Run a PassPlan's passes one by one on their backends; return its Draft."""
+    try:
+        backend, req = next(plan)
+        while True:
+            out = backend.forward(req.tokens, req.positions, req.tree_mask, req.rows, req.want_hidden)
+            backend, req = plan.send(out)
+    except StopIteration as stop:
+        return stop.value
 
 
 class Drafter(Protocol):

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.base import Backend
+from ..backends.base import Backend, ForwardRequest
 from ..config import SamplingConfig
 from ..sampling import logits_to_probs, sample_candidates, topk_candidates
 from ..tree import TreeBuffers
-from .base import Draft, HiddenNeed
+from .base import Draft, HiddenNeed, PassPlan, drive
 
 
 class DraftModelDrafter:
@@ -43,6 +43,12 @@ class DraftModelDrafter:
         return sample_candidates(q, k, replacement=self.replacement, generator=self.generator), q
 
     def propose(self, context: torch.Tensor) -> Draft:
+        return drive(self.propose_passes(context))
+
+    def propose_passes(self, context: torch.Tensor) -> PassPlan:
+        """``propose`` as its draft-model passes: yields (backend, request) for each depth and is
+        sent each pass's output, so that several sequences' drafters can share passes
+        (``batching``); returns the Draft."""
         tree = self.tree
         N, L = tree.size, context.shape[0]
         tokens = torch.full((N,), -1, dtype=torch.long)
@@ -50,7 +56,8 @@ class DraftModelDrafter:
         q = None if self.sampling.greedy else torch.zeros(N, self.V)
         self.backend.rollback(self.committed)
         pending = context[self.committed:]
-        logits = self.backend.forward(pending, rows=torch.tensor([pending.shape[0] - 1])).logits[:, :self.V]
+        out = yield self.backend, ForwardRequest(pending, rows=torch.tensor([pending.shape[0] - 1]))
+        logits = out.logits[:, :self.V]
         self.committed = L
         self._context_len = L
         self._proposed = True
@@ -59,7 +66,8 @@ class DraftModelDrafter:
             if d > 0:
                 new = tree.levels[d]
                 seen = tree.mask[new][:, 1:int(new[-1]) + 1]  # (m, nodes of depth 1..d)
-                logits = self.backend.forward(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen).logits[:, :self.V]
+                out = yield self.backend, ForwardRequest(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen)
+                logits = out.logits[:, :self.V]
             k = tree.fanout(d)
             cands, qd = self._children(logits, k)  # (m, k)
             if qd is not None:

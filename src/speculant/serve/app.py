@@ -32,13 +32,15 @@ _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop
 @dataclass(frozen=True)
 class ServeConfig:
     """How the server runs: ``api_key`` (None: no key needed), ``max_queue`` (requests waiting
-    beyond the one running; more get 429), ``max_body_bytes`` (larger bodies get 413),
+    beyond the running ones; more get 429), ``max_batch`` (requests decoded together, one target
+    pass per step for all of them: continuous batching), ``max_body_bytes`` (larger bodies get 413),
     ``model_id`` (None: the target's name; "default" is always accepted too), ``retry_after``
     (seconds, in a 429's Retry-After)."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
     max_queue: int = 16
+    max_batch: int = 4
     max_body_bytes: int = 1 << 20
     model_id: str | None = None
     retry_after: int = 2
@@ -58,7 +60,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         if isinstance(event, Finished):
             metrics.generation(ticket.prompt_tokens, len(event.token_ids), event.finish_reason, event.stats)
 
-    scheduler = Scheduler(decoder, config.max_queue, on_finish=finished)
+    scheduler = Scheduler(decoder, config.max_queue, on_finish=finished, max_batch=config.max_batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
