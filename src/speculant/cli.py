@@ -178,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --prompts english: a distillation JSONL whose en->de answers become de->en prompts")
     t.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt (default: %(default)s)")
     t.add_argument("--distill-batch", type=int, default=1,
-                   help="answer this many prompts per batched target pass (transformers generate; ~N x "
-                        "faster on AMX) instead of one at a time with our engine (default: %(default)s)")
+                   help="answer this many prompts together, one target pass per step for all of them (the "
+                        "native runtime: speculant's batched engine, each answer what it is alone; transformers: "
+                        "its batched generate) (default: %(default)s)")
     t.add_argument("--distill-method", choices=["lookup", "ar"], default="lookup",
                    help="engine used to answer (both greedy and lossless; default: %(default)s)")
     t.add_argument("--init-from", default=None,

@@ -247,12 +247,21 @@ def _answer_batch(decoder, prompts: Sequence[str], max_new_tokens: int) -> list[
     return recs
 
 
+def _answer_together(decoder, prompts: Sequence[str], max_new_tokens: int) -> list[dict]:
+    """Greedy answers for several prompts with speculant's batched engine: one target pass per
+    step for all of them, each answer exactly what one-prompt decoding gives."""
+    results = decoder.generate_batch(list(prompts), max_new_tokens)
+    return [{"prompt": p, "prompt_len": r.prompt_tokens, "ids": decoder.encode(p).tolist() + list(r.token_ids),
+             "finish_reason": r.finish_reason} for p, r in zip(prompts, results)]
+
+
 def distill(decoder, prompts: Sequence[str], max_new_tokens: int, path: str | os.PathLike | None = None,
             *, progress: bool = True, batch_size: int = 1) -> list[list[int]]:
     """Answer ``prompts`` greedily with ``decoder`` (a ``speculant.SpeculativeDecoder``, e.g.
     ``method="lookup"`` or ``"ar"``, ``chat=True``); return one token-id list per prompt (prompt
-    ids + answer ids, in ``prompts`` order). ``batch_size > 1`` answers that many prompts per
-    batched target ``generate`` (see ``_answer_batch``) instead of one at a time with our engine.
+    ids + answer ids, in ``prompts`` order). ``batch_size > 1`` answers that many prompts at once:
+    on the native runtime with speculant's batched engine (``generate_batch``: each answer the one
+    decoding it alone gives), on transformers with its batched ``generate`` (``_answer_batch``).
 
     With ``path``, records are appended to that JSONL file as they are made and prompts already in
     it are not generated again (resume after an interruption).
@@ -273,7 +282,9 @@ def distill(decoder, prompts: Sequence[str], max_new_tokens: int, path: str | os
         bar = tqdm(total=len(todo), desc="distilling", unit="prompt", disable=not progress or not todo)
         for a in range(0, len(todo), batch_size):
             chunk = todo[a:a + batch_size]
-            if batch_size > 1:
+            if batch_size > 1 and hasattr(type(decoder.target_backend), "forward_many"):
+                recs = _answer_together(decoder, chunk, max_new_tokens)
+            elif batch_size > 1:
                 recs = _answer_batch(decoder, chunk, max_new_tokens)
             else:
                 ids = decoder.encode(chunk[0]).tolist()
