@@ -14,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from speculant import SpeculativeDecoder
+from speculant import ConfigError, SpeculativeDecoder
 from speculant.costmodel import PassCost
 from speculant.heads import HeadsConfig, MedusaHeads, save_heads
 
@@ -278,3 +278,24 @@ def test_metrics_count_requests_tokens_and_acceptance(server, client):
     assert _metric(url, "speculant_drafted_by_depth_total", depth="1") >= 1
     names = {f.name for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)}
     assert {"speculant_queue_length", "speculant_tokens_per_second", "speculant_accepted_by_depth"} <= names
+
+
+def test_bench_serve_concurrency_sends_every_prompt_at_once_and_reports_throughput(dirs, reference):
+    """bench-serve's concurrent clients against a batching server: every answer equals its
+    one-at-a-time answer, and the table reports the level."""
+    from speculant.bench.serve_bench import ServeBenchConfig, _concurrent, format_table
+
+    with pytest.raises(ConfigError, match="concurrency"):
+        ServeBenchConfig(concurrency=(0,))
+    s = RunningServer(_decoder(dirs, "sd"), max_batch=3)
+    try:
+        questions = [{"question_id": i, "turns": [f"w{i} w{i + 1} w{i + 2}"]} for i in range(5)]
+        level = _concurrent(s.url, "speculant", questions, 3, N)
+    finally:
+        s.stop()
+    assert level["requests"] == 5 and level["total_tok_s"] > 0 and level["completion_tokens"] == sum(
+        r["completion_tokens"] for r in level["runs"])
+    for q, r in zip(questions, level["runs"]):
+        assert r["text"] == reference.generate([{"role": "user", "content": q["turns"][0]}], N).text
+    table = format_table({"rows": {}, "concurrency": {"3": {"speculant": {**level, "same_as_plain": 5}}}})
+    assert "| 3 | speculant |" in table and "5/5" in table

@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--serve-args", default="", help="extra `speculant serve` options for the speculant rows, "
                                                      "one string (e.g. \"--target PRESET\")")
     sb.add_argument("--json-out", default=None, help="write the runs and summary as JSON to this file")
+    sb.add_argument("--concurrency", default="1", help="comma-separated numbers of clients at once, e.g. 1,2,4: "
+                                                      "servers decode that many requests together (speculant serve "
+                                                      "--max-batch, llama-server -np); total and per-request tok/s "
+                                                      "(default: %(default)s)")
 
     q = sub.add_parser("quant-eval", help="quality cost of target quantization: perplexity and greedy agreement")
     q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
@@ -370,6 +374,15 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
     return 0
 
 
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    from .errors import ConfigError
+
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated integers, e.g. 1,2,4; got {text!r}") from None
+
+
 def cmd_bench_serve(args, argv: list[str] | None = None) -> int:
     import shlex
 
@@ -380,7 +393,7 @@ def cmd_bench_serve(args, argv: list[str] | None = None) -> int:
     cfg = ServeBenchConfig(**rows, per_category=args.per_category, max_new_tokens=args.max_new_tokens,
                            categories=tuple(args.categories.split(",")) if args.categories else None,
                            questions=args.questions, serve_args=tuple(shlex.split(args.serve_args)),
-                           json_out=args.json_out)
+                           json_out=args.json_out, concurrency=_int_list(args.concurrency, "--concurrency"))
     result = run_serve_bench(cfg, command=command_line(argv))
     print(format_table(result))
     return 0

@@ -86,7 +86,7 @@ class LlamaServer:
 
     def __init__(self, config: str = "plain", target: str | os.PathLike = TARGET,
                  draft: str | os.PathLike = DRAFT, n_threads: int | None = None, n_ctx: int = 4096,
-                 startup_timeout: float = 180.0, extra_args: tuple[str, ...] = ()):
+                 startup_timeout: float = 180.0, extra_args: tuple[str, ...] = (), n_parallel: int = 1):
         if config not in CONFIGS:
             raise ConfigError(f"unknown llama-server configuration {config!r}; use one of "
                               f"{', '.join(CONFIGS)}")
@@ -98,6 +98,7 @@ class LlamaServer:
         self.draft = self._gguf(draft, "draft") if config == "draft" else None
         self.n_threads = n_threads or torch.get_num_threads() or os.cpu_count() or 1
         self.n_ctx = n_ctx
+        self.n_parallel = n_parallel  # slots decoding together (-np); each gets n_ctx tokens of context
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen | None = None
@@ -120,7 +121,7 @@ class LlamaServer:
         """The server's command line for this configuration."""
         t = str(self.n_threads)
         args = [str(self.binary), "-m", str(self.target), "--host", "127.0.0.1", "--port", str(port),
-                "-t", t, "-tb", t, "-c", str(self.n_ctx), "-np", "1",
+                "-t", t, "-tb", t, "-c", str(self.n_ctx * self.n_parallel), "-np", str(self.n_parallel),
                 "--cache-ram", "0",  # no host-memory prompt cache: every request pays its prefill
                 "--no-webui", "-lv", "2"]  # warnings and errors only
         if self.config == "draft":

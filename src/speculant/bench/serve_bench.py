@@ -1,4 +1,4 @@
-"""The serving benchmark: ``speculant serve`` against llama.cpp's ``llama-server``, one client.
+"""The serving benchmark: ``speculant serve`` against llama.cpp's ``llama-server``.
 
 Every server runs as its own process on loopback and is sent the same chat requests through its
 OpenAI-compatible ``/v1/chat/completions`` endpoint, streamed (``stream: true``), greedy
@@ -14,6 +14,12 @@ Measured per request, on the client side: time to first token (the first chunk w
 time, completion tokens (the ``usage`` chunk the request asks for, else one per chunk), so tokens/s
 includes prefill and request overhead, and decode tokens/s counts the tokens after the first over
 the time after the first. Only the standard library talks HTTP here.
+
+With ``concurrency`` levels above 1 (``--concurrency 1,2,4``), every server is started to decode
+that many requests together (``speculant serve --max-batch N``, ``llama-server -np N`` with N times
+the context), and at each level C every row is sent all the prompts by C clients at once (a new
+request as soon as one ends), rows one after another: total tokens/s (all completion tokens over
+the level's wall time) and per-request tokens/s.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class ServeBenchConfig:
     categories: tuple[str, ...] | None = None
     questions: str | None = None
     serve_args: tuple[str, ...] = ()  # extra ``speculant serve`` options for both speculant rows
+    concurrency: tuple[int, ...] = (1,)  # clients at once (each level a separate measurement)
     startup_timeout: float = 1800.0  # a first start compiles kernels and measures the pass cost
     json_out: str | None = None
 
@@ -59,6 +66,8 @@ class ServeBenchConfig:
             raise ConfigError("bench-serve needs at least one row")
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
+        if not self.concurrency or any(c < 1 or c > 64 for c in self.concurrency):
+            raise ConfigError(f"--concurrency takes levels from 1 to 64, got {list(self.concurrency)}")
 
 
 class SpeculantServer:
@@ -176,9 +185,31 @@ def _summary(runs: list[dict]) -> dict[str, Any]:
 
 
 def _start(row: str, cfg: ServeBenchConfig):
+    slots = max(cfg.concurrency)
     if row in _LLAMA_CONFIG:
-        return LlamaServer(_LLAMA_CONFIG[row]).start()
-    return SpeculantServer("ar" if row == "speculant-ar" else None, cfg.serve_args, cfg.startup_timeout).start()
+        return LlamaServer(_LLAMA_CONFIG[row], n_parallel=slots).start()
+    args = ("--max-batch", str(slots), "--max-queue", str(max(16, 2 * slots)), *cfg.serve_args)
+    return SpeculantServer("ar" if row == "speculant-ar" else None, args, cfg.startup_timeout).start()
+
+
+def _concurrent(url: str, row: str, questions: list[dict], clients: int, max_new_tokens: int) -> dict[str, Any]:
+    """Every question to ``url`` from ``clients`` clients at once (each takes the next question
+    when its request ends): the runs, the wall time, and the throughput."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(q):
+        r = stream_chat(url, request_body(row, q["turns"][0], max_new_tokens))
+        r["question_id"] = q["question_id"]
+        return r
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        runs = list(pool.map(one, questions))
+    wall = time.perf_counter() - t0
+    tokens = sum(r["completion_tokens"] for r in runs)
+    return {"clients": clients, "requests": len(runs), "completion_tokens": tokens, "wall_s": wall,
+            "total_tok_s": tokens / wall if wall > 0 else 0.0,
+            "per_request_tok_s": statistics.mean(r["completion_tokens"] / r["wall_s"] for r in runs),
+            "ttft_median_s": statistics.median(r["ttft_s"] for r in runs), "runs": runs}
 
 
 def run_serve_bench(cfg: ServeBenchConfig, command: str | None = None, log=print) -> dict[str, Any]:
@@ -199,7 +230,15 @@ def run_serve_bench(cfg: ServeBenchConfig, command: str | None = None, log=print
             servers[row] = _start(row, cfg)
             stream_chat(servers[row].url, request_body(row, "Say hello.", 8))  # warm-up, untimed
         per_row: dict[str, list[dict]] = {row: [] for row in rows}
-        for q in questions:
+        levels: dict[int, dict[str, dict]] = {}
+        for c in sorted(set(cfg.concurrency) - {1}):
+            levels[c] = {}
+            for row in rows:
+                levels[c][row] = _concurrent(servers[row].url, row, questions, c, cfg.max_new_tokens)
+                s = levels[c][row]
+                log(f"{c} clients {row:>20}: {s['total_tok_s']:6.2f} tok/s in all, {s['per_request_tok_s']:6.2f} "
+                    f"per request, first token {s['ttft_median_s'] * 1e3:7.0f} ms")
+        for q in (questions if 1 in cfg.concurrency else []):
             for row in rows:
                 r = stream_chat(servers[row].url, request_body(row, q["turns"][0], cfg.max_new_tokens))
                 r["question_id"] = q["question_id"]
@@ -212,14 +251,25 @@ def run_serve_bench(cfg: ServeBenchConfig, command: str | None = None, log=print
     result = {"kind": "bench-serve", "date": time.strftime("%Y-%m-%d"), "command": command,
               "machine": machine_info(), "git": git_info(),
               "config": {"max_new_tokens": cfg.max_new_tokens, "per_category": cfg.per_category,
-                         "serve_args": list(cfg.serve_args), "prompts": len(questions)},
+                         "serve_args": list(cfg.serve_args), "prompts": len(questions),
+                         "concurrency": list(cfg.concurrency)},
               "skipped": skipped, "rows": {}}
     reference = {r["question_id"]: r["text"] for r in per_row.get("speculant-ar", [])}
     llama_plain = {r["question_id"]: r["text"] for r in per_row.get("llama-server", [])}
     for row, runs in per_row.items():
+        if not runs:
+            continue
         own_plain = llama_plain if row.startswith("llama-server") else reference
         same = sum(own_plain.get(r["question_id"]) == r["text"] for r in runs) if own_plain else None
         result["rows"][row] = {**_summary(runs), "same_as_plain": same, "runs": runs}
+    if levels:
+        result["concurrency"] = {}
+        for c, by_row in levels.items():
+            result["concurrency"][str(c)] = {}
+            for row, s in by_row.items():
+                own_plain = llama_plain if row.startswith("llama-server") else reference
+                same = sum(own_plain.get(r["question_id"]) == r["text"] for r in s["runs"]) if own_plain else None
+                result["concurrency"][str(c)][row] = {**s, "same_as_plain": same}
     if cfg.json_out:
         Path(cfg.json_out).write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -228,7 +278,22 @@ def run_serve_bench(cfg: ServeBenchConfig, command: str | None = None, log=print
 def format_table(result: dict[str, Any]) -> str:
     """A Markdown table of the rows: TTFT, tokens/s, decode tokens/s, ratio to the fastest llama-server
     row, and how many outputs equal that runtime's plain output."""
-    rows = result["rows"]
+    lines = _single_table(result["rows"]) if result["rows"] else []
+    if result.get("concurrency"):
+        lines += ["", "| clients | server | tok/s in all | per request | first token (median ms) | vs best llama-server "
+                      "| same as plain |", "|---|---|---|---|---|---|---|"]
+        for c, by_row in result["concurrency"].items():
+            peers = [s["total_tok_s"] for name, s in by_row.items() if name.startswith("llama-server")]
+            best = max(peers) if peers else None
+            for name, s in by_row.items():
+                ratio = f"{s['total_tok_s'] / best:.2f}x" if best else "-"
+                same = "-" if s["same_as_plain"] is None else f"{s['same_as_plain']}/{s['requests']}"
+                lines.append(f"| {c} | {name} | {s['total_tok_s']:.2f} | {s['per_request_tok_s']:.2f} | "
+                             f"{s['ttft_median_s'] * 1e3:.0f} | {ratio} | {same} |")
+    return "\n".join(lines)
+
+
+def _single_table(rows: dict[str, Any]) -> list[str]:
     peers = [s["tok_s"] for name, s in rows.items() if name.startswith("llama-server")]
     best = max(peers) if peers else None
     lines = ["| server | first token (median ms) | tok/s | decode tok/s | vs best llama-server | same as plain |",
@@ -238,4 +303,4 @@ def format_table(result: dict[str, Any]) -> str:
         same = "-" if s["same_as_plain"] is None else f"{s['same_as_plain']}/{s['requests']}"
         lines.append(f"| {name} | {s['ttft_median_s'] * 1e3:.0f} | {s['tok_s']:.2f} | {s['decode_tok_s']:.2f} | "
                      f"{ratio} | {same} |")
-    return "\n".join(lines)
+    return lines
