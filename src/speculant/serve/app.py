@@ -40,7 +40,7 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None
     max_queue: int = 16
-    max_batch: int = 4
+    max_batch: int = 4  # docs/design-notes.md#batching-without-padding
     max_body_bytes: int = 1 << 20
     model_id: str | None = None
     retry_after: int = 2
