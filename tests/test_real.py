@@ -86,3 +86,14 @@ def test_default_int4_runtime_every_method_identical_to_plain(qwen_int4, prompt)
                 SpeculativeDecoder(target, draft, method="mcsd", tree="2x1x1", chat=True, pacing=False)):
         spec = dec.generate(prompt, 40)
         assert spec.token_ids == plain.token_ids, dec.method
+
+
+def test_default_int4_runtime_batched_is_each_prompt_alone(qwen_int4):
+    """Several prompts in one batch on the default runtime: each answer is the one it gets alone
+    with plain decoding (row-invariant kernels: bit for bit), for the default method and mcsd."""
+    target, draft = qwen_int4
+    plain = SpeculativeDecoder(target, method="ar", chat=True)
+    want = [plain.generate(p, 24).token_ids for p in PROMPTS]
+    for dec in (SpeculativeDecoder(target, chat=True),
+                SpeculativeDecoder(target, draft, method="mcsd", tree="2x1x1", chat=True, pacing=False)):
+        assert [r.token_ids for r in dec.generate(list(PROMPTS), 24)] == want, dec.method
