@@ -139,7 +139,7 @@ class NativeBackend(CacheBacked):
         m = backends[0].model
         Hq, Hkv, D = m.heads, m.kv_heads, m.head_dim
         g = Hq // Hkv
-        seqs = []  # (backend, past, n, first row, attend, cos, sin)
+        seqs = []  # (backend, past, n, first row, attend, RoPE angles (n, D/2))
         first = 0
         for b, r in zip(backends, requests):
             n, past = r.tokens.shape[0], b.cache.length
