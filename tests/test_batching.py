@@ -225,6 +225,95 @@ def test_a_fault_in_one_sequence_ends_it_alone():
     assert runs[0].state.generated == want[0] and runs[2].state.generated == want[2]
 
 
+def _big_heads(kind: str, V_big: int = 2048, H: int = 64):
+    """Heads over a 2048-token vocabulary: large enough for the int4 shortlist (``coarse_ranker``)."""
+    g = torch.Generator().manual_seed(3)
+    lm = torch.nn.Linear(H, V_big, bias=False)
+    emb = torch.nn.Embedding(V_big, H)
+    with torch.no_grad():
+        lm.weight.copy_(torch.randn(V_big, H, generator=g))
+        emb.weight.copy_(torch.randn(V_big, H, generator=g))
+    if kind == "medusa":
+        return _randomized(MedusaHeads(HeadsConfig(3, 1, H, V_big), lm))
+    return _randomized(SequentialHeads(HeadsConfig(3, 1, H, V_big, kind="sequential"), lm, emb))
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_heads_drafts_of_several_sequences_in_one_call(kind):
+    """The heads' work of several sequences (``HeadsCandidates`` / ``HeadsStep`` jobs) runs as one
+    call over all their states and gives each what it gets alone; the draft trees of a batch's
+    members are then what each drafter proposes alone."""
+    from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
+    from speculant.drafters.head_eval import HeadEvaluator, HeadsCandidates, HeadsStep
+    heads, H, Vb = _big_heads(kind), 64, 2048
+    g = torch.Generator().manual_seed(4)
+    states = torch.randn(3, H, generator=g)
+    if kind == "medusa":
+        ev = HeadEvaluator(heads, Vb)
+        jobs = [HeadsCandidates(ev, s, 5, 3) for s in states]
+        alone = [ev.candidates_logprobs(s, 5, 3) for s in states]
+    else:
+        tokens = torch.randint(0, Vb, (3,), generator=g)
+        jobs = [HeadsStep(heads, states[:1], tokens[:1], 5, Vb), HeadsStep(heads, states[1:], tokens[1:], 5, Vb)]
+        alone = [(st, *heads.draft_topk(st, 5, Vb, logprobs=True))
+                 for st in (heads.step(states[:1], tokens[:1]), heads.step(states[1:], tokens[1:]))]
+    assert len({j.together for j in jobs}) == 1
+    together = type(jobs[0]).run_together(jobs)
+    for got, want in zip(together, alone):
+        assert [t.shape for t in got] == [t.shape for t in want]
+        for a, b in zip(got, want):
+            if a.dtype == torch.long:
+                assert torch.equal(a, b)
+            else:
+                assert torch.allclose(a.float(), b.float(), atol=1e-3, rtol=1e-3)
+    # members' drafters in a batch: one call of the heads per depth for all of them
+    drafters = [DynamicTreeDrafter(heads, DynamicTree(8), Vb) for _ in range(3)]
+    for d, s in zip(drafters, states):
+        d.begin(torch.tensor([1, 2]), hidden=s)
+    contexts = [torch.tensor([1, 2, 5 + i]) for i in range(3)]
+    want = [d.propose(c) for d, c in zip(drafters, contexts)]
+    calls = []
+    run_together = type(jobs[0]).run_together
+
+    def counted(js):
+        calls.append(len(js))
+        return run_together(js)
+    from speculant import batching
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(jobs[0]), "run_together", staticmethod(counted))
+        drafts, errors = batching._run_plans({i: d.propose_passes(c) for i, (d, c) in enumerate(zip(drafters, contexts))})
+    assert not errors and calls == [3] * (1 if kind == "medusa" else heads.num_heads)
+    for i, w in enumerate(want):
+        assert torch.equal(drafts[i].tokens, w.tokens) and drafts[i].tree.paths == w.tree.paths
+
+
+def test_the_batch_paces_its_members_together(dirs):
+    """While several members step together the batch's pacer chooses for all of them (a step it
+    keeps plain verifies every member's root alone, and the members' own pacers do not count
+    it); a member alone follows its own pacer."""
+    from speculant.drafters.pacing import Pacer
+
+    class Plain(Pacer):
+        def draft_now(self):
+            return False
+    dec = _decoder(dirs, "hydra", backend="native")
+    alone = [dec.generate(p, 16).token_ids for p in PROMPTS]
+    dec.batch_pacer = Plain()
+    got = dec.generate_batch(PROMPTS, 16)
+    assert [r.token_ids for r in got] == alone
+    for r in got:  # no member drafted a token (the one-token prompt's first step runs while the others
+        assert max(r.stats.drafted_per_call) == 0  # prefill: alone, by its own pacer, with nothing to draft from)
+        assert r.stats.plain_steps >= r.stats.target_calls - 1
+    batch = Batch(pacer=Plain())
+    gen = dec.start(PROMPTS[2], 16)
+    member = dec.join(batch, gen)
+    with torch.inference_mode():
+        while len(batch):
+            batch.step()
+    assert member.run.state.stats.plain_steps < member.run.state.stats.target_calls  # alone: its own pacer drafts
+    assert batch.pacer.steps == {True: 0, False: 0}
+
+
 def test_batch_sizing_shares_the_pass():
     """With other sequences in the pass, a sizer sizes for the whole pass: where each extra row
     costs about a row's time, more sequences mean a smaller tree each (never below the root)."""

@@ -97,6 +97,8 @@ class SpeculativeDecoder:
         self.sizer = build_sizer(c, self.dynamic, self.target_backend, self.target.name, self.target.dtype)
         self._parts = DraftParts(self.tree, self.vocab_size, self.dynamic, self.sizer, self.draft_backend, self.heads)
         self._idle_targets = [self.target_backend]  # backends (KV caches) free for a sequence of a batch
+        self.batch_pacer = Pacer()  # whether drafting pays while several sequences decode together (kept
+        # across batches: what it learned about this machine and these models holds for the next one)
         self._idle_drafts = [self.draft_backend] if self.draft_backend is not None else []
         if self.heads is not None:
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
@@ -222,7 +224,7 @@ class SpeculativeDecoder:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         gens = [self.start(p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                            stop=stop) for p in prompts]
-        batch, waiting = Batch(max_batch), list(gens)
+        batch, waiting = Batch(max_batch, self.batch_pacer), list(gens)
         with torch.inference_mode():
             while waiting or len(batch):
                 while waiting and not batch.full:

@@ -17,6 +17,13 @@ member's rows attend to its own cache under its own mask, so no member is padded
 tree and each gets bit for bit what it would get decoded alone. The transformers runtime verifies
 the members one after another (same results, no shared pass).
 
+Pacing across the batch: alone, a sequence's pacer (``drafters.pacing``) drafts only while its
+drafting steps yield more tokens per millisecond than its plain ones. In a batch one member's
+extra rows and drafting time slow every member's step, so while several members step together
+(and all pace) the batch's own :class:`~speculant.drafters.pacing.Pacer` makes that choice for
+all of them, on the whole batch's tokens per millisecond of step (steps carrying a prefill are not
+counted).
+
 Tree sizing across the batch: a member's sizer (``drafters.sizing.TreeSizer``) is told how many
 rows the other members put in the pass and how many tokens they are expected to yield, and sizes
 its own tree for the most tokens per millisecond of the whole pass: the more members, the more
@@ -31,7 +38,8 @@ from typing import Any, Callable, Hashable
 
 from .backends.base import Backend, ForwardRequest, forward_batch
 from .decoding import SequenceRun, Step
-from .drafters.base import Draft, PassPlan
+from .drafters.base import Draft, Job, PassPlan
+from .drafters.pacing import Pacer
 
 __all__ = ["Batch", "Member"]
 
@@ -56,8 +64,9 @@ class Batch:
     """The sequences decoding together (see the module doc). Not thread-safe: one thread adds,
     steps and removes."""
 
-    def __init__(self, max_size: int | None = None):
+    def __init__(self, max_size: int | None = None, pacer: Pacer | None = None):
         self.max_size = max_size
+        self.pacer = pacer if pacer is not None else Pacer()  # the choice to draft while members step together
         self.members: list[Member] = []
         self.passes = 0  # target passes run
         self.rows = 0  # rows verified in them
@@ -96,6 +105,7 @@ class Batch:
         Finished members are dropped after their last step."""
         if not self.members:
             return []
+        t0 = time.perf_counter()
         backends: list[Backend] = []
         requests: list[ForwardRequest] = []
         work: list[tuple[Member, Draft | None]] = []
@@ -106,10 +116,13 @@ class Batch:
                 m.prefilled = True
         stepping = [m for m in self.members if m.prefilled]
         self._share_budget(stepping)
+        drafting = None  # None: each member's own pacer decides (alone, or a member that does not pace)
+        if len(stepping) > 1 and all(m.run.pacer is not None for m in stepping):
+            drafting = self.pacer.draft_now()
         plans = {}
         for m in stepping:
             try:
-                plans[id(m)] = m.run.draft_plan()
+                plans[id(m)] = m.run.draft_plan(drafting)
             except Exception as e:  # noqa: BLE001 -- one member's fault
                 self._fail(m, e)
         drafts, errors = _run_plans(plans)  # 1. draft (draft-model passes shared)
@@ -150,6 +163,8 @@ class Batch:
                 self._fail(m, e)
             if m.run.finish_reason is not None:
                 m.done = True
+        if drafting is not None and all(draft is not None for _, draft in work):
+            self.pacer.record(drafting, sum(len(step.tokens) for _, step in stepped), (time.perf_counter() - t0) * 1e3)
         self.members = [m for m in self.members if not m.done]
         return stepped
 
@@ -171,15 +186,19 @@ class Batch:
 
 
 def _run_plans(plans: dict[Hashable, PassPlan]) -> tuple[dict[Hashable, Draft], dict[Hashable, Exception]]:
-    """Run several drafters' PassPlans together: each round, one pass (``forward_batch``) over the
-    pending pass of every plan that has one. Returns each plan's Draft, and the exception of each
-    plan that raised one."""
+    """Run several drafters' PassPlans together: each round, the pending jobs of every plan that
+    has one, those with equal ``together`` keys as one call (``Job.run_together``: one
+    ``forward_batch`` for the draft model's passes, one call of the heads for their drafts).
+    Returns each plan's Draft, and the exception of each plan that raised one (a failed joint
+    call fails every plan in it)."""
     done: dict[Hashable, Draft] = {}
     errors: dict[Hashable, Exception] = {}
-    pending: dict[Hashable, tuple[PassPlan, tuple[Backend, ForwardRequest]]] = {}
+    pending: dict[Hashable, tuple[PassPlan, Job]] = {}
 
-    def advance(key, plan, out=None) -> None:
+    def advance(key, plan, out=None, error: Exception | None = None) -> None:
         try:
+            if error is not None:
+                raise error
             pending[key] = (plan, next(plan) if out is None else plan.send(out))
         except StopIteration as stop:
             done[key] = stop.value
@@ -191,8 +210,17 @@ def _run_plans(plans: dict[Hashable, PassPlan]) -> tuple[dict[Hashable, Draft], 
     for key, plan in plans.items():
         advance(key, plan)
     while pending:
-        keys = list(pending)
-        outs = forward_batch([pending[k][1][0] for k in keys], [pending[k][1][1] for k in keys])
-        for k, out in zip(keys, outs):
-            advance(k, pending[k][0], out)
+        groups: dict[Hashable, list[Hashable]] = {}
+        for k, (_, job) in pending.items():
+            groups.setdefault(job.together, []).append(k)
+        for keys in groups.values():
+            jobs = [pending[k][1] for k in keys]
+            try:
+                outs = type(jobs[0]).run_together(jobs)
+            except Exception as e:  # noqa: BLE001 -- the plans of this call fail, the others go on
+                for k in keys:
+                    advance(k, pending[k][0], error=e)
+                continue
+            for k, out in zip(keys, outs):
+                advance(k, pending[k][0], out)
     return done, errors

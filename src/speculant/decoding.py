@@ -189,6 +189,7 @@ class SequenceRun:
                               acceptance=acceptance, embedding=embedding)
         self.clock = _Clock(self.state.stats)
         self._drafted = True
+        self._paced_here = True
         self._start = 0
 
     @property
@@ -219,12 +220,19 @@ class SequenceRun:
         """Stage 1: the drafter's tree (or, a step the pacer keeps plain, the root alone)."""
         return drive(self.draft_plan())
 
-    def draft_plan(self) -> PassPlan:
-        """Stage 1 as a PassPlan (``drafters.base``): the drafter's own model passes, if it runs a
-        model and offers them, are yielded for the caller to run (``batching`` runs several
-        sequences' together)."""
+    def draft_plan(self, drafting: bool | None = None) -> PassPlan:
+        """Stage 1 as a PassPlan (``drafters.base``): the drafter's jobs (a draft model's passes,
+        the heads' calls), if it offers them, are yielded for the caller to run (``batching`` runs
+        several sequences' together). ``drafting``: the caller's choice between drafting and the
+        root alone for this step (a batch paces all its members at once), in place of this run's
+        own pacer (which then does not count the step); None: the pacer's choice. Without a
+        pacer (pacing off) every step drafts."""
         self.clock.begin_step()
-        self._drafted = self.pacer is None or self.pacer.draft_now()
+        self._paced_here = drafting is None
+        if self.pacer is None:
+            self._drafted = True
+        else:
+            self._drafted = self.pacer.draft_now() if drafting is None else drafting
         context = self.state.context
         passes = getattr(self.drafter, "propose_passes", None)
         if not self._drafted or passes is None:
@@ -250,7 +258,7 @@ class SequenceRun:
         step = _commit(self.target, self.drafter, self.state, draft, _Verified(out, self._start), path, token,
                        self.stop, self.clock)
         self.state.stats.plain_steps += not self._drafted
-        if self.pacer is not None:
+        if self.pacer is not None and self._paced_here:
             self.pacer.record(self._drafted, len(step.tokens), self.clock.step_ms())
         self.clock.lap()
         return step

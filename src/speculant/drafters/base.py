@@ -13,14 +13,14 @@ and ``observe`` through their ``hidden`` argument (None when the drafter needs n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generator, Protocol
+from typing import Any, Generator, Hashable, NamedTuple, Protocol, Sequence
 
 import torch
 
-from ..backends.base import Backend, ForwardOut, ForwardRequest, HiddenNeed
+from ..backends.base import Backend, ForwardOut, ForwardRequest, HiddenNeed, forward_batch
 from ..tree import TreeBuffers, chain
 
-__all__ = ["Draft", "Drafter", "HiddenNeed", "NoDrafter", "PassPlan", "drive"]
+__all__ = ["Draft", "Drafter", "HiddenNeed", "Job", "ModelPass", "NoDrafter", "PassPlan", "drive"]
 
 
 @dataclass(frozen=True)
@@ -30,20 +30,48 @@ class Draft:
     q: torch.Tensor | None = None  # (N, V) float32 draft distribution at each node, or None
 
 
-# A proposal written as the model passes it needs: a generator that yields (backend, request) for
-# each pass, is sent that pass's ForwardOut, and returns the Draft. A drafter that runs a model
-# offers ``propose_passes(context) -> PassPlan`` beside ``propose``, so that the passes of several
-# sequences' drafters can be run together (``batching``); ``drive`` runs one plan alone.
-PassPlan = Generator[tuple[Backend, ForwardRequest], ForwardOut, "Draft"]
+class Job(Protocol):
+    """One piece of a drafter's step that the drafters of several sequences can do together (one
+    read of the weights for all of them): jobs with equal ``together`` keys run as ONE call of
+    ``run_together(jobs)``, which returns each job's output, in order, each what the job gives
+    alone (up to the low-order bits of kernels that are not row-invariant: drafts only, never the
+    output, which the target verifies)."""
+
+    @property
+    def together(self) -> Hashable: ...
+
+    @staticmethod
+    def run_together(jobs: Sequence["Job"]) -> list[Any]: ...
+
+
+class ModelPass(NamedTuple):
+    """A Job: one pass of a draft model for one sequence (``Backend.forward``'s arguments). Passes
+    of several sequences run as one ``forward_batch``."""
+    backend: Backend
+    request: ForwardRequest
+
+    @property
+    def together(self) -> Hashable:
+        return "model-pass"
+
+    @staticmethod
+    def run_together(jobs: Sequence["ModelPass"]) -> list[ForwardOut]:
+        return forward_batch([j.backend for j in jobs], [j.request for j in jobs])
+
+
+# A proposal written as the jobs it needs: a generator that yields a Job (a draft model's pass, a
+# call of the heads), is sent that job's output, and returns the Draft. A drafter whose step does
+# such work offers ``propose_passes(context) -> PassPlan`` beside ``propose``, so that the work of
+# several sequences' drafters can be done together (``batching``); ``drive`` runs one plan alone.
+PassPlan = Generator[Job, Any, "Draft"]
 
 
 def drive(plan: PassPlan) -> "Draft":
-    """Run a PassPlan's passes one by one on their backends; return its Draft."""
+    """Run a PassPlan's jobs one by one, each alone; return its Draft."""
     try:
-        backend, req = next(plan)
+        job = next(plan)
         while True:
-            out = backend.forward(req.tokens, req.positions, req.tree_mask, req.rows, req.want_hidden)
-            backend, req = plan.send(out)
+            job = plan.send(job.run_together([job])[0])
     except StopIteration as stop:
         return stop.value
 

@@ -15,7 +15,7 @@ from ..backends.base import Backend, ForwardRequest
 from ..config import SamplingConfig
 from ..sampling import logits_to_probs, sample_candidates, topk_candidates
 from ..tree import TreeBuffers
-from .base import Draft, HiddenNeed, PassPlan, drive
+from .base import Draft, HiddenNeed, ModelPass, PassPlan, drive
 
 
 class DraftModelDrafter:
@@ -46,7 +46,7 @@ class DraftModelDrafter:
         return drive(self.propose_passes(context))
 
     def propose_passes(self, context: torch.Tensor) -> PassPlan:
-        """``propose`` as its draft-model passes: yields (backend, request) for each depth and is
+        """``propose`` as its draft-model passes: yields a ModelPass for each depth and is
         sent each pass's output, so that several sequences' drafters can share passes
         (``batching``); returns the Draft."""
         tree = self.tree
@@ -56,7 +56,7 @@ class DraftModelDrafter:
         q = None if self.sampling.greedy else torch.zeros(N, self.V)
         self.backend.rollback(self.committed)
         pending = context[self.committed:]
-        out = yield self.backend, ForwardRequest(pending, rows=torch.tensor([pending.shape[0] - 1]))
+        out = yield ModelPass(self.backend, ForwardRequest(pending, rows=torch.tensor([pending.shape[0] - 1])))
         logits = out.logits[:, :self.V]
         self.committed = L
         self._context_len = L
@@ -66,7 +66,7 @@ class DraftModelDrafter:
             if d > 0:
                 new = tree.levels[d]
                 seen = tree.mask[new][:, 1:int(new[-1]) + 1]  # (m, nodes of depth 1..d)
-                out = yield self.backend, ForwardRequest(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen)
+                out = yield ModelPass(self.backend, ForwardRequest(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen))
                 logits = out.logits[:, :self.V]
             k = tree.fanout(d)
             cands, qd = self._children(logits, k)  # (m, k)

@@ -19,8 +19,8 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import chain, compile_paths
-from .base import Draft
-from .head_eval import HeadsDrafter, HeadsLike
+from .base import Draft, PassPlan, drive
+from .head_eval import HeadsCandidates, HeadsDrafter, HeadsLike, HeadsStep
 from .lookup import LookupDrafter
 from .lookup_branch import follow_heads, merge_chain
 from .sizing import TreeSizer
@@ -108,17 +108,22 @@ class DynamicTreeDrafter(HeadsDrafter):
                     nodes: int | None = None) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
         """:meth:`grow`, plus each node's score: log Π p(token | path) along its path (<= 0,
         non-increasing down the list)."""
-        nodes = self.dynamic.nodes if nodes is None else nodes
+        return drive(self._grow(hidden, root, self.dynamic.nodes if nodes is None else nodes))
+
+    def _grow(self, hidden: torch.Tensor, root: torch.Tensor, nodes: int):
+        """:meth:`grow_scored` as a plan (``drafters.base.PassPlan``) of the heads' calls: one
+        ``HeadsCandidates`` (independent heads) or one ``HeadsStep`` per depth (sequential heads)."""
         if not self.conditioned:
-            return self._grow_independent(hidden, nodes)
+            k = min(self.dynamic.top_k, self.V)
+            idx, val = yield HeadsCandidates(self.evaluator, hidden, k, self.depth)  # (D, k) each
+            return self._best_first(idx, val, nodes)
         cfg, heads = self.dynamic, self.heads
-        state = heads.step(hidden[None], root.view(1))  # (1, H)
         front_paths: list[tuple[int, ...]] = [()]
         front_score = torch.zeros(1)
         scores, paths, toks = [], [], []
         depth = self.depth
+        state, tok, logp = yield HeadsStep(heads, hidden[None], root.view(1), cfg.top_k, self.V)  # (1, H), (1, k)
         for d in range(1, depth + 1):
-            tok, logp = heads.draft_topk(state, cfg.top_k, self.V, logprobs=True)  # (f, k) each
             sc = front_score[:, None] + logp.float().clamp(max=0.0)  # (f, k): log Π p along the path
             k = tok.shape[1]
             scores.append(sc.flatten())
@@ -128,7 +133,7 @@ class DynamicTreeDrafter(HeadsDrafter):
                 break
             flat = sc.flatten()
             best = flat.topk(min(cfg.beam, flat.numel())).indices  # (b,) expanded at the next depth
-            state = heads.step(state[best // k], tok.flatten()[best])
+            state, tok, logp = yield HeadsStep(heads, state[best // k], tok.flatten()[best], cfg.top_k, self.V)
             front_paths = [front_paths[i // k] + (i % k,) for i in best.tolist()]
             front_score = flat[best]
         score = torch.cat(scores).tolist()
@@ -138,14 +143,12 @@ class DynamicTreeDrafter(HeadsDrafter):
         order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[:nodes]
         return [paths[i] for i in order], tokens[order], [score[i] for i in order]
 
-    def _grow_independent(self, hidden: torch.Tensor,
-                          nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
-        """Medusa heads: depth d's candidates are head d-1's top-k under every parent, so a path's
-        score is the sum of its ranks' log-probabilities; the best ``nodes`` paths are found
-        best-first (a child never scores above its parent: the first ``nodes`` popped are the best)."""
-        cfg = self.dynamic
-        k = min(cfg.top_k, self.V)
-        idx, val = self.evaluator.candidates_logprobs(hidden, k, self.depth)  # (D, k) each
+    def _best_first(self, idx: torch.Tensor, val: torch.Tensor,
+                    nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
+        """Medusa heads: depth d's candidates are head d-1's top-k under every parent (idx, val:
+        (D, k) tokens and log-probabilities), so a path's score is the sum of its ranks'
+        log-probabilities; the best ``nodes`` paths are found best-first (a child never scores
+        above its parent: the first ``nodes`` popped are the best)."""
         val, ranked, k = val.tolist(), idx.tolist(), idx.shape[1]
         heap = [(-min(val[0][r], 0.0), (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
         heapq.heapify(heap)
@@ -160,15 +163,16 @@ class DynamicTreeDrafter(HeadsDrafter):
                     heapq.heappush(heap, (neg - min(val[len(path)][r], 0.0), path + (r,)))
         return paths, torch.tensor(tokens, dtype=torch.long), scores
 
-    def _draft(self, context: torch.Tensor, root: torch.Tensor) -> Draft:
-        """The grown tree, plus (with ``lookup``) the prompt-lookup chain merged into it.
+    def _draft(self, context: torch.Tensor, root: torch.Tensor):
+        """The grown tree, plus (with ``lookup``) the prompt-lookup chain merged into it; a plan
+        of the heads' calls that returns the Draft.
 
         Without a cost model the tree always has 1 + nodes + gamma rows: the rows the chain does
         not need (a short or no match, or tokens the heads drafted too) go to the heads' next-best
         nodes. With one (``self.sizer``) the step takes the split of heads' nodes and chain rows
         that maximizes expected tokens per millisecond (:class:`TreeSizer`)."""
         budget = self.dynamic.nodes + (self.lookup.gamma if self.lookup is not None else 0)
-        paths, heads_tokens, scores = self.grow_scored(self.hidden, root, budget)
+        paths, heads_tokens, scores = yield from self._grow(self.hidden, root, budget)
         toks = heads_tokens.tolist()
         cont = self.lookup.find(context).tolist() if self.lookup is not None else []
         walk = follow_heads(cont, paths, toks) if cont else []
@@ -182,15 +186,19 @@ class DynamicTreeDrafter(HeadsDrafter):
         return Draft(tree, tokens)
 
     def propose(self, context: torch.Tensor) -> Draft:
+        return drive(self.propose_passes(context))
+
+    def propose_passes(self, context: torch.Tensor) -> PassPlan:
+        """``propose`` as a plan of the heads' calls (``drafters.base.PassPlan``), so that several
+        sequences' drafters call the heads together (``batching``)."""
         root = context[-1:]
         if self.hidden is None:
             return Draft(chain(0), root.clone())
         self.head_calls += 1
-        if self.sizer is None:
-            return self._draft(context, root)
         t = time.perf_counter()
-        draft = self._draft(context, root)
-        self.sizer.drafting_took((time.perf_counter() - t) * 1e3 + self.evaluator.observe_ms)
+        draft = yield from self._draft(context, root)
+        if self.sizer is not None:  # in a batch: the whole drafting stage, which every member waits for
+            self.sizer.drafting_took((time.perf_counter() - t) * 1e3 + self.evaluator.observe_ms)
         return draft
 
     def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:

@@ -21,7 +21,8 @@ Shapes: H hidden size, V the target vocabulary the loop verifies against, K head
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Hashable, Protocol, Sequence
 
 import torch
 
@@ -30,7 +31,7 @@ from ..heads import ContextCache
 from ..tree import TreeBuffers
 from .base import HiddenNeed
 
-__all__ = ["HeadEvaluator", "HeadsDrafter", "HeadsLike"]
+__all__ = ["HeadEvaluator", "HeadsCandidates", "HeadsDrafter", "HeadsLike", "HeadsStep"]
 
 
 class HeadsLike(Protocol):
@@ -123,12 +124,65 @@ class HeadEvaluator:
 
     @torch.no_grad()
     def candidates_logprobs(self, hidden: torch.Tensor, k: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`candidates` with their log-probabilities: (tokens (depth, k) long, log p (depth, k))."""
+        """:meth:`candidates` with their log-probabilities: (tokens (depth, k) long, log p (depth, k)).
+        hidden (B, H), several sequences' states at once: (B, depth, k) each."""
         if hasattr(self.heads, "draft_topk"):  # MedusaHeads: through the low-bit shortlist where it runs
             return self.heads.draft_topk(hidden, k, depth, self.V, logprobs=True)
+        if hidden.dim() == 2:  # heads of the plain HeadsLike interface: one state at a time
+            rows = [self.candidates_logprobs(h, k, depth) for h in hidden]
+            return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
         logp = self.heads(hidden)[:depth, : self.V].float().log_softmax(-1)  # (depth, V)
         val, idx = logp.topk(k, dim=-1, sorted=True)
         return idx, val
+
+
+# ---- the heads' work as Jobs (drafters.base): several sequences' drafts in one call ----------
+@dataclass(frozen=True, eq=False)
+class HeadsCandidates:
+    """Independent heads at one sequence's state: ``hidden`` (H,) -> (tokens (depth, k) long,
+    log p (depth, k)), as ``HeadEvaluator.candidates_logprobs``. Several sequences' run as one
+    call on their (B, H) states."""
+    evaluator: HeadEvaluator
+    hidden: torch.Tensor
+    k: int
+    depth: int
+
+    @property
+    def together(self) -> Hashable:
+        return ("heads-candidates", id(self.evaluator.heads), self.evaluator.V, self.k, self.depth)
+
+    @staticmethod
+    @torch.no_grad()
+    def run_together(jobs: Sequence["HeadsCandidates"]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        j0 = jobs[0]
+        idx, val = j0.evaluator.candidates_logprobs(torch.stack([j.hidden for j in jobs]), j0.k, j0.depth)
+        return [(idx[i], val[i]) for i in range(len(jobs))]
+
+
+@dataclass(frozen=True, eq=False)
+class HeadsStep:
+    """Sequential heads, one depth of one sequence's tree: the heads' step from ``state`` (f, H)
+    with ``tokens`` (f,) long, then the top-k of the new states -> (new states (f, H), tokens
+    (f, k) long, log p (f, k)). Several sequences' run as one step and one projection over all
+    their rows."""
+    heads: HeadsLike
+    state: torch.Tensor
+    tokens: torch.Tensor
+    k: int
+    limit: int
+
+    @property
+    def together(self) -> Hashable:
+        return ("heads-step", id(self.heads), self.k, self.limit)
+
+    @staticmethod
+    @torch.no_grad()
+    def run_together(jobs: Sequence["HeadsStep"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        j0 = jobs[0]
+        sizes = [j.state.shape[0] for j in jobs]
+        state = j0.heads.step(torch.cat([j.state for j in jobs]), torch.cat([j.tokens for j in jobs]))
+        tok, logp = j0.heads.draft_topk(state, j0.k, j0.limit, logprobs=True)
+        return list(zip(state.split(sizes), tok.split(sizes), logp.split(sizes)))
 
 
 class HeadsDrafter:

@@ -21,8 +21,8 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import TreeBuffers, chain
-from .base import Draft
-from .head_eval import HeadsDrafter, HeadsLike
+from .base import Draft, PassPlan, drive
+from .head_eval import HeadsCandidates, HeadsDrafter, HeadsLike
 from .lookup import LookupDrafter
 from .lookup_branch import LookupBranch
 
@@ -78,6 +78,12 @@ class StaticTreeDrafter(HeadsDrafter):
         return tokens[1:]
 
     def propose(self, context: torch.Tensor) -> Draft:
+        return drive(self.propose_passes(context))
+
+    def propose_passes(self, context: torch.Tensor) -> PassPlan:
+        """``propose`` as a plan of the heads' calls (``drafters.base.PassPlan``): independent
+        heads' candidates are one ``HeadsCandidates`` job, which several sequences' drafters run
+        together (``batching``); sequential heads expand their tree alone."""
         root = context[-1:]
         if self.hidden is None or self.depth == 0:
             return Draft(chain(0), root.clone())
@@ -85,7 +91,8 @@ class StaticTreeDrafter(HeadsDrafter):
         if self.conditioned:
             heads_tokens = self.expand(self.hidden, root)
         else:
-            heads_tokens = self.candidates(self.hidden)[self._head_of, self._rank_of]  # (N_heads - 1,)
+            cands, _ = yield HeadsCandidates(self.evaluator, self.hidden, self.width, self.depth)  # (depth, width)
+            heads_tokens = cands[self._head_of, self._rank_of]  # (N_heads - 1,)
         if self.branch is None:
             return Draft(self.tree, torch.cat([root, heads_tokens]))
         return self.branch.draft(context, root, heads_tokens)

@@ -94,10 +94,15 @@ class MedusaHeads(nn.Module):
         COARSE_EXTRA of that copy are ranked exactly instead (reads ~1/4 of the bytes; differs only
         when the exact top k falls outside that shortlist). ``logprobs``: also return their
         log-probabilities (depth, k) float, normalised by the low-bit logits' log-sum-exp where
-        the shortlist is used (dynamic trees score paths with them)."""
+        the shortlist is used (dynamic trees score paths with them). hidden (B, H) (several
+        sequences at once: one read of the output layer) -> (B, depth, k)."""
         depth = self.num_heads if depth is None else depth
+        single = hidden.dim() == 1
+        x = hidden.reshape(-1, hidden.shape[-1]).to(self.dtype)  # (B, H)
+        B = x.shape[0]
         layer = self._shared[0] if self._shared else None
         weight = getattr(layer, "weight", None)
+        idx = values = None
         if self.coarse_ranking and weight is not None and getattr(layer, "bias", None) is None:
             key = (weight.data_ptr(), weight.dtype, limit)
             if self._coarse is None or self._coarse[0] != key:
@@ -105,13 +110,17 @@ class MedusaHeads(nn.Module):
                 self._coarse = (key, rows, coarse_ranker(rows))
             _, rows, coarse = self._coarse
             if coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
-                x = hidden.to(self.dtype)
-                states = torch.stack([self.heads[j](x) for j in range(depth)])  # (depth, H)
-                idx, values, rough = shortlist_topk(coarse, rows, states, k)
-                return (idx, values - rough.logsumexp(-1, keepdim=True)) if logprobs else idx
-        logits = self(hidden)[:depth, :limit].float()
-        top = logits.topk(k, dim=-1, sorted=True)
-        return (top.indices, top.values - logits.logsumexp(-1, keepdim=True)) if logprobs else top.indices
+                states = torch.stack([self.heads[j](x) for j in range(depth)], 1)  # (B, depth, H)
+                idx, values, rough = shortlist_topk(coarse, rows, states.reshape(B * depth, -1), k)
+                values = values - rough.logsumexp(-1, keepdim=True)
+        if idx is None:
+            logits = self(x)[:depth, :, :limit].float().transpose(0, 1)  # (B, depth, V')
+            top = logits.topk(k, dim=-1, sorted=True)
+            idx, values = top.indices, top.values - logits.logsumexp(-1, keepdim=True)
+        idx, values = idx.reshape(B, depth, -1), values.reshape(B, depth, -1)
+        if single:
+            idx, values = idx[0], values[0]
+        return (idx, values) if logprobs else idx
 
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under Medusa's names (contiguous copies, ready for safetensors)."""

@@ -165,7 +165,7 @@ class Scheduler:
 
     def _work_batched(self) -> None:
         """The continuous-batching worker (see the module doc)."""
-        batch = Batch(self.max_batch)
+        batch = Batch(self.max_batch, getattr(self.decoder, "batch_pacer", None))
         live: dict[Any, Ticket] = {}  # generation -> its ticket
         closing = False
 
