@@ -409,18 +409,52 @@ def test_medusa_coarse_ranking_matches_the_exact_ranking():
 
 
 def test_coarse_ranker_picks_int4_then_int8_and_keeps_the_exact_top():
-    """int4 where the rows' width is a multiple of 64 (and their count of 16), int8 for other
-    shapes, none for small vocabularies; either shortlist, re-ranked exactly, keeps the exact top-1."""
+    """int4 where the rows' width is a multiple of 64 (a count of rows that is not a multiple of 16
+    is padded, the padding never ranked), int8 for other widths, none for small vocabularies; either
+    shortlist, re-ranked exactly, keeps the exact top-1."""
     from speculant.heads.projection import coarse_ranker, shortlist_topk
     from speculant.quant import Int4Linear, Int8Linear
     torch.manual_seed(0)
     assert coarse_ranker(None) is None and coarse_ranker(torch.randn(512, 128)) is None
-    for width, kind in ((128, Int4Linear), (96, Int8Linear)):
-        rows = (torch.randn(2048, width) * 0.05).to(torch.bfloat16)
+    for n, width, kind in ((2048, 128, Int4Linear), (2047, 128, Int4Linear), (2048, 96, Int8Linear)):
+        torch.manual_seed(1)
+        rows = (torch.randn(n, width) * 0.05).to(torch.bfloat16)
         coarse = coarse_ranker(rows)
-        assert isinstance(coarse, kind)
+        assert isinstance(getattr(coarse, "layer", coarse), kind)
         states = torch.randn(32, width).to(torch.bfloat16)
-        idx, values, _ = shortlist_topk(coarse, rows, states, 4)
+        idx, values, rough = shortlist_topk(coarse, rows, states, 4)
+        assert rough.shape == (32, n) and int(idx.max()) < n
         exact = torch.nn.functional.linear(states, rows).float().topk(4, dim=-1)
         assert (idx[:, 0] == exact.indices[:, 0]).float().mean() >= 0.95
         torch.testing.assert_close(values[:, 0], exact.values[:, 0], atol=1e-2, rtol=1e-2)
+
+
+def test_bf16_heads_become_int4_where_bf16_matmuls_are_slow():
+    """On a CPU without oneDNN's packed bf16 linear but with speculant's x86 int4 kernel, loaded
+    bf16 heads draft through int4 linear layers (their outputs close to the bf16 ones); elsewhere
+    they stay as they are."""
+    from speculant.heads import SequentialHeads
+    from speculant.kernels import x86_kernels
+    from speculant.loading import int4_heads
+    from speculant.packing import available
+    from speculant.quant import Int4Linear
+    torch.manual_seed(0)
+    lm, emb = torch.nn.Linear(64, 512, bias=False), torch.nn.Embedding(512, 64)
+    heads = SequentialHeads(HeadsConfig(2, 1, 64, 512, kind="sequential"), lm, emb)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(0.3 * torch.randn(p.shape))
+    f32 = heads.eval()
+    assert not int4_heads(f32)  # float32 heads: never
+    bf16 = SequentialHeads(HeadsConfig(2, 1, 64, 512, kind="sequential"), lm, emb)
+    bf16.load_state_dict(f32.state_dict())
+    bf16 = bf16.to(torch.bfloat16).eval()
+    state, tokens = torch.randn(5, 64).to(torch.bfloat16), torch.randint(0, 512, (5,))
+    want = bf16.step(state, tokens).float()
+    converted = int4_heads(bf16)
+    assert converted == (not available() and x86_kernels() is not None)
+    if not converted:
+        pytest.skip("this CPU has a fast bf16 matmul (or no x86 int4 kernel): the heads stay bf16")
+    assert isinstance(bf16.fc, Int4Linear) and isinstance(bf16.blocks[0].linear, Int4Linear)
+    got = bf16.step(state, tokens).float()
+    assert 0 < (got - want).norm() / want.norm() < 0.2  # int4 in groups of 64: ~10% per layer on random weights

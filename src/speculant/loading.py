@@ -139,6 +139,28 @@ def find_heads(config: DecoderConfig, target_name: str):
     return found
 
 
+def int4_heads(heads: nn.Module) -> bool:
+    """On a CPU without a fast bf16 matmul (no AVX-512 / AVX-NE-CONVERT bf16: oneDNN's packed bf16
+    linear does not run, PyTorch's costs ~1 ms per row and layer) bf16 heads' linear layers become
+    int4 through speculant's x86 kernel, in place (8-15x faster per call at 1-16 rows). Drafts
+    only: the target verifies every token, so the output is the same. Returns whether it did.
+    Why: docs/design-notes.md#int4-heads-on-avx2"""
+    from .kernels import GROUP, x86_kernels
+    from .packing import available
+    from .quant import Int4Linear
+
+    if available() or x86_kernels() is None or getattr(heads, "dtype", None) != torch.bfloat16:
+        return False
+    done = 0
+    for name, mod in list(heads.named_modules()):
+        if isinstance(mod, nn.Linear) and mod.in_features % GROUP == 0 and mod.out_features % 16 == 0:
+            parent_name, _, child = name.rpartition(".")
+            setattr(heads.get_submodule(parent_name) if parent_name else heads, child,
+                    Int4Linear(mod, keep_dense=False))
+            done += 1
+    return done > 0
+
+
 def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHeads | SequentialHeads:
     """The heads from ``source`` (a module is used as given; a directory is loaded here, so nobody
     else holds them, and bf16 heads' layers are packed like the target's), checked to be the kind
@@ -147,7 +169,8 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
         heads = source
     else:
         heads = load_heads(source, target_model)
-        pack_linears(heads)
+        if not int4_heads(heads):
+            pack_linears(heads)
     kind, have = heads_kind(method), heads.config.kind
     if have != kind:
         raise ConfigError(f"method {method!r} needs {kind} heads but these are {have} heads: "

@@ -43,17 +43,33 @@ def coarse_ranker(rows: torch.Tensor | None):
 
     if rows is None or rows.shape[0] < 1024:
         return None
-    layer = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+    n = rows.shape[0]
+    if rows.shape[1] % GROUP == 0:  # int4 packs 16 output rows together: pad with zero rows, cut them off after
+        padded = torch.cat([rows.to(torch.bfloat16), rows.new_zeros((-n) % 16, rows.shape[1], dtype=torch.bfloat16)])
+        layer = nn.Linear(rows.shape[1], padded.shape[0], bias=False, device="meta")
+        layer.weight = nn.Parameter(padded, requires_grad=False)
+        try:
+            int4 = Int4Linear(layer, keep_dense=False)
+            return int4 if padded.shape[0] == n else _FirstOutputs(int4, n)
+        except Exception:  # neither int4 path runs here (no kernel, no PyTorch int4 op): try int8
+            pass
+    layer = nn.Linear(rows.shape[1], n, bias=False, device="meta")
     layer.weight = nn.Parameter(rows.to(torch.bfloat16), requires_grad=False)
-    try:
-        if rows.shape[1] % GROUP == 0 and rows.shape[0] % 16 == 0:
-            return Int4Linear(layer, keep_dense=False)
-    except Exception:  # neither int4 path runs here (no kernel, no PyTorch int4 op): try int8
-        pass
     if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
         return None
     return Int8Linear(layer, keep_dense=False)
 
+
+
+class _FirstOutputs(nn.Module):
+    """A layer's first ``n`` outputs (the rest: padding rows of its weight)."""
+
+    def __init__(self, layer: nn.Module, n: int):
+        super().__init__()
+        self.layer, self.n = layer, n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)[..., :self.n]
 
 
 def frozen_projection(layer: nn.Module, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
