@@ -187,3 +187,64 @@ def test_tree_walk_topk_and_min_block():
     # min=1 forces depth 1: the likelier of the two forced nodes (node 2: logp of token 6 > token 5)
     path, tok = accept_tree_approx(tree, tokens, logits, SamplingConfig(), parse_acceptance("min=1"))
     assert path == [0, 2, 4] and tok == 9
+
+
+# ---- typical acceptance while sampling (Medusa, Cai et al. 2024, section 2.3.1) ---------------
+
+def _tempered(logits, temperature):
+    return torch.softmax(logits / temperature, -1)
+
+
+def test_typical_at_a_temperature_accepts_exactly_above_the_threshold():
+    """At T > 0 a drafted token is acceptable iff its tempered probability p(x) exceeds
+    min(eps, delta * exp(-H(p))): tokens placed just above and just below the threshold of each
+    row, for several temperatures, entropies and (eps, delta)."""
+    g = torch.Generator().manual_seed(2)
+    for temperature in (0.5, 0.7, 1.0, 1.3):
+        for eps, delta in ((0.09, 0.3), (0.3, 0.5), (0.05, 0.1)):
+            logits = torch.randn(64, 20, generator=g) * torch.linspace(0.2, 4.0, 64)[:, None]
+            p = _tempered(logits, temperature)
+            H = -(p * p.log()).sum(-1)
+            thr = torch.clamp(delta * torch.exp(-H), max=eps)
+            cands = torch.arange(20).expand(64, 20)
+            got = typical_accept(p, cands, eps, delta)
+            assert torch.equal(got, p > thr[:, None])
+            # through the sampling configuration the loop uses: the same verdicts
+            from speculant.sampling import logits_to_probs
+            q = logits_to_probs(logits, SamplingConfig(temperature=temperature))
+            assert torch.equal(typical_accept(q, cands, eps, delta), got)
+            assert got.any() and not got.all()  # both verdicts occur
+
+
+def test_typical_at_a_temperature_takes_the_longest_acceptable_path_and_a_greedy_first_token():
+    """On a tree at T = 1: the longest root path of acceptable nodes wins (ties: the larger target
+    log-probability), and the token after it is the target's argmax, never a sample, so a step
+    always yields at least that one token (the first token, always accepted)."""
+    tree = build_tree("2x1")  # nodes: 0 root, 1 (0,), 2 (1,), 3 (0,0), 4 (1,0)
+    tokens = torch.tensor([0, 5, 6, 7, 8])
+    logits = torch.full((5, 10), -2.0)
+    logits[0, 5], logits[0, 6] = 1.0, 1.2  # both depth-1 tokens likely: acceptable
+    logits[1, 7] = -5.0  # node 3 (under node 1) unlikely: not acceptable
+    logits[2, 8] = 2.0  # node 4 (under node 2) likely: acceptable -> path 0, 2, 4
+    logits[4, 3] = 0.5  # after node 4: argmax 3, but far from certain
+    sampling = SamplingConfig(temperature=1.0)
+    rule = parse_acceptance("typical")
+    for seed in range(30):
+        got = accept_tree_approx(tree, tokens, logits, sampling, rule, generator=torch.Generator().manual_seed(seed))
+        assert got == ([0, 2, 4], 3)
+    # equal lengths: the larger log-probability decides (node 1's token 5 < node 2's token 6)
+    logits[1, 7], logits[2, 8] = 2.0, 2.0
+    assert accept_tree_approx(tree, tokens, logits, sampling, rule)[0] == [0, 2, 4]
+    logits[0, 5], logits[0, 6] = 1.2, 1.0
+    assert accept_tree_approx(tree, tokens, logits, sampling, rule)[0] == [0, 1, 3]
+    # nothing acceptable: the root alone and the greedy token, every time
+    flat = torch.zeros(5, 10)
+    flat[:, 5:9] = -10.0  # every drafted token unlikely
+    flat[0, 9] = 0.3
+    for seed in range(30):
+        assert accept_tree_approx(tree, tokens, flat, sampling, rule,
+                                  generator=torch.Generator().manual_seed(seed)) == ([0], 9)
+    # the other rules sample the token after the path at T > 0
+    seen = {accept_tree_approx(tree, tokens, flat, sampling, parse_acceptance("topk=1"),
+                               generator=torch.Generator().manual_seed(seed))[1] for seed in range(30)}
+    assert len(seen) > 3

@@ -25,7 +25,7 @@ from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads, save_head
 from speculant.kernels import int4_kernel, x86_kernels
 from speculant.tree import build_tree, chain
 
-from helpers import decode_to_end
+from helpers import decode_to_end, pit_batched, uniformity as _uniformity
 from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2, word_tokenizer
 
 V = 64
@@ -333,53 +333,18 @@ def test_batch_sizing_shares_the_pass():
 
 
 # ------------------------------------------------------------------ sampling
-#
-# Every token a lossless method emits is drawn from the target's distribution given everything
-# before it. So with the exact conditional p_t of each emitted token x_t (one teacher-forced pass
-# of the target over the finished sequence), the randomized probability integral transform
-# U_t = P(X < x_t) + W p_t(x_t), W ~ U(0, 1), is uniform on (0, 1) and independent across tokens:
-# long generations give many samples. Checked: a chi-square test and the total variation of 20
-# bins against uniform, and negative controls that must fail.
+# (the probability integral transform of every emitted token: helpers.pit_batched)
 
 VS = 6
 S_PROMPTS = [torch.tensor([1, 2, 3, 1, 2]), torch.tensor([4, 0, 5, 4, 0])]
 
 
-def _pit_batched(target, draft, tokens: int, temperature: float = 1.0, width: int = 32, per_seq: int = 100):
-    """``tokens`` PIT values (against the target at temperature 1) of mcsd generations (a 2x2
-    tree of sampled draft tokens) decoded ``width`` at a time, the two prompts alternating."""
-    tb, db = NativeBackend(target), NativeBackend(draft)
+def _pit_batched(target, draft, tokens: int, temperature: float = 1.0):
+    """``tokens`` PIT values of mcsd generations (a 2x2 tree of sampled draft tokens), 32 per pass."""
+    db = NativeBackend(draft)
     sampling = SamplingConfig(temperature=temperature)
-    gen, noise = torch.Generator().manual_seed(99), torch.Generator().manual_seed(7)
-    idle = [(tb.sibling(), db.sibling()) for _ in range(width)]
-    batch, started, us = Batch(width), 0, []
-    with torch.inference_mode():
-        while sum(u.numel() for u in us) < tokens:
-            while idle:
-                t, d = idle.pop()
-                drafter = DraftModelDrafter(d, build_tree("2x2"), sampling, VS, generator=gen)
-                run = SequenceRun(t, drafter, S_PROMPTS[started % 2], max_new_tokens=per_seq, sampling=sampling,
-                                  generator=gen)
-                batch.add(started, run).extra = (t, d)
-                started += 1
-            before = list(batch.members)
-            batch.step()
-            for m in before:
-                if m not in batch.members:
-                    ids = m.run.state.context
-                    p = target(ids[:-1].view(1, -1)).logits[0, m.run.prompt.shape[0] - 1:].softmax(-1)  # (n, V)
-                    x = ids[m.run.prompt.shape[0]:]
-                    below = (p.cumsum(-1) - p).gather(1, x[:, None])[:, 0]
-                    us.append(below + torch.rand(x.shape[0], generator=noise) * p.gather(1, x[:, None])[:, 0])
-                    idle.append(m.extra)
-    return torch.cat(us)[:tokens]
-
-
-def _uniformity(u: torch.Tensor, bins: int = 20) -> tuple[float, float]:
-    """(chi-square p-value, total variation) of ``u``'s histogram against uniform."""
-    from scipy.stats import chisquare
-    counts = torch.histc(u.float(), bins=bins, min=0.0, max=1.0)
-    return chisquare(counts.numpy()).pvalue, 0.5 * (counts / counts.sum() - 1 / bins).abs().sum().item()
+    return pit_batched(target, lambda g: DraftModelDrafter(db.sibling(), build_tree("2x2"), sampling, VS, generator=g),
+                       S_PROMPTS, tokens, temperature=temperature)
 
 
 @pytest.mark.slow  # 100,000 sampled tokens, 32 sequences per pass

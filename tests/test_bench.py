@@ -551,3 +551,35 @@ def test_machine_line_names_the_instruction_sets():
         "X (avx512_bf16, amx_tile; 2 cores)"
     assert machine_line({"machine": {"cpu": "X", "flags": ["avx2", "avx512f", "avx512_vnni"]}}) == "X (avx512_vnni, no AMX)"
     assert machine_line({}) == "unknown CPU"
+
+
+def test_bench_at_a_temperature(tiny, tmp_path, capsys):
+    """--temperature: every row samples (each prompt its own seed, the same for every row), the
+    peers are skipped with the reason, outputs are not compared, and each run's target NLL is the
+    mean -log p_T of its tokens under the target at that temperature."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    res = run_bench(_cfg(tiny, ("ar", "lookup", "hf-assisted"), tmp_path, temperature=0.8, seed=5))
+    assert "greedy only" in res["skipped"]["hf-assisted"]
+    assert res["config"]["temperature"] == 0.8
+    for m in ("ar", "lookup"):
+        s = res["summary"][m]
+        assert s["identical_to_plain"] is None and s["target_nll"] > 0
+    model = AutoModelForCausalLM.from_pretrained(tiny["target"], torch_dtype=torch.float32).eval()
+    # recompute one run's NLL with transformers from the prompt the bench encoded
+    from speculant.bench.harness import load_questions, select
+    from speculant.models import chat_prompt, load
+    tok = load(tiny["target"], "float32").tokenizer
+    q = select(load_questions(tiny["questions"]), 2, ("qa",))[0]
+    ids = tok(chat_prompt(tok, q["turns"][0]), add_special_tokens=False, return_tensors="pt").input_ids[0]
+    row = next(r for r in res["runs"] if r["method"] == "ar" and r["question_id"] == q["question_id"])
+    full = torch.cat([ids, torch.tensor(row["token_ids"], dtype=torch.long)])
+    with torch.no_grad():
+        lp = (model(full[None]).logits[0].float() / 0.8).log_softmax(-1)
+    n0 = ids.shape[0]
+    want = -lp[n0 - 1:-1].gather(1, full[n0:, None]).mean().item()
+    assert abs(row["target_nll"] - want) < 1e-3
+    assert "nll:" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="temperature"):
+        _cfg(tiny, ("ar",), tmp_path, temperature=-1.0)

@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--categories", default=None, help="comma-separated subset of categories")
     b.add_argument("--questions", default=None, help="a Spec-Bench-style JSONL file (default: the bundled one)")
     b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); > 0: every row samples (prompt i with --seed + i), the peers are "
+                        "skipped, and the mean target NLL of the sampled tokens replaces the output comparison")
+    b.add_argument("--seed", type=int, default=0, help="with --temperature: the first prompt's seed")
     b.add_argument("--json-out", default=None, help="write runs and summary as JSON to this file")
     b.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw speed-up over ar per category and τ per method to this image (needs matplotlib)")
@@ -361,7 +365,8 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
                       quant_head=args.quant_head, tree_budget=args.tree_budget, pacing=not args.no_pacing,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
-                      questions=args.questions, json_out=args.json_out)
+                      questions=args.questions, json_out=args.json_out, temperature=args.temperature,
+                      seed=args.seed)
     if args.plot:
         from .bench.plot import check_plot_path
 

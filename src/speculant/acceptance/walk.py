@@ -110,7 +110,9 @@ def accept_tree_approx(tree: TreeBuffers, tokens: Tensor, target_logits: Tensor,
     (``exact``: the parent's argmax, i.e. greedy matching) or when its depth is <= ``cfg.min_block``.
     The path is the longest root path of acceptable nodes (ties: largest target log-probability,
     as in Medusa). The next token comes from the target's row at the path's end: its argmax at
-    temperature 0 ("greedy first token"), else a sample from the tempered distribution.
+    temperature 0, and under ``typical`` at every temperature (Medusa: the first token of every
+    step's candidates is the target's greedy choice, always accepted; the rule samples only
+    through which drafted tokens it accepts), else a sample from the tempered distribution.
     """
     N = tokens.shape[0]
     parents = tree.parents[1:]  # (N-1,)
@@ -134,5 +136,7 @@ def accept_tree_approx(tree: TreeBuffers, tokens: Tensor, target_logits: Tensor,
         logp[1:] = torch.log_softmax(plog.float(), -1).gather(1, cand.clamp(min=0))[:, 0]
     path = best_path(node_ok, tree.retrieve, logp)
     last = target_logits[path[-1]:path[-1] + 1]
-    token = int(last.argmax(-1)[0]) if sampling.greedy else int(sample(logits_to_probs(last, sampling), generator)[0])
+    if sampling.greedy or cfg.rule == "typical":
+        return path, int(last.argmax(-1)[0])
+    token = int(sample(logits_to_probs(last, sampling), generator)[0])
     return path, token

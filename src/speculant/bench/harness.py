@@ -57,6 +57,7 @@ from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method
 from .openvino import DRAFT_PRESET as OPENVINO_DRAFT
 from .openvino import TARGET_PRESET as OPENVINO_TARGET
 from .openvino import OpenVINOPeer, ir_dir, openvino_unavailable
+from .quality import sampled_nll
 from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401
                      summarize)
 
@@ -87,6 +88,8 @@ class BenchConfig:
     categories: tuple[str, ...] | None = None
     questions: str | None = None
     json_out: str | None = None
+    temperature: float = 0.0  # > 0: every row samples (prompt i with seed seed + i); the peers run greedy only
+    seed: int = 0
 
     def __post_init__(self):
         for m in self.methods:
@@ -103,6 +106,8 @@ class BenchConfig:
             raise ConfigError("--target-quant needs --backend native (or auto)")
         if self.per_category < 1 or self.max_new_tokens < 1:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
+        if not self.temperature >= 0:
+            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.lookup_branch < 1:
             raise ConfigError(f"--lookup-branch must be >= 1 for the +lookup methods, got {self.lookup_branch}")
 
@@ -171,7 +176,10 @@ OPENVINO_NGRAM = 3  # openvino+lookup: longest n-gram matched
 
 def _peer_unavailable(m: str, cfg: BenchConfig) -> str | None:
     """Why peer row ``m`` cannot run here (its runtime is not installed, or it cannot run this
-    target), or None (also for speculant's own methods and hf-assisted)."""
+    target), or None (also for speculant's own methods)."""
+    if cfg.temperature > 0 and is_peer(m):
+        return ("the bench runs the peers greedy only; at --temperature > 0 it compares speculant's rows "
+                "with each other (run the peers without --temperature)")
     if m in LLAMA_SERVER:
         return llama_server_unavailable()
     if m in OPENVINO:
@@ -326,11 +334,13 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     for m in methods:
         _run_one(runners[m], encoded[0], 8)
     details = {m: peer_details(m, runners[m], cfg) for m in methods if is_peer(m)}
+    scorer = runners["ar"].target_backend.sibling() if cfg.temperature > 0 else None  # target_nll's passes
     runs = []
     for qi, (q, ids) in enumerate(zip(questions, encoded)):
         order = list(methods) if qi % 2 == 0 else list(reversed(methods))  # interleave
         for m in order:
-            raw, wall, prefill, stats, timing = _run_one(runners[m], ids, cfg.max_new_tokens)
+            raw, wall, prefill, stats, timing = _run_one(runners[m], ids, cfg.max_new_tokens,
+                                                         cfg.temperature, cfg.seed + qi)
             tokens, eos = cut_at_eos(raw, eos_ids)
             n = len(tokens)
             row = {"method": m, "question_id": q["question_id"], "category": q["group"],
@@ -339,6 +349,8 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
                    "token_ids": tokens, "text": tok.decode(tokens, skip_special_tokens=True)}
             if q.get("reference"):
                 row["reference"] = q["reference"][0]
+            if cfg.temperature > 0:
+                row["target_nll"] = sampled_nll(scorer, ids, tokens, cfg.temperature)
             if stats is not None:
                 row["stats"] = stats
             if timing is not None:
@@ -347,10 +359,11 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
             console.print(f"[dim]{q['group']:>14} q{q['question_id']:<4} {m:>18}: {n:4d} tokens "
                           f"{wall:7.2f} s {row['tokens_per_s']:6.2f} tok/s, "
                           f"decode {row['decode_tokens_per_s']:6.2f} tok/s[/dim]", soft_wrap=True)
-    summary = summarize(runs, methods, eos_ids)
+    summary = summarize(runs, methods, eos_ids, sampled=cfg.temperature > 0)
     quant = f", target {cfg.target_quant}" if cfg.target_quant != "none" else ""
+    decoding = "greedy" if cfg.temperature == 0 else f"temperature {cfg.temperature:g} (seed {cfg.seed} + prompt)"
     print_summary(summary, f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, {cfg.backend} backend"
-                           f"{quant}, greedy, {len(questions)} prompts x {cfg.max_new_tokens} new tokens")
+                           f"{quant}, {decoding}, {len(questions)} prompts x {cfg.max_new_tokens} new tokens")
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     others = " (the peers' own processes not included)" if peers else ""
     Console().print(f"peak RSS of this process (every model of the run loaded): {peak_gb:.2f} GB{others}")
@@ -383,12 +396,13 @@ def _draft_quant(cfg: BenchConfig) -> str:
     return auto_draft_quant(cfg.dtype, "native") if cfg.draft_quant == "auto" else cfg.draft_quant
 
 
-def _run_one(runner, ids: torch.Tensor, max_new_tokens: int):
+def _run_one(runner, ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
     """(token ids as the runner gave them, wall s, prefill s, our decoder's stats or None, a peer's
-    timing or None). Peers' ``run`` returns (token ids, wall s, timing with ``prefill_s``)."""
+    timing or None). Peers' ``run`` returns (token ids, wall s, timing with ``prefill_s``); they
+    run greedy (the bench skips them at a temperature)."""
     if isinstance(runner, SpeculativeDecoder):
         t = time.perf_counter()
-        res = runner.generate(ids, max_new_tokens)
+        res = runner.generate(ids, max_new_tokens, temperature=temperature, seed=seed)
         wall = time.perf_counter() - t
         stats = res.stats.to_dict()
         return res.token_ids, wall, min(float(stats.get("prefill_s", 0.0)), wall), stats, None

@@ -73,6 +73,30 @@ def text_scores(backend, ids: torch.Tensor, reference: torch.Tensor | None = Non
     return math.exp(nll / count), kl / count, top1 / count, torch.cat(logps)
 
 
+@torch.inference_mode()
+def sampled_nll(backend, prompt: torch.Tensor, tokens: list[int], temperature: float) -> float | None:
+    """Mean -log p_T(x_t | prompt, x_<t) of the generated ``tokens`` under the model at
+    ``temperature`` (one pass of ``backend``, which is reset): for a lossless sampler its expected
+    value is the same whatever the method; an approximate acceptance rule that favours likely
+    tokens lowers it. None for no tokens."""
+    if not tokens:
+        return None
+    ids = torch.cat([prompt, torch.tensor(tokens, dtype=torch.long)])
+    backend.reset()
+    n0, nll = prompt.shape[0], 0.0
+    for s in range(0, ids.shape[0] - 1, CHUNK):
+        chunk = ids[s:s + CHUNK]
+        rows = torch.arange(max(n0 - 1 - s, 0), chunk.shape[0])  # rows predicting a generated token
+        rows = rows[s + rows + 1 < ids.shape[0]]
+        if rows.numel() == 0:
+            backend.forward(chunk, rows=torch.empty(0, dtype=torch.long))
+            continue
+        lp = (backend.forward(chunk, rows=rows).logits.float() / temperature).log_softmax(-1)  # (r, V)
+        nll -= lp.gather(1, ids[s + rows + 1][:, None]).sum().item()
+    backend.reset()
+    return nll / len(tokens)
+
+
 def perplexity(backend, ids: torch.Tensor) -> float:
     """exp(mean NLL of ids[1:] given their prefixes)."""
     return text_scores(backend, ids)[0]

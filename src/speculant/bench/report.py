@@ -21,6 +21,10 @@ Summary (per method; key, then its column in the tables):
 - ``identical_to_plain`` (same as plain): prompts whose output equals that of the row's own
   runtime's plain decoding (``plain``, see ``methods.plain_of``); None ("-") when that plain row is
   not in the run. ``identical_to_ar`` compares every row with ``ar``;
+- ``target_nll`` (nll; with ``--temperature`` only): the mean -log p_T of the generated tokens
+  under the target at that temperature; lossless methods sample p_T, so theirs matches ``ar``'s
+  up to sampling noise, while an approximate rule that favours likely tokens lowers it. Sampled
+  outputs are not compared (``identical_to_plain`` is None);
 - ``bleu``, ``math_em``: corpus BLEU (sacrebleu) on ``translation`` and exact match of the final
   number on ``math_reasoning`` (GSM8K's ``#### N``), where Spec-Bench has references.
 """
@@ -87,9 +91,10 @@ def _categories(runs: list[dict]) -> list[str]:
     return cats + sorted({r["category"] for r in runs} - set(cats))
 
 
-def summarize(runs: list[dict], methods, eos_token_ids=()) -> dict:
+def summarize(runs: list[dict], methods, eos_token_ids=(), sampled: bool = False) -> dict:
     """Per method, over its rows of ``runs``: the rates, ratios, τ, α, output identity and quality
-    of the module docstring. Outputs are compared cut at their first id in ``eos_token_ids``."""
+    of the module docstring. Outputs are compared cut at their first id in ``eos_token_ids``;
+    ``sampled`` outputs are not compared."""
     eos = set(eos_token_ids)
     by = {m: [r for r in runs if r["method"] == m] for m in methods}
     by = {m: rs for m, rs in by.items() if rs}
@@ -123,15 +128,24 @@ def summarize(runs: list[dict], methods, eos_token_ids=()) -> dict:
             "best_peer_decode": best_decode,
             "tokens_per_call": tau,
             "acceptance_rate": alpha,
-            "identical_to_ar": sum(ids[m][q] == ids["ar"].get(q) for q in ids[m]),
+            "identical_to_ar": None if sampled else sum(ids[m][q] == ids["ar"].get(q) for q in ids[m]),
             "plain": plain,
-            "identical_to_plain": sum(ids[m][q] == ids[plain].get(q) for q in ids[m]) if plain in by else None,
+            "identical_to_plain": sum(ids[m][q] == ids[plain].get(q) for q in ids[m])
+            if plain in by and not sampled else None,
+            "target_nll": _mean_nll(rs),
             "prompts": len(rs),
             "tokens_per_s_by_category": {c: _rates([r for r in rs if r["category"] == c])[0]
                                          for c in cats if any(r["category"] == c for r in rs)},
             **quality_scores(rs),
         }
     return out
+
+
+def _mean_nll(rs: list[dict]) -> float | None:
+    """The tokens' mean target NLL over rows ``rs`` (weighted by their tokens), None without it."""
+    scored = [r for r in rs if r.get("target_nll") is not None]
+    n = sum(r["new_tokens"] for r in scored)
+    return sum(r["target_nll"] * r["new_tokens"] for r in scored) / n if n else None
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -231,6 +245,11 @@ def print_summary(summary: dict, title: str) -> None:
     console.print(table)
     console.print(LEGEND, style="dim", markup=False, highlight=False)
     console.print(note, markup=False, highlight=False)
+    nll = {m: s["target_nll"] for m, s in summary.items() if s.get("target_nll") is not None}
+    if nll:
+        console.print("nll: mean -log p_T of the sampled tokens under the target at the bench's temperature "
+                      "(lossless methods match ar's up to noise; lower = an approximate rule favouring likely "
+                      "tokens): " + ", ".join(f"{m} {v:.3f}" for m, v in nll.items()), markup=False, highlight=False)
     console.print("tokens/s by category, prefill included" + (f" ({', '.join(short)})" if short else "")
                   + ("; BLEU on translation, exact match of the final number on math" if quality else ""),
                   style="italic", markup=False, highlight=False)
