@@ -74,24 +74,136 @@ def test_stream_labels_tokens(dirs, capsys):
     assert code == 0 and "target calls" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--method", "ar", ""], "prompt is empty"),
-    (["--method", "ar", "--max-new-tokens", "0", PROMPT], "max-new-tokens"),
-    (["--method", "ar", "--temperature", "-1", PROMPT], "temperature"),
-    (["--method", "ar", "--top-p", "0", PROMPT], "top_p"),
-    (["--method", "ar", "--top-p", "1.5", PROMPT], "top_p"),
-    (["--method", "mcsd", "--draft", "DRAFT", "--tree", "4x2x", PROMPT], "malformed tree spec"),
-    (["--method", "sd", PROMPT], "needs a draft model"),
-    (["--method", "sd", "--draft", "OTHER", PROMPT], "different vocabularies"),
-    (["--method", "sd", "--draft", "/nonexistent/model.gguf", PROMPT], "no such model"),
-    (["--method", "ar", " ".join(["w5"] * 600)], "context"),
-])
-def test_bad_input_is_a_clear_error(dirs, capsys, args, message):
-    args = [a.replace("DRAFT", dirs["draft"]).replace("OTHER", dirs["other"]) for a in args]
-    code = main(["generate", "--dtype", "float32", "--target", dirs["target"], *args])
+@pytest.fixture(scope="module")
+def bad(dirs, tmp_path_factory):
+    """Inputs to get wrong: heads for the target and for another vocabulary, a corrupt heads
+    checkpoint, a model whose weights are NaN, a file that only starts like a GGUF."""
+    import shutil
+
+    import torch
+
+    from speculant.heads import HeadsConfig, MedusaHeads, save_heads
+    from tiny import word_tokenizer
+
+    root = tmp_path_factory.mktemp("bad")
+    lm = SpeculativeDecoder(dirs["target"], method="ar", dtype="float32").target.model
+    save_heads(MedusaHeads(HeadsConfig(3, 1, lm.config.hidden_size, 64), lm.get_output_embeddings()), root / "heads")
+    other = SpeculativeDecoder(dirs["other"], method="ar", dtype="float32").target.model
+    save_heads(MedusaHeads(HeadsConfig(3, 1, other.config.hidden_size, 80), other.get_output_embeddings()),
+               root / "heads80")
+    shutil.copytree(root / "heads", root / "corrupt")
+    weights = root / "corrupt" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    nan = tiny_llama(0)
+    with torch.no_grad():
+        nan.model.layers[0].mlp.down_proj.weight.fill_(float("nan"))
+    nan.save_pretrained(root / "nan")
+    word_tokenizer(64).save_pretrained(root / "nan")
+    (root / "fake.gguf").write_bytes(b"GGUF" + bytes(60))
+    return {**dirs, "heads": str(root / "heads"), "heads80": str(root / "heads80"), "corrupt": str(root / "corrupt"),
+            "nan": str(root / "nan"), "fake": str(root / "fake.gguf"), "root": str(root)}
+
+
+# Bad input, each: exit status 2, one "speculant: error:" line that names the problem, no traceback.
+# (generate's arguments after --dtype float32 --target TARGET unless the row names its own --target;
+# placeholders: DRAFT, OTHER, HEADS, HEADS80, CORRUPT, NAN, FAKE, ROOT)
+BAD_INPUT = [
+    ("empty prompt", ["--method", "ar", ""], "prompt is empty"),
+    ("no new tokens", ["--method", "ar", "--max-new-tokens", "0", PROMPT], "max-new-tokens"),
+    ("negative new tokens", ["--method", "ar", "--max-new-tokens", "-5", PROMPT], "max-new-tokens"),
+    ("negative temperature", ["--method", "ar", "--temperature", "-1", PROMPT], "temperature"),
+    ("NaN temperature", ["--method", "ar", "--temperature", "nan", PROMPT], "temperature"),
+    ("top-p 0", ["--method", "ar", "--top-p", "0", PROMPT], "top_p"),
+    ("top-p above 1", ["--method", "ar", "--top-p", "1.5", PROMPT], "top_p"),
+    ("negative top-k", ["--method", "ar", "--top-k", "-1", PROMPT], "top_k must be >= 0"),
+    ("malformed k-config", ["--method", "mcsd", "--draft", "DRAFT", "--tree", "4x2x", PROMPT], "malformed tree spec"),
+    ("k-config with a zero", ["--method", "mcsd", "--draft", "DRAFT", "--tree", "2x0x1", PROMPT], "must be >= 1"),
+    ("gamma 0", ["--method", "sd", "--draft", "DRAFT", "--gamma", "0", PROMPT], "between 1 and 64"),
+    ("gamma 100", ["--method", "sd", "--draft", "DRAFT", "--gamma", "100", PROMPT], "between 1 and 64"),
+    ("sd without a draft", ["--method", "sd", PROMPT], "needs a draft model"),
+    ("draft of another vocabulary", ["--method", "sd", "--draft", "OTHER", PROMPT], "different vocabularies"),
+    ("missing model file", ["--method", "sd", "--draft", "/nonexistent/model.gguf", PROMPT], "no such model"),
+    ("unknown preset, close match", ["--target", "qwen2.5-coder-1.5b-instrct", "--method", "ar", PROMPT],
+     "did you mean 'qwen2.5-coder-1.5b-instruct'"),
+    ("prompt beyond the context", ["--method", "ar", " ".join(["w5"] * 600)], "context"),
+    ("tree deeper than the heads", ["--method", "medusa", "--heads", "HEADS", "--tree", "2x1x1x1x1", PROMPT],
+     "only 3 heads"),
+    ("heads of another vocabulary", ["--method", "medusa", "--heads", "HEADS80", PROMPT], "trained for another model"),
+    ("corrupt heads checkpoint", ["--method", "medusa", "--heads", "CORRUPT", PROMPT], "is corrupt"),
+    ("missing heads", ["--method", "medusa", "--heads", "ROOT/none", PROMPT], "no heads checkpoint"),
+    ("negative lookup branch", ["--method", "medusa", "--heads", "HEADS", "--lookup-branch", "-1", PROMPT],
+     "lookup_branch=-1"),
+    ("unknown acceptance rule", ["--method", "ar", "--accept", "foo", PROMPT], "cannot read acceptance rule"),
+    ("typical eps >= 1", ["--method", "ar", "--accept", "typical=1.5", PROMPT], "in (0, 1)"),
+    ("missing tree file", ["--method", "mcsd", "--draft", "DRAFT", "--tree-file", "ROOT/none.json", PROMPT],
+     "cannot read --tree-file"),
+    ("NaN logits from a broken model", ["--target", "NAN", "--method", "ar", PROMPT], "non-finite logits"),
+    ("more than 4 stop strings", ["--method", "ar", *["--stop", "x"] * 5, PROMPT], "at most 4 stop strings"),
+    ("unwritable cache directory", ["--target", "FAKE", "--method", "ar", PROMPT], "cannot write the model cache"),
+    ("non-UTF-8 prompt on stdin", ["--method", "ar", "-"], "not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("what, args, message", BAD_INPUT, ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_is_a_clear_error(bad, capsys, monkeypatch, what, args, message):
+    import io
+    import sys
+
+    names = {"DRAFT": "draft", "OTHER": "other", "HEADS80": "heads80", "HEADS": "heads", "CORRUPT": "corrupt",
+             "NAN": "nan", "FAKE": "fake", "ROOT": "root"}
+    for key, name in names.items():
+        args = [a.replace(key, bad[name]) for a in args]
+    if what == "unwritable cache directory":
+        monkeypatch.setenv("SPECULANT_CACHE", "/proc/speculant-cache")  # no directory can be made there
+    if what == "non-UTF-8 prompt on stdin":
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 \xff")))
+    target = [] if "--target" in args else ["--target", bad["target"]]
+    code = main(["generate", "--dtype", "float32", *target, *args])
     err = capsys.readouterr().err
-    assert code == 2
-    assert message in err and err.strip().splitlines()[-1].startswith("speculant: error:")
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert message in err and lines[-1].startswith("speculant: error:") and "Traceback" not in err
+    assert len(BAD_INPUT) >= 25
+
+
+def test_api_bad_input_and_nothing_half_written(bad, tmp_path, monkeypatch, capsys):
+    """The Python API raises the same errors (SpeculantError subclasses): a batch limit of 0, heads
+    for another hidden size, and a disk that fills while heads are saved, which leaves no file
+    behind; a draft larger than the target is a warning, not an error."""
+    import errno
+
+    from speculant.errors import ConfigError, ModelLoadError
+    from speculant.heads import HeadsConfig, MedusaHeads, load_heads, save_heads
+
+    dec = SpeculativeDecoder(bad["target"], method="ar", dtype="float32")
+    with pytest.raises(ConfigError, match="max_batch must be >= 1"):
+        dec.generate_batch([PROMPT], 4, max_batch=0)
+    lm = dec.target.model
+    with pytest.raises(ModelLoadError, match="hidden states of size"):  # heads given as a module
+        SpeculativeDecoder(bad["target"], method="medusa", dtype="float32", heads=MedusaHeads(
+            HeadsConfig(3, 1, lm.config.hidden_size * 2, 64), torch_linear(lm.config.hidden_size * 2, 64)))
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    out = tmp_path / "heads"
+    with pytest.raises(ConfigError, match="No space left on device"):
+        save_heads(load_heads(bad["heads"], lm), out)
+    assert list(out.iterdir()) == []  # nothing half-written
+    monkeypatch.undo()
+    capsys.readouterr()
+    big = tmp_path / "big"
+    bigger = tiny_llama(0, hidden=96, layers=3)
+    bigger.save_pretrained(big)
+    from tiny import word_tokenizer
+    word_tokenizer(64).save_pretrained(big)
+    SpeculativeDecoder(bad["target"], str(big), method="sd", dtype="float32")
+    assert "warning: the draft model" in capsys.readouterr().err
+
+
+def torch_linear(h: int, v: int):
+    import torch
+    return torch.nn.Linear(h, v, bias=False)
 
 
 def test_corrupt_model_file(tmp_path, capsys):

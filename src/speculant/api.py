@@ -9,6 +9,8 @@ drafter from ``drafters.factory.build_drafter``.
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -85,6 +87,7 @@ class SpeculativeDecoder:
         self.draft = load_draft(c)
         if self.draft is not None:
             check_vocab_compatible(self.target, self.draft)
+            _warn_if_draft_larger(self.target, self.draft)
         self.tokenizer = self.target.tokenizer
         self.target_backend = _backend(c.backend, self.target, "target")
         self.draft_backend = _backend(c.backend, self.draft, "draft") if self.draft is not None else None
@@ -373,6 +376,21 @@ def is_prompt_list(prompt) -> bool:
 def _backend(kind: str, model: LoadedModel, name: str) -> Backend:
     """The runtime ``kind`` ("hf" or "native") around a loaded model."""
     return (NativeBackend if kind == "native" else HFBackend)(model.model, name)
+
+
+def _size(model: LoadedModel) -> int:
+    """A model's size as its transformer's shape says (layers x hidden^2): weights can be packed or
+    quantized, which parameter counts would not see."""
+    cfg = model.model.config.get_text_config()
+    return int(getattr(cfg, "num_hidden_layers", 0)) * int(getattr(cfg, "hidden_size", 0)) ** 2
+
+
+def _warn_if_draft_larger(target: LoadedModel, draft: LoadedModel) -> None:
+    if _size(draft) > _size(target) > 0:
+        print(f"speculant: warning: the draft model ({draft.name}) is larger than the target ({target.name}): "
+              "every drafted token costs more than the target's own pass, so speculation will be slower than "
+              "plain decoding (the output is the same); use a smaller draft, or --method lookup",
+              file=sys.stderr, flush=True)
 
 
 def _eos_token_ids(model: LoadedModel) -> set[int]:

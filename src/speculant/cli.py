@@ -266,6 +266,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdin_text() -> str:
+    """The prompt piped in on standard input, which must be UTF-8 text."""
+    from .errors import ConfigError
+
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the prompt on standard input is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 4]!r}); "
+                          "convert it first, e.g. `iconv -f latin1 -t utf-8 FILE | speculant generate -`") from None
+
+
 def _tree(args):
     """--tree-file (a JSON list of paths) wins over --tree."""
     if not args.tree_file:
@@ -302,7 +314,7 @@ def cmd_generate(args) -> int:
     from .errors import ConfigError
     from .stopping import parse_stop
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = _stdin_text() if args.prompt == "-" else args.prompt
     # validate cheap arguments before loading any model
     SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     if args.max_new_tokens < 1:

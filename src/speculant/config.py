@@ -33,6 +33,7 @@ DEFAULT_TREE_ROWS = 15
 # tree_budget="auto" (the default for dynamic trees): every step's tree is sized against the measured
 # cost of a pass by rows (costmodel.py, drafters/sizing.py), up to this many rows
 DEFAULT_MAX_ROWS = 32
+MAX_GAMMA = 64  # the longest draft chain (sd, lookup, bpd) a step may verify
 # medusa's default with tree_budget="auto": a dynamic tree as deep as the heads go, sized per step, at
 # most DEFAULT_MAX_ROWS - 1 - lookup_branch nodes; "fixed" keeps the static tree shipped with the heads.
 # Why: docs/design-notes.md#medusa-tree-sized-per-step
@@ -231,8 +232,9 @@ class DecoderConfig:
         if self.method in NEEDS_DRAFT and self.draft is None:
             raise ConfigError(f"method {self.method!r} needs a draft model: pass draft=... (--draft SPEC), "
                               "or use --method lookup / ar, which need none")
-        if self.gamma is not None and (not _is_int(self.gamma) or self.gamma < 1):
-            raise ConfigError(f"gamma (draft length) must be >= 1, got {self.gamma}")
+        if self.gamma is not None and (not _is_int(self.gamma) or not 1 <= self.gamma <= MAX_GAMMA):
+            raise ConfigError(f"gamma (draft length) must be between 1 and {MAX_GAMMA}, got {self.gamma}: a pass "
+                              f"verifies gamma + 1 rows, and past a few the extra rows cost more than they yield")
         if isinstance(self.tree, list):  # a list of paths: kept as tuples, so the config stays immutable
             object.__setattr__(self, "tree", tuple(tuple(p) for p in self.tree))
         self._check_tree()

@@ -23,7 +23,7 @@ from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, drive
 from .drafters.pacing import Pacer
-from .errors import ConfigError
+from .errors import ConfigError, ModelLoadError
 from .tree import chain
 
 __all__ = ["DecodeState", "SequenceRun", "Stats", "Step", "StopRule", "decode"]
@@ -254,7 +254,9 @@ class SequenceRun:
         """Stages 3 and 4: accept from the verification pass's output ``out`` (which took
         ``seconds``) and commit; returns the step (the state is in ``self.state``)."""
         self.state.stats.verify_s += seconds
-        path, token = self.accept(draft, out.logits[:, :self.V])
+        logits = out.logits[:, :self.V]
+        _check_finite(logits, self.target, self.state.stats.new_tokens)
+        path, token = self.accept(draft, logits)
         step = _commit(self.target, self.drafter, self.state, draft, _Verified(out, self._start), path, token,
                        self.stop, self.clock)
         self.state.stats.plain_steps += not self._drafted
@@ -290,6 +292,16 @@ class _Verified:
     drafter that needs them ``out.hidden`` (N, H); ``start``: the cache length before the pass."""
     out: ForwardOut
     start: int
+
+
+def _check_finite(logits: torch.Tensor, target: Backend, done: int) -> None:
+    """A broken model's logits (NaN, +inf, or a row of -inf) would be decoded as if they meant
+    something (argmax of NaN, a sample from nothing): stop with what went wrong instead."""
+    if bool(torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(-1).any()):
+        raise ModelLoadError(
+            f"the target model ({getattr(target, 'name', 'target')}) produced non-finite logits (NaN or inf) after "
+            f"{done} generated tokens: its weights are broken or its activations overflow; check the model file, "
+            "or try --dtype float32")
 
 
 def _propose(drafter: Drafter, context: torch.Tensor, drafted: bool) -> Draft:

@@ -19,6 +19,7 @@ from .backends.native import NativeModel
 from .config import NEEDS_DRAFT, NEEDS_HEADS, DecoderConfig
 from .errors import ConfigError
 from .heads import MedusaHeads, SequentialHeads, load_heads, shipped_heads
+from .heads.projection import check_lm_head
 from .models import LoadedModel, load, parse_dtype, resolve
 from .packing import pack_linears
 from .quant import QUANT_MODES, quantize_linears
@@ -167,6 +168,7 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
     ``method`` reads."""
     if isinstance(source, nn.Module):
         heads = source
+        check_lm_head(target_model.get_output_embeddings(), heads.config)  # heads made for this target?
     else:
         heads = load_heads(source, target_model)
         if not int4_heads(heads):

@@ -172,7 +172,24 @@ def assemble_gguf(preset: Preset) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _writing_cache(where: Path):
+    """An OSError while writing the model cache (unwritable, missing, full) as a clear error; the
+    writers themselves leave nothing half-written (temporary names, renamed when complete)."""
+    try:
+        yield
+    except OSError as e:
+        raise ModelLoadError(
+            f"cannot write the model cache at {where}: {e.strerror or e}. Set SPECULANT_CACHE to a writable "
+            "directory with room for the converted model (about 2 bytes per parameter in bf16)") from None
+
+
 def _concatenate(parts: list[Path], target: Path, total: int) -> None:
+    with _writing_cache(target.parent):
+        _concatenate_parts(parts, target, total)
+
+
+def _concatenate_parts(parts: list[Path], target: Path, total: int) -> None:
     from tqdm.auto import tqdm
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +216,11 @@ def _concatenate(parts: list[Path], target: Path, total: int) -> None:
 
 def _convert(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, Any]) -> Path:
     """Dequantize ``gguf`` with transformers and save model + tokenizer as ``target`` (atomic)."""
+    with _writing_cache(target.parent):
+        return _convert_to(gguf, target, dtype, source)
+
+
+def _convert_to(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, Any]) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not _is_gguf(gguf):
@@ -278,7 +300,7 @@ def _gguf_file_key(path: Path) -> str:
 
 
 def _no_such_model(spec: str) -> ModelLoadError:
-    close = difflib.get_close_matches(spec, PRESETS, n=1)
+    close = difflib.get_close_matches(spec, PRESETS, n=1) or [p for p in PRESETS if p.startswith(spec)][:1]
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ModelLoadError(f"no such model: {spec}{hint}; expected a transformers model directory, "
                           f"a .gguf file, or one of the presets: {', '.join(PRESETS)}")

@@ -19,6 +19,7 @@ A ``tree.json`` next to the weights holds the sparse tree chosen for them (``bui
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -51,9 +52,20 @@ def save_heads(heads: "MedusaHeads | SequentialHeads", path: str | Path) -> Path
     from safetensors.torch import save_file
 
     out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(heads.config.to_json(), indent=2) + "\n")
-    save_file(heads.medusa_state_dict(), str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    tmp = [out / f".{name}.{os.getpid()}.tmp" for name in (WEIGHTS_NAME, CONFIG_NAME)]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(heads.medusa_state_dict(), str(tmp[0]), metadata={"format": "pt"})
+        tmp[1].write_text(json.dumps(heads.config.to_json(), indent=2) + "\n")
+        # both files complete before either is in place: a reader never sees half a checkpoint
+        os.replace(tmp[0], out / WEIGHTS_NAME)
+        os.replace(tmp[1], out / CONFIG_NAME)
+    except OSError as e:
+        raise ConfigError(f"cannot write the heads to {out}: {e.strerror or e}; choose a writable directory with "
+                          "free space") from None
+    finally:
+        for t in tmp:
+            t.unlink(missing_ok=True)
     return out
 
 
