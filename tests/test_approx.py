@@ -210,7 +210,6 @@ def test_typical_at_a_temperature_accepts_exactly_above_the_threshold():
             got = typical_accept(p, cands, eps, delta)
             assert torch.equal(got, p > thr[:, None])
             # through the sampling configuration the loop uses: the same verdicts
-            from speculant.sampling import logits_to_probs
             q = logits_to_probs(logits, SamplingConfig(temperature=temperature))
             assert torch.equal(typical_accept(q, cands, eps, delta), got)
             assert got.any() and not got.all()  # both verdicts occur

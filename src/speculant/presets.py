@@ -9,7 +9,11 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Part", "Preset", "PRESETS"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "Part", "Preset", "PRESETS"]
+
+# what the CLI runs when no model is named
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
 @dataclass(frozen=True)

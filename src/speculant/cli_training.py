@@ -1,0 +1,170 @@
+"""The training commands of the CLI: ``speculant train-heads`` and ``speculant build-tree``."""
+
+from __future__ import annotations
+
+import json
+
+
+
+from .presets import DEFAULT_TARGET
+
+
+def add_training_parsers(sub) -> None:
+    """Add train-heads and build-tree to the CLI's subcommands ``sub``."""
+    t = sub.add_parser("train-heads", help="self-distil the target on non-eval prompts and train Medusa heads")
+    t.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    t.add_argument("--out", required=True, help="output directory: heads (Medusa layout), report, checkpoints")
+    t.add_argument("--data", nargs="+", default=None,
+                   help="distillation JSONL file(s) to train on (default: OUT/distill.jsonl); the first is made "
+                        "or extended first")
+    t.add_argument("--skip-distill", action="store_true", help="train on --data as it is")
+    t.add_argument("--n-stdlib", type=int, default=None, help="stdlib-docstring prompts to answer (default: all)")
+    t.add_argument("--n-wmt", type=int, default=None, help="MCSD WMT en->de prompts to answer (default: all)")
+    t.add_argument("--prompts", choices=["code-wmt", "english"], default="code-wmt",
+                   help="prompts to distil: stdlib-docstring coding + WMT en->de (code-wmt), or general English "
+                        "chat, QA, maths, summaries and de->en (english; see speculant.training.prompts)")
+    t.add_argument("--german-from", default=None,
+                   help="with --prompts english: a distillation JSONL whose en->de answers become de->en prompts")
+    t.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt (default: %(default)s)")
+    t.add_argument("--distill-batch", type=int, default=1,
+                   help="answer this many prompts together, one target pass per step for all of them (the "
+                        "native runtime: speculant's batched engine, each answer what it is alone; transformers: "
+                        "its batched generate) (default: %(default)s)")
+    t.add_argument("--distill-method", choices=["lookup", "ar"], default="lookup",
+                   help="engine used to answer (both greedy and lossless; default: %(default)s)")
+    t.add_argument("--init-from", default=None,
+                   help="heads directory to start from (fine-tune), e.g. the shipped heads; default: fresh heads")
+    t.add_argument("--num-heads", type=int, default=4, help="heads = deepest draft (default: %(default)s)")
+    t.add_argument("--num-layers", type=int, default=1, help="residual blocks per head (default: %(default)s)")
+    t.add_argument("--head-kind", choices=["medusa", "sequential"], default="medusa",
+                   help="medusa: K independent heads on the hidden state (the Medusa paper; loadable by engines "
+                        "that read Medusa heads); sequential: one step shared by all depths that also reads the "
+                        "token each depth extends (Hydra-style; speculant only). Default: %(default)s")
+    t.add_argument("--per-head-projection", action="store_true",
+                   help="a Linear(H, V) per head (the Medusa paper) instead of the target's frozen output layer")
+    t.add_argument("--mode", choices=["medusa1", "medusa2"], default="medusa1")
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--batch-size", type=int, default=2,
+                   help="windows per micro-batch (medusa2, and heads with a context layer)")
+    t.add_argument("--rows-per-batch", type=int, default=512,
+                   help="medusa1: positions per micro-batch, drawn from a table of the frozen backbone's hidden "
+                        "states computed once (default: %(default)s)")
+    t.add_argument("--train-vocab", choices=["full", "data"], default="full",
+                   help="cross-entropy over the whole vocabulary (full) or only the tokens in the training records "
+                        "(data: ~20x cheaper for large vocabularies; held-out metrics stay full) (default: %(default)s)")
+    t.add_argument("--draft-vocab", type=int, default=0,
+                   help="sequential heads: propose only N tokens (the training answers' most frequent, then the "
+                        "lowest ids), so each depth reads N rows of the output layer instead of all "
+                        "(default: %(default)s, all)")
+    t.add_argument("--context-layer", type=int, default=0, metavar="WIDTH",
+                   help="sequential heads: a prefix-attention layer (one transformer block with this MLP width) "
+                        "over the target's hidden states of the whole context, read by the heads instead of the "
+                        "last position's alone (Hydra++) (default: %(default)s, none)")
+    t.add_argument("--lr-context", type=float, default=None,
+                   help="learning rate of the context layer (default: --lr-heads)")
+    t.add_argument("--feature-weight", type=float, default=0.0,
+                   help="sequential heads: weight of an EAGLE-style loss pulling each step's state onto the "
+                        "target's hidden state at that position (default: %(default)s, off)")
+    t.add_argument("--teacher-weight", type=float, default=0.0,
+                   help="weight of a soft-label loss against the target's own next-token distribution at each "
+                        "position a head predicts (Hydra++'s teacher distillation; needs the feature table) "
+                        "(default: %(default)s, off)")
+    t.add_argument("--feature-noise", type=float, default=0.0,
+                   help="medusa1 feature table: add uniform noise U(-a, a) x the row's RMS to the hidden states "
+                        "the heads read in training (EAGLE's trick against overfitting) (default: %(default)s, off)")
+    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    t.add_argument("--eval-every", type=int, default=0,
+                   help="held-out metrics every N steps, kept in training_report.json's history "
+                        "(default: %(default)s, only before and after)")
+    t.add_argument("--feature-cache", default=None,
+                   help="medusa1: keep the frozen backbone's hidden-state table in this directory and reuse it in "
+                        "later runs on the same data, split and number of heads (default: not kept)")
+    t.add_argument("--grad-accum", type=int, default=1)
+    t.add_argument("--seq-len", type=int, default=512)
+    t.add_argument("--lr-heads", type=float, default=1e-3)
+    t.add_argument("--lr-backbone", type=float, default=1e-4, help="medusa2: LoRA learning rate")
+    t.add_argument("--lam", type=float, default=0.8, help="head k's loss weight is lam**k (default: %(default)s)")
+    t.add_argument("--heads-weight", type=float, default=0.2, help="medusa2: w in CE_lm + w * heads loss")
+    t.add_argument("--warmup-heads-steps", type=int, default=0, help="medusa2: heads-only steps first")
+    t.add_argument("--lora-r", type=int, default=16)
+    t.add_argument("--held-out", type=float, default=0.05, help="fraction of records held out (default: %(default)s)")
+    t.add_argument("--save-every", type=int, default=200)
+    t.add_argument("--no-resume", action="store_true", help="start over instead of resuming the latest checkpoint")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+
+    bt = sub.add_parser("build-tree", help="measure head top-i accuracies and write a sparse tree (--tree-file)")
+    bt.add_argument("--target", default=DEFAULT_TARGET)
+    bt.add_argument("--heads", required=True, help="heads directory (Medusa layout)")
+    bt.add_argument("--calib", default=None,
+                    help="calibration JSONL (default: HEADS/held_out.jsonl, written by train-heads)")
+    bt.add_argument("--limit", type=int, default=None, help="use at most this many calibration records")
+    bt.add_argument("--budget", type=int, default=32, help="tree nodes besides the root (default: %(default)s)")
+    bt.add_argument("--max-rank", type=int, default=10, help="top-i ranks measured per head (default: %(default)s)")
+    bt.add_argument("--out", required=True, help="tree file to write (JSON list of paths)")
+    bt.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+
+
+def cmd_train_heads(args) -> int:
+    from pathlib import Path
+
+    from .api import SpeculativeDecoder
+    from .heads import HeadsConfig
+    from .training.data import distill, german_answers, mixed_prompts
+    from .training.prompts import english_prompts
+    from .training.train import train_heads
+
+    out = Path(args.out)
+    data = [Path(d) for d in args.data] if args.data else [out / "distill.jsonl"]
+    # the heads learn the target as transformers runs it (hidden states for training come from it)
+    dec = SpeculativeDecoder(args.target, method=args.distill_method, dtype=args.dtype, chat=True, backend="hf",
+                             target_quant="none")
+    if not args.skip_distill:
+        if args.prompts == "english":
+            prompts = english_prompts(german_answers(args.german_from, dec.tokenizer) if args.german_from else ())
+        else:
+            prompts = mixed_prompts(args.n_stdlib, args.n_wmt)
+        distill(dec, prompts, args.max_new_tokens, data[0], batch_size=args.distill_batch)
+    model = dec.target.model
+    cfg = HeadsConfig(args.num_heads, args.num_layers, model.config.get_text_config().hidden_size,
+                      dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
+                      base_model=dec.target.name, kind=args.head_kind, draft_vocab=args.draft_vocab,
+                      context_size=args.context_layer)
+    report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
+                         batch_size=args.batch_size, rows_per_batch=args.rows_per_batch,
+                         train_vocab=args.train_vocab, feature_weight=args.feature_weight,
+                         teacher_weight=args.teacher_weight,
+                         feature_cache=args.feature_cache, feature_noise=args.feature_noise,
+                         weight_decay=args.weight_decay, eval_every=args.eval_every, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                         lr_heads=args.lr_heads, lr_context=args.lr_context, lr_backbone=args.lr_backbone, lam=args.lam,
+                         heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
+                         lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,
+                         resume=not args.no_resume, seed=args.seed)
+    keys = ("step", "total_steps", "seconds_this_run", "initial", "final", "final_original_target", "note")
+    print(json.dumps({k: report[k] for k in keys if k in report}, indent=2))
+    return 0
+
+
+def cmd_build_tree(args) -> int:
+    from pathlib import Path
+
+    from .errors import ConfigError
+    from .heads import load_heads
+    from .models import load
+    from .training.accuracy import build_tree
+    from .training.data import load_records
+
+    calib = Path(args.calib) if args.calib else Path(args.heads) / "held_out.jsonl"
+    records = load_records(calib)[: args.limit]
+    if not records:
+        raise ConfigError(f"no calibration records in {calib}: pass --calib FILE (a distillation JSONL "
+                          "of prompts the heads were not trained on; never Spec-Bench)")
+    target = load(args.target, args.dtype)
+    heads = load_heads(args.heads, target.model)
+    res = build_tree(target, heads, [r["ids"] for r in records], args.budget, max_rank=args.max_rank,
+                     prompt_lens=[r["prompt_len"] for r in records], out_path=args.out)
+    print(json.dumps({"tree_file": args.out, "nodes": len(res["paths"]), "calibration_records": len(records),
+                      "expected_tokens_per_call": round(1 + res["expected_accepted_per_step"], 3),
+                      "accuracies": [[round(a, 4) for a in row] for row in res["accuracies"]]}))
+    return 0
