@@ -196,14 +196,14 @@ def test_sized_trees_are_lossless(target, plain, seq_heads_random, cost, lookup)
     for prompt, ref in zip(prompts(), plain):
         drafter = MedusaDrafter(seq_heads_random, build_tree("2"), V, LookupDrafter(lookup) if lookup else None,
                                 dynamic=DynamicTree(nodes=10, depth=3), sizer=sizer)
-        propose = drafter.propose
+        passes = drafter.propose_passes  # what the loop calls (the heads' calls as jobs)
 
-        def logged(context):
-            d = propose(context)
+        def logged(context, passes=passes):
+            d = yield from passes(context)
             sizes.add(d.tree.size)
             return d
 
-        drafter.propose = logged
+        drafter.propose_passes = logged
         assert decode_to_end(target, drafter, prompt).generated == ref
     assert max(sizes) <= 12
     if cost is STEEP:
