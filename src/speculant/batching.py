@@ -4,7 +4,9 @@ Each member of a :class:`Batch` is one generation's :class:`~speculant.decoding.
 over its own target backend (a ``sibling``: its own KV cache, the same weights), with its own
 drafter, sampling generator, pacer and stopping rule. One :meth:`Batch.step`:
 
-    1. draft    every running member proposes its tree (trees may differ in size);
+    1. draft    every running member proposes its tree (trees may differ in size); the drafters'
+                work (a draft model's passes, the heads' calls: ``drafters.base.Job``) runs as
+                one call per kind and depth for all members;
     2. verify   ONE target pass (``backends.base.forward_batch``) scores every member's tree, and
                 the prompts of members that joined since the last step (their prefill);
     3. accept   each member walks its own tree with its own acceptance rule;
