@@ -105,6 +105,16 @@ def add_training_parsers(sub) -> None:
     bt.add_argument("--out", required=True, help="tree file to write (JSON list of paths)")
     bt.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
 
+    ex = sub.add_parser("export-heads", help="write Medusa heads for Medusa's own code or vLLM")
+    ex.add_argument("--target", default=DEFAULT_TARGET, help="the model the heads are for (default: %(default)s)")
+    ex.add_argument("--heads", default=None,
+                    help="Medusa heads directory (default: the Medusa heads shipped for the target preset)")
+    ex.add_argument("--format", required=True, choices=["medusa", "vllm"],
+                    help="medusa: the Medusa reference code's layout (medusa_lm_head.safetensors, every head's "
+                         "projection written out); vllm: the draft model of vLLM's Medusa speculation")
+    ex.add_argument("--out", required=True, help="a new directory to write")
+    ex.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+
 
 def cmd_train_heads(args) -> int:
     from pathlib import Path
@@ -167,4 +177,23 @@ def cmd_build_tree(args) -> int:
     print(json.dumps({"tree_file": args.out, "nodes": len(res["paths"]), "calibration_records": len(records),
                       "expected_tokens_per_call": round(1 + res["expected_accepted_per_step"], 3),
                       "accuracies": [[round(a, 4) for a in row] for row in res["accuracies"]]}))
+    return 0
+
+
+def cmd_export_heads(args) -> int:
+    from .errors import ConfigError
+    from .heads import load_heads, shipped_heads
+    from .heads.export import export_heads
+    from .models import load, parse_dtype
+
+    target = load(args.target, args.dtype)
+    source = args.heads or shipped_heads(target.name, "medusa")
+    if source is None:
+        raise ConfigError(f"no Medusa heads ship for {args.target}: pass --heads DIR (train some with "
+                          "speculant train-heads --head-kind medusa)")
+    heads = load_heads(source, target.model)
+    out = export_heads(heads, args.out, args.format, base_model=str(target.path), dtype=parse_dtype(args.dtype))
+    c = heads.config
+    print(json.dumps({"format": args.format, "out": str(out), "heads": c.num_heads, "layers": c.num_layers,
+                      "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "base_model": str(target.path)}))
     return 0

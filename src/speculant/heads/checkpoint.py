@@ -1,6 +1,7 @@
 """Making, saving and loading heads.
 
-Checkpoint layout (the Medusa one, readable by engines that load Medusa heads): a directory with
+Checkpoint layout (the Medusa reference code's parameter names; ``heads.export`` writes the files
+other engines load): a directory with
 
     config.json          {"medusa_num_heads": K, "medusa_num_layers": n,
                           "base_model_name_or_path": ..., "hidden_size": H, "vocab_size": V,
