@@ -72,8 +72,8 @@ def export_heads(heads, out: str | Path, fmt: str, base_model: str, dtype: torch
     K, n, H, V = cfg.num_heads, cfg.num_layers, cfg.hidden_size, cfg.vocab_size
     blocks = {(k, j): heads.heads[k][j].linear for k in range(K) for j in range(n)}
 
-    def t(x: torch.Tensor) -> torch.Tensor:
-        return x.detach().to(dtype).contiguous()
+    def t(x: torch.Tensor) -> torch.Tensor:  # an own copy: safetensors stores no shared tensors
+        return x.detach().to(dtype).contiguous().clone()
     if fmt == "medusa":
         tensors = {}
         for (k, j), lin in blocks.items():
