@@ -268,3 +268,29 @@ def test_demo_methods_are_checked_before_any_model_loads():
     for bad in ("", "mcsd,bogus", "ar"):
         with pytest.raises(ConfigError, match="demo methods must be"):
             parse_methods(bad)
+
+
+@pytest.mark.parametrize("json_out", [True, False], ids=["json", "stream"])
+def test_ctrl_c_during_generate_prints_what_was_generated_and_exits_130(dirs, capsys, monkeypatch, json_out):
+    from speculant.api import SpeculativeDecoder as Dec
+
+    full = SpeculativeDecoder(dirs["target"], method="ar", dtype="float32").generate(PROMPT, 12)
+    run = Dec._run
+
+    def interrupted(self, *a, **k):  # Ctrl-C arrives after the third step
+        for i, item in enumerate(run(self, *a, **k)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield item
+    monkeypatch.setattr(Dec, "_run", interrupted)
+    args = ["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "ar", "--max-new-tokens", "12"]
+    code = main(args + (["--json"] if json_out else []) + [PROMPT])
+    out, err = capsys.readouterr()
+    assert code == 130
+    if json_out:
+        d = json.loads(out)
+        assert d["finish_reason"] == "cancelled" and d["token_ids"] == full.token_ids[:3]
+        assert d["text"] == full.text[:len(d["text"])] and d["text"]
+    else:
+        assert "interrupted after 3 generated tokens" in err
+        assert out.strip() and full.text.startswith(out.strip())

@@ -231,19 +231,31 @@ def cmd_generate(args) -> int:
     parse_stop(args.stop)
     dec = _decoder(args)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop)
+    gen = dec.start(prompt, args.max_new_tokens, **kw)
     if args.json:
-        result = dec.generate(prompt, args.max_new_tokens, **kw)
+        try:
+            result = gen.result()
+        except KeyboardInterrupt:  # Ctrl-C: what was generated so far, then exit status 130
+            print(json.dumps(_interrupted(dec, gen).to_dict()))
+            return 130
         print(json.dumps(result.to_dict()))
         return 0
     from rich.console import Console
 
     console = Console(highlight=False)
     color = console.is_terminal
-    for ev in dec.stream(prompt, args.max_new_tokens, **kw):
-        style = ("green" if ev.source == "draft" else "bold") if color else None
-        console.print(ev.text, end="", style=style, markup=False, soft_wrap=True)
+    try:
+        for ev in gen:
+            style = ("green" if ev.source == "draft" else "bold") if color else None
+            console.print(ev.text, end="", style=style, markup=False, soft_wrap=True)
+    except KeyboardInterrupt:  # the text so far is on the screen already
+        done = _interrupted(dec, gen)
+        console.print(done.text[len(gen._shown):], end="", markup=False, soft_wrap=True)  # held-back characters
+        console.print()
+        print(f"speculant: interrupted after {len(done.token_ids)} generated tokens", file=sys.stderr)
+        return 130
     console.print()
-    s = dec.last_stats.to_dict()
+    s = gen.stats.to_dict()
     console.print(f"[{s['target_calls']} target calls, {s['tokens_per_call']:.2f} tokens/call, "
                   f"α={s['acceptance_rate']:.2f}, {s['tokens_per_s']:.2f} tokens/s"
                   + ("" if s["lossless"] else f"; APPROXIMATE acceptance {s['acceptance']}: output may differ from the target's")
@@ -252,6 +264,15 @@ def cmd_generate(args) -> int:
                   + ("; green = accepted draft tokens" if color and args.method != "ar" else "") + "]",
                   style="dim", markup=False)
     return 0
+
+
+def _interrupted(dec, gen):
+    """The result of a generation stopped by Ctrl-C: its tokens so far, ``finish_reason`` "cancelled"."""
+    from .api import GenerationResult
+    from .decoding import Stats
+
+    text = dec.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    return GenerationResult(text, list(gen.token_ids), gen.prompt_tokens, "cancelled", gen.stats or Stats())
 
 
 def cmd_serve(args) -> int:
