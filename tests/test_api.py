@@ -110,7 +110,7 @@ def test_sampled_generation_is_reproducible_with_a_seed(dirs):
     ({"method": "eagle"}, "unknown method 'eagle': choose one of auto, ar, sd"),
     ({"backend": "onnx"}, "unknown backend 'onnx': choose one of auto, hf, native"),
     ({"method": "sd"}, "needs a draft model: pass draft="),
-    ({"method": "lookup", "gamma": 0}, "gamma \\(draft length\\) must be >= 1"),
+    ({"method": "lookup", "gamma": 0}, "gamma \\(draft length\\) must be between 1 and 64"),
     ({"method": "lookup", "lookup_branch": 4}, "lookup_branch=4: .* 'medusa' and 'hydra' only"),
     ({"method": "lookup", "tree": "dynamic:8"}, "grown from heads: use --method hydra or medusa"),
     ({"method": "ar", "tree": "4y2"}, "malformed tree spec '4y2'"),
