@@ -197,10 +197,8 @@ def _run_plans(plans: dict[Hashable, PassPlan]) -> tuple[dict[Hashable, Draft], 
     errors: dict[Hashable, Exception] = {}
     pending: dict[Hashable, tuple[PassPlan, Job]] = {}
 
-    def advance(key, plan, out=None, error: Exception | None = None) -> None:
+    def advance(key, plan, out=None) -> None:
         try:
-            if error is not None:
-                raise error
             pending[key] = (plan, next(plan) if out is None else plan.send(out))
         except StopIteration as stop:
             done[key] = stop.value
@@ -221,7 +219,8 @@ def _run_plans(plans: dict[Hashable, PassPlan]) -> tuple[dict[Hashable, Draft], 
                 outs = type(jobs[0]).run_together(jobs)
             except Exception as e:  # noqa: BLE001 -- the plans of this call fail, the others go on
                 for k in keys:
-                    advance(k, pending[k][0], error=e)
+                    errors[k] = e
+                    pending.pop(k)
                 continue
             for k, out in zip(keys, outs):
                 advance(k, pending[k][0], out)

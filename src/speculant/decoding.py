@@ -297,6 +297,8 @@ class _Verified:
 def _check_finite(logits: torch.Tensor, target: Backend, done: int) -> None:
     """A broken model's logits (NaN, +inf, or a row of -inf) would be decoded as if they meant
     something (argmax of NaN, a sample from nothing): stop with what went wrong instead."""
+    if bool(torch.isfinite(logits).all()):  # the usual case: one pass over the logits
+        return
     if bool(torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(-1).any()):
         raise ModelLoadError(
             f"the target model ({getattr(target, 'name', 'target')}) produced non-finite logits (NaN or inf) after "

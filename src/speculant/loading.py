@@ -147,19 +147,13 @@ def int4_heads(heads: nn.Module) -> bool:
     only: the target verifies every token, so the output is the same. Returns whether it did.
     Why: docs/design-notes.md#int4-heads-on-avx2"""
     from .kernels import GROUP, x86_kernels
-    from .packing import available
+    from .packing import available, swap_modules
     from .quant import Int4Linear
 
     if available() or x86_kernels() is None or getattr(heads, "dtype", None) != torch.bfloat16:
         return False
-    done = 0
-    for name, mod in list(heads.named_modules()):
-        if isinstance(mod, nn.Linear) and mod.in_features % GROUP == 0 and mod.out_features % 16 == 0:
-            parent_name, _, child = name.rpartition(".")
-            setattr(heads.get_submodule(parent_name) if parent_name else heads, child,
-                    Int4Linear(mod, keep_dense=False))
-            done += 1
-    return done > 0
+    return swap_modules(heads, nn.Linear, lambda linear: Int4Linear(linear, keep_dense=False),
+                        want=lambda linear: linear.in_features % GROUP == 0 and linear.out_features % 16 == 0) > 0
 
 
 def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHeads | SequentialHeads:

@@ -95,7 +95,7 @@ class PackedLinear(nn.Module):
                 f"layout={'speculant' if self.own else 'onednn'}")
 
 
-def _swap(model: nn.Module, kind: type, make, want=lambda mod: True) -> int:
+def swap_modules(model: nn.Module, kind: type, make, want=lambda mod: True) -> int:
     """Replace every module of exactly type ``kind`` for which ``want`` holds by ``make(module)``."""
     found = [(name, mod) for name, mod in model.named_modules() if type(mod) is kind and want(mod)]
     for name, mod in found:
@@ -114,13 +114,13 @@ def pack_linears(model: nn.Module) -> int:
         return 0
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     with torch.no_grad():
-        return _swap(model, nn.Linear, lambda linear: PackedLinear(linear, keep_weight=linear is head),
+        return swap_modules(model, nn.Linear, lambda linear: PackedLinear(linear, keep_weight=linear is head),
                      want=lambda linear: linear.weight.dtype == torch.bfloat16 and linear.weight.device.type == "cpu")
 
 
 def unpack_linears(model: nn.Module) -> int:
     """Undo :func:`pack_linears` in place (``nn.Linear`` layers with the same weights); returns the count."""
-    return _swap(model, PackedLinear, PackedLinear.unpacked)
+    return swap_modules(model, PackedLinear, PackedLinear.unpacked)
 
 
 def is_packed(model: nn.Module) -> bool:

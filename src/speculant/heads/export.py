@@ -42,10 +42,8 @@ __all__ = ["EXPORT_FORMATS", "export_heads"]
 EXPORT_FORMATS = ("medusa", "vllm")
 
 
-def _projection(heads: MedusaHeads, k: int) -> torch.Tensor:
-    """Head k's vocabulary projection (V, H): its own, or the target's shared output layer."""
-    if not heads.config.shared_lm_head:
-        return heads.heads[k][heads.config.num_layers].weight.detach()
+def _shared_projection(heads: MedusaHeads) -> torch.Tensor:
+    """The target's shared output layer as the (V, H) weights every head projects through."""
     layer = heads._shared[0]
     weight = getattr(layer, "weight", None)
     if weight is not None:
@@ -71,6 +69,10 @@ def export_heads(heads, out: str | Path, fmt: str, base_model: str, dtype: torch
     cfg = heads.config
     K, n, H, V = cfg.num_heads, cfg.num_layers, cfg.hidden_size, cfg.vocab_size
     blocks = {(k, j): heads.heads[k][j].linear for k in range(K) for j in range(n)}
+    shared = _shared_projection(heads) if cfg.shared_lm_head else None  # read (or dequantized) once
+
+    def projection(k: int) -> torch.Tensor:  # head k's vocabulary projection (V, H)
+        return shared if shared is not None else heads.heads[k][n].weight.detach()
 
     def t(x: torch.Tensor) -> torch.Tensor:  # an own copy: safetensors stores no shared tensors
         return x.detach().to(dtype).contiguous().clone()
@@ -79,7 +81,7 @@ def export_heads(heads, out: str | Path, fmt: str, base_model: str, dtype: torch
         for (k, j), lin in blocks.items():
             tensors[f"{k}.{j}.linear.weight"], tensors[f"{k}.{j}.linear.bias"] = t(lin.weight), t(lin.bias)
         for k in range(K):
-            tensors[f"{k}.{n}.weight"] = t(_projection(heads, k))
+            tensors[f"{k}.{n}.weight"] = t(projection(k))
         config = {"medusa_num_heads": K, "medusa_num_layers": n, "base_model_name_or_path": base_model,
                   "hidden_size": H, "vocab_size": V, "torch_dtype": str(dtype).removeprefix("torch.")}
         weights_name = "medusa_lm_head.safetensors"
@@ -87,11 +89,10 @@ def export_heads(heads, out: str | Path, fmt: str, base_model: str, dtype: torch
         tensors = {}
         for (k, j), lin in blocks.items():
             tensors[f"blocks.{k}.layers.{j}.weight"], tensors[f"blocks.{k}.layers.{j}.bias"] = t(lin.weight), t(lin.bias)
-        shared = cfg.shared_lm_head
-        for k in range(1 if shared else K):
-            tensors[f"lm_heads.{k}.weight"] = t(_projection(heads, k))
+        for k in range(1 if cfg.shared_lm_head else K):
+            tensors[f"lm_heads.{k}.weight"] = t(projection(k))
         config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
-                  "num_heads": K, "num_hidden_layers": n, "medusa_fc_bias": True, "original_lm_head": shared,
+                  "num_heads": K, "num_hidden_layers": n, "medusa_fc_bias": True, "original_lm_head": cfg.shared_lm_head,
                   "truncated_vocab_size": V, "max_paths": 64, "topk": 10,
                   "torch_dtype": str(dtype).removeprefix("torch."), "base_model_name_or_path": base_model}
         weights_name = "model.safetensors"
