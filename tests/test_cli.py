@@ -9,7 +9,7 @@ import pytest
 from speculant import SpeculativeDecoder
 from speculant.cli import main
 
-from tiny import tiny_llama, tiny_model_dir
+from tiny import lora_adapter, tiny_llama, tiny_model_dir, tiny_qwen2
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +100,19 @@ def bad(dirs, tmp_path_factory):
     nan.save_pretrained(root / "nan")
     word_tokenizer(64).save_pretrained(root / "nan")
     (root / "fake.gguf").write_bytes(b"GGUF" + bytes(60))
+    # LoRA adapters made for other models: wider (hidden 64), deeper (3 layers), a Qwen2 of the same shapes
+    for name, model in [("wide", tiny_llama(0, hidden=64)), ("deep", tiny_llama(0, layers=3)),
+                        ("qwen", tiny_qwen2(0, hidden=48))]:
+        model.save_pretrained(root / f"model-{name}")
+        lora_adapter(root / f"model-{name}", root / f"lora-{name}")
     return {**dirs, "heads": str(root / "heads"), "heads80": str(root / "heads80"), "corrupt": str(root / "corrupt"),
-            "nan": str(root / "nan"), "fake": str(root / "fake.gguf"), "root": str(root)}
+            "nan": str(root / "nan"), "fake": str(root / "fake.gguf"), "root": str(root),
+            **{f"lora-{n}": str(root / f"lora-{n}") for n in ("wide", "deep", "qwen")}}
 
 
 # Bad input, each: exit status 2, one "speculant: error:" line that names the problem, no traceback.
 # (generate's arguments after --dtype float32 --target TARGET unless the row names its own --target;
-# placeholders: DRAFT, OTHER, HEADS, HEADS80, CORRUPT, NAN, FAKE, ROOT)
+# placeholders: DRAFT, OTHER, HEADS, HEADS80, CORRUPT, NAN, FAKE, ROOT, LORA_WIDE, LORA_DEEP, LORA_QWEN)
 BAD_INPUT = [
     ("empty prompt", ["--method", "ar", ""], "prompt is empty"),
     ("no new tokens", ["--method", "ar", "--max-new-tokens", "0", PROMPT], "max-new-tokens"),
@@ -141,6 +147,13 @@ BAD_INPUT = [
     ("more than 4 stop strings", ["--method", "ar", *["--stop", "x"] * 5, PROMPT], "at most 4 stop strings"),
     ("unwritable cache directory", ["--target", "FAKE", "--method", "ar", PROMPT], "cannot write the model cache"),
     ("non-UTF-8 prompt on stdin", ["--method", "ar", "-"], "not UTF-8 text"),
+    ("LoRA directory without an adapter", ["--method", "ar", "--lora", "ROOT", PROMPT], "no peft adapter"),
+    ("missing LoRA directory", ["--method", "ar", "--lora", "ROOT/none", PROMPT], "no such directory"),
+    ("LoRA for another hidden size", ["--method", "ar", "--lora", "LORA_WIDE", PROMPT], "does not fit the target"),
+    ("LoRA for layers the target lacks", ["--method", "ar", "--lora", "LORA_DEEP", PROMPT],
+     "adapts model.layers.2."),
+    ("LoRA for another architecture", ["--method", "ar", "--lora", "LORA_QWEN", PROMPT],
+     "made for a Qwen2ForCausalLM"),
 ]
 
 
@@ -150,7 +163,8 @@ def test_bad_input_is_a_clear_error(bad, capsys, monkeypatch, what, args, messag
     import sys
 
     names = {"DRAFT": "draft", "OTHER": "other", "HEADS80": "heads80", "HEADS": "heads", "CORRUPT": "corrupt",
-             "NAN": "nan", "FAKE": "fake", "ROOT": "root"}
+             "NAN": "nan", "FAKE": "fake", "ROOT": "root", "LORA_WIDE": "lora-wide", "LORA_DEEP": "lora-deep",
+             "LORA_QWEN": "lora-qwen"}
     for key, name in names.items():
         args = [a.replace(key, bad[name]) for a in args]
     if what == "unwritable cache directory":

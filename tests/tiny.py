@@ -70,6 +70,23 @@ def tiny_qwen2(seed: int = 0, vocab: int = 64, hidden: int = 64, layers: int = 2
     return model.to(dtype)
 
 
+def lora_adapter(model_dir, out, dtype: torch.dtype = torch.float32, r: int = 4, std: float = 0.3, seed: int = 0):
+    """A LoRA adapter on every linear layer but the output layer of the model in ``model_dir``,
+    with random, non-zero A and B (peft starts B at zero, which adapts nothing), saved by peft."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+    peft_model.save_pretrained(str(out))
+    return out
+
+
 def fixed_prompts(vocab: int = 64) -> list[torch.Tensor]:
     """Three fixed prompts: random tokens, a repetitive one (something for the n-gram drafter to
     find), and a single token (no prefill)."""

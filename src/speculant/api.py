@@ -30,6 +30,7 @@ from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .loading import auto_draft_quant, draft_keeps_dense, load_native  # noqa: F401 (re-exported)
 from .loading import find_heads, load_decoder_heads, load_draft, load_target
+from .lora import adapter_note
 from .models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
@@ -61,8 +62,8 @@ class SpeculativeDecoder:
     ``SpeculativeDecoder(config)`` with a :class:`~speculant.config.DecoderConfig`, or
     ``SpeculativeDecoder(target, draft=None, **options)`` with that config's fields as keyword
     arguments (``method``, ``gamma``, ``tree``, ``heads``, ``lookup_branch``, ``acceptance``,
-    ``backend``, ``target_quant``, ``draft_quant``, ``tree_budget``, ``pacing``, ...; see the config
-    for each). A bad option fails here with a ConfigError that says what to change, before any
+    ``backend``, ``target_quant``, ``draft_quant``, ``tree_budget``, ``pacing``, ``lora``, ...; see
+    the config for each). A bad option fails here with a ConfigError that says what to change, before any
     model is loaded where it can. Decoding cannot change the output (the target verifies every
     token) unless an approximate acceptance rule or a quantized target is asked for.
 
@@ -82,8 +83,12 @@ class SpeculativeDecoder:
             config = DecoderConfig.from_options(target, draft, **options)
         self.config, self.why = resolve(config)
         c = self.config
+        if c.lora is not None:
+            self.why = "; ".join(w for w in (self.why, f"LoRA adapter {c.lora} merged into the target") if w)
         self.target = load_target(c)
         heads_source = find_heads(c, self.target.name)
+        if note := adapter_note(heads_source, c.lora):
+            print(f"speculant: note: {note}", file=sys.stderr, flush=True)
         self.draft = load_draft(c)
         if self.draft is not None:
             check_vocab_compatible(self.target, self.draft)

@@ -16,6 +16,10 @@ from .runtime import tune_allocator
 def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     p.add_argument("--draft", default=None, help="draft model for sd/mcsd (directory, .gguf or preset)")
+    p.add_argument("--lora", default=None, metavar="DIR",
+                   help="a peft LoRA adapter directory merged into the target's weights as it loads, before any "
+                        "quantization: the adapted model is the one decoded (e.g. OUT/lora_adapter of "
+                        "`train-heads --mode medusa2`; heads never bring it along)")
     p.add_argument("--gamma", type=int, default=None,
                    help="draft length for sd and lookup (default: 4; lookup chosen by --method auto: up to 8, "
                         "sized per step)")
@@ -210,7 +214,7 @@ def _decoder(args):
                              draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept,
                              backend=args.backend, target_quant=args.target_quant, quant_head=args.quant_head,
                              lookup_branch=args.lookup_branch, tree_budget=args.tree_budget,
-                             pacing=not args.no_pacing)
+                             pacing=not args.no_pacing, lora=args.lora)
     if dec.why:
         print(f"speculant: {dec.why}", file=sys.stderr, flush=True)
     return dec
@@ -304,7 +308,7 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
                       hydra_heads=args.hydra_heads, replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
                       quant_head=args.quant_head, tree_budget=args.tree_budget, pacing=not args.no_pacing,
-                      categories=tuple(args.categories.split(",")) if args.categories else None,
+                      lora=args.lora, categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out, temperature=args.temperature,
                       seed=args.seed)
     if args.plot:

@@ -184,6 +184,9 @@ class DecoderConfig:
     measured pass cost (at most DEFAULT_MAX_ROWS rows), a ``costmodel.PassCost`` against a given
     curve, "fixed" always verifies the tree's full size.
     pacing: verify the root alone while drafting does not pay (``drafters.pacing.Pacer``).
+    lora: a peft LoRA adapter directory (e.g. Medusa-2's ``OUT/lora_adapter``) merged into the
+    target's weights as it loads, before any quantization (``speculant.lora``): the adapted model
+    is the one decoded, losslessly. Heads never bring their adapter along; pass it here.
 
     "auto" values are resolved per machine and model by ``defaults.resolve``, which returns a
     config of the same type with every choice made (and checked again).
@@ -206,6 +209,7 @@ class DecoderConfig:
     lookup_branch: int = 0
     tree_budget: Any = "auto"  # "auto" | "fixed" | costmodel.PassCost
     pacing: bool = True
+    lora: Any = None
 
     def __post_init__(self) -> None:
         from .costmodel import PassCost
@@ -239,6 +243,10 @@ class DecoderConfig:
             object.__setattr__(self, "tree", tuple(tuple(p) for p in self.tree))
         self._check_tree()
         object.__setattr__(self, "acceptance", parse_acceptance(self.acceptance))
+        if self.lora is not None:
+            from .lora import check_adapter_dir
+
+            check_adapter_dir(self.lora)  # a directory without a LoRA adapter fails before any model loads
 
     @property
     def dynamic_tree(self) -> bool:

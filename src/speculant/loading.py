@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 
 import torch
 from torch import nn
@@ -21,11 +22,11 @@ from .errors import ConfigError
 from .heads import MedusaHeads, SequentialHeads, load_heads, shipped_heads
 from .heads.projection import check_lm_head
 from .models import LoadedModel, load, parse_dtype, resolve
-from .packing import pack_linears
+from .packing import pack_linears, unpack_linears
 from .quant import QUANT_MODES, quantize_linears
 
-__all__ = ["auto_draft_quant", "draft_keeps_dense", "find_heads", "heads_kind", "load_decoder_heads", "load_draft",
-           "load_native", "load_target"]
+__all__ = ["auto_draft_quant", "draft_keeps_dense", "find_heads", "heads_kind", "load_adapted", "load_decoder_heads",
+           "load_draft", "load_native", "load_target"]
 
 
 def auto_draft_quant(dtype, backend: str = "hf") -> str:
@@ -103,11 +104,33 @@ def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep
     return dataclasses.replace(spec, model=model)
 
 
+def load_adapted(spec: str | LoadedModel, dtype, lora: str | os.PathLike) -> LoadedModel:
+    """The transformers model ``spec`` with the LoRA adapter directory ``lora`` merged into its
+    weights by peft (``lora.merge_lora``; on a private copy of a given model), in ``dtype``."""
+    from .lora import check_adapter_dir, merge_lora
+
+    check_adapter_dir(lora)  # a bad directory fails before the model loads
+    if isinstance(spec, LoadedModel):
+        if isinstance(spec.model, NativeModel):
+            raise ConfigError("lora: a LoRA adapter is merged into a transformers model, and this target is already "
+                              "a native model; pass the target's spec (or a transformers LoadedModel) instead")
+        spec = dataclasses.replace(spec, model=copy.deepcopy(spec.model))
+        unpack_linears(spec.model)  # peft adapts nn.Linear layers (a decoder's HFBackend packs them)
+    else:
+        spec = load(spec, dtype)
+    return dataclasses.replace(spec, model=merge_lora(spec.model, lora))
+
+
 def load_target(config: DecoderConfig) -> LoadedModel:
-    """The target on the config's (resolved) runtime, quantized as ``target_quant`` says."""
+    """The target on the config's (resolved) runtime, quantized as ``target_quant`` says; with
+    ``lora``, the adapter is merged first, so the native runtime reads (and quantizes) the
+    adapted weights."""
+    target = config.target
+    if config.lora is not None:
+        target = load_adapted(target, config.dtype, config.lora)
     if config.backend == "native":
-        return to_native(config.target, config.dtype, config.target_quant, config.quant_head, keep_dense=False)
-    return load_hf(config.target, config.dtype)
+        return to_native(target, config.dtype, config.target_quant, config.quant_head, keep_dense=False)
+    return load_hf(target, config.dtype)
 
 
 def load_draft(config: DecoderConfig) -> LoadedModel | None:

@@ -50,6 +50,8 @@ from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, 
 from ..config import DEFAULT_LOOKUP_BRANCH
 from ..defaults import choose_runtime
 from ..errors import ConfigError
+from ..loading import load_adapted
+from ..lora import check_adapter_dir
 from ..models import chat_prompt, check_vocab_compatible, load
 from .llama_server import LlamaServer, llama_server_unavailable
 from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401
@@ -90,6 +92,7 @@ class BenchConfig:
     json_out: str | None = None
     temperature: float = 0.0  # > 0: every row samples (prompt i with seed seed + i); the peers run greedy only
     seed: int = 0
+    lora: str | None = None  # a LoRA adapter merged into the target (speculant.lora); the peers are skipped
 
     def __post_init__(self):
         for m in self.methods:
@@ -110,6 +113,8 @@ class BenchConfig:
             raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.lookup_branch < 1:
             raise ConfigError(f"--lookup-branch must be >= 1 for the +lookup methods, got {self.lookup_branch}")
+        if self.lora is not None:
+            check_adapter_dir(self.lora)
 
 
 def load_questions(path: str | None = None) -> list[dict]:
@@ -177,6 +182,8 @@ OPENVINO_NGRAM = 3  # openvino+lookup: longest n-gram matched
 def _peer_unavailable(m: str, cfg: BenchConfig) -> str | None:
     """Why peer row ``m`` cannot run here (its runtime is not installed, or it cannot run this
     target), or None (also for speculant's own methods)."""
+    if cfg.lora is not None and is_peer(m):
+        return "the peers run the target's original weights; with --lora only speculant's rows decode the adapted model"
     if cfg.temperature > 0 and is_peer(m):
         return ("the bench runs the peers greedy only; at --temperature > 0 it compares speculant's rows "
                 "with each other (run the peers without --temperature)")
@@ -288,12 +295,12 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     console.print(f"speculant bench: {rt.why}")
     # hf-assisted runs transformers models; the native backend shares their weights then. Without
     # it, the native backend loads lean (quantized layers read and quantized one at a time).
-    lean = cfg.backend == "native" and "hf-assisted" not in methods
+    lean = cfg.backend == "native" and "hf-assisted" not in methods and cfg.lora is None
     if lean:
         target = load_native(cfg.target, cfg.dtype, cfg.target_quant, cfg.quant_head)
         draft = load_native(cfg.draft, cfg.dtype, _draft_quant(cfg), keep_dense=draft_keeps_dense()) if needs_draft else None
-    else:
-        target = load(cfg.target, cfg.dtype)
+    else:  # with --lora: the adapter merged into the transformers model, which the native runtime then reads
+        target = load_adapted(cfg.target, cfg.dtype, cfg.lora) if cfg.lora is not None else load(cfg.target, cfg.dtype)
         draft = load(cfg.draft, cfg.dtype) if needs_draft else None
     if draft is not None:
         check_vocab_compatible(target, draft)
@@ -361,6 +368,7 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
                           f"decode {row['decode_tokens_per_s']:6.2f} tok/s[/dim]", soft_wrap=True)
     summary = summarize(runs, methods, eos_ids, sampled=cfg.temperature > 0)
     quant = f", target {cfg.target_quant}" if cfg.target_quant != "none" else ""
+    quant += f", LoRA {cfg.lora} merged" if cfg.lora is not None else ""
     decoding = "greedy" if cfg.temperature == 0 else f"temperature {cfg.temperature:g} (seed {cfg.seed} + prompt)"
     print_summary(summary, f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, {cfg.backend} backend"
                            f"{quant}, {decoding}, {len(questions)} prompts x {cfg.max_new_tokens} new tokens")
