@@ -7,14 +7,15 @@ h (B, T, H) are computed under ``torch.no_grad`` and only the heads learn, with
 Medusa-2 (``mode="medusa2"``): LoRA adapters (``peft``, all linear layers of the backbone but the
 output layer) learn together with the heads, with ``losses.combined_loss`` (CE_lm + w·Medusa-1),
 ``lr_heads`` > ``lr_backbone``, after a heads-only warm-up of ``warmup_heads_steps`` steps (the
-adapters start at zero, so the warm-up is Medusa-1). Caveat: Medusa-2 changes the backbone. As in
-the Medusa paper, the intended model is then the *adapted* one (``out_dir/lora_adapter`` + heads):
-lossless decoding with respect to the adapted model, whose outputs may differ from the original's.
-Speculant decodes the ORIGINAL target losslessly, so the heads saved in ``out_dir`` are used with
-the original, unadapted target: still lossless (the target verifies every token), but the heads
-were trained on the adapted hidden states, so their acceptance can be lower than Medusa-1 heads';
-the report's ``final_original_target`` measures exactly that. The caller's model is restored
-(``unload``) when training ends; its weights are never modified.
+adapters start at zero, so the warm-up is Medusa-1). Medusa-2 changes the backbone: as in the
+Medusa paper, the intended model is the *adapted* one (``out_dir/lora_adapter`` + heads). Decode
+it with ``lora=out_dir/lora_adapter`` (``--lora``): the adapter is merged into the target as it
+loads (``speculant.lora``), and decoding is lossless with respect to the adapted model, whose
+outputs may differ from the original's. The heads alone (no ``lora``) run with the original,
+unadapted target: lossless with respect to it, but trained on the adapted hidden states, so their
+acceptance can be lower than Medusa-1 heads'; the report's ``final_original_target`` measures
+that. The caller's model is restored (``unload``) when training ends; its weights are never
+modified.
 
 Outputs (``out_dir``): the heads in the Medusa layout (``config.json``, ``model.safetensors``),
 ``training_report.json`` (held-out loss and per-head top-1/top-5 before and after training),
@@ -209,7 +210,8 @@ def write_outputs(run: TrainRun, out: Path, report: dict) -> None:
     save_heads(run.core.heads, out)
     if run.peft_model is not None:
         run.peft_model.save_pretrained(str(out / "lora_adapter"))
-        report["note"] = ("medusa2: lora_adapter + heads is the Medusa-2 model (lossless w.r.t. the adapted "
-                          "backbone); the heads alone, used with the original target, decode losslessly "
-                          "but were trained on adapted hidden states: see final_original_target")
+        report["note"] = ("medusa2: lora_adapter + heads is the Medusa-2 model: decode it with --lora OUT/lora_adapter "
+                          "--heads OUT (lossless w.r.t. the adapted backbone); the heads alone, used with the original "
+                          "target, decode it losslessly but were trained on adapted hidden states: see "
+                          "final_original_target")
     (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
