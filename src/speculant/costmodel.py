@@ -214,23 +214,38 @@ def _cache_file() -> Path:
     return cache_dir() / "pass_cost.json"
 
 
+def _read_cache(path: Path) -> tuple[dict, str | None]:
+    """The saved curves file ({} if missing, of another version or damaged) and what was wrong
+    with it, if it was damaged."""
+    try:
+        saved = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as e:
+        return {}, f"it cannot be read ({type(e).__name__}: {e})"
+    if not isinstance(saved, dict):
+        return {}, f"it holds a JSON {type(saved).__name__}, not an object"
+    if saved.get("version") != CACHE_VERSION:
+        return {}, None  # another version's format: measured over, silently
+    if not isinstance(saved.get("curves"), dict):
+        return {}, "it has no \"curves\" object"
+    return saved, None
+
+
 def pass_cost(backend, key: str, *, path: Path | None = None, quiet: bool = False, **measure_kwargs) -> PassCost:
     """The curve for ``key`` (see :func:`machine_key`) from the cache file, or measured now (a few
     seconds for a 1.5B model) and added to it. A cache file that cannot be read is measured over;
     one that cannot be written only costs the measurement next time."""
     path = Path(path) if path is not None else _cache_file()
-    try:
-        saved = json.loads(path.read_text("utf-8"))
-        if saved.get("version") != CACHE_VERSION or not isinstance(saved.get("curves"), dict):
-            saved = {}
-    except (OSError, ValueError):
-        saved = {}
+    saved, damage = _read_cache(path)
     entry = saved.get("curves", {}).get(key) if saved else None
     if entry is not None:
         try:
             return PassCost(tuple(entry["rows"]), tuple(entry["ms"]), int(entry["context"]), tuple(entry["slope"]))
-        except (ConfigError, KeyError, TypeError, ValueError):
-            pass  # a damaged entry: measure again
+        except (ConfigError, KeyError, TypeError, ValueError) as e:
+            damage = f"its entry for this machine is damaged ({type(e).__name__}: {e})"
+    if damage and not quiet:
+        print(f"speculant: ignoring the pass-cost cache {path}: {damage}; measuring again", file=sys.stderr, flush=True)
     if not quiet:
         print("speculant: measuring this machine's verification cost by tree width (once; cached in "
               f"{path})", file=sys.stderr, flush=True)

@@ -20,7 +20,9 @@ Cache layout (root: ``$SPECULANT_CACHE`` or ``~/.cache/speculant``)::
 ``key12`` is the first 12 hex digits of the preset's SHA-256, or for an arbitrary ``.gguf`` file a
 hash of its name, size and mtime (a warm load must not hash a 1 GB file). A conversion writes
 into a hidden temporary directory beside the target and renames it into place only once the
-marker is written, so an interrupted conversion never leaves a directory that looks complete.
+marker is written, so an interrupted conversion never leaves a directory that looks complete;
+the next conversion of that model (under the same lock) removes such leftovers. A cache entry
+whose safetensors file is damaged (e.g. truncated) is named and converted again.
 """
 
 from __future__ import annotations
@@ -100,6 +102,47 @@ def _share(path: Path) -> None:
 
 def _is_complete(directory: Path) -> bool:
     return (directory / COMPLETE_MARKER).is_file() and (directory / "config.json").is_file()
+
+
+def damaged_weights(directory: Path) -> str | None:
+    """Why a safetensors file of ``directory`` cannot be read (the first bad file named), or None
+    if every one opens. Opening reads only a file's header and checks that the header covers the
+    file exactly, so a truncated or overlong file is caught in milliseconds."""
+    from safetensors import safe_open
+
+    for f in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            return f"{f.name} cannot be read ({type(e).__name__}: {e}; {f.stat().st_size:,} bytes)"
+    return None
+
+
+def _damage(target: Path) -> str | None:
+    """What is wrong with the weights of the complete cache entry ``target``, or None."""
+    if not any(target.glob("*.safetensors")):
+        return "it has no *.safetensors file"
+    return damaged_weights(target)
+
+
+def _usable(target: Path) -> bool:
+    """A complete cache entry whose weights open; a damaged one is named (it is converted again)."""
+    if not _is_complete(target):
+        return False
+    why = _damage(target)
+    if why is not None:
+        _say(f"the converted model {target} is damaged: {why}; converting it again")
+        return False
+    return True
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Remove temporary directories of earlier conversions of ``target`` that were killed (called
+    with the conversion lock held: no live conversion of ``target`` has one then)."""
+    for left in sorted(target.parent.glob(f".{target.name}.*.tmp")):
+        _say(f"an earlier conversion of {target.name} was interrupted: removing its partial output {left}")
+        shutil.rmtree(left, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -230,8 +273,9 @@ def _convert_to(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, 
     target.parent.mkdir(parents=True, exist_ok=True)
     # one conversion of a model at a time (two 1 GB conversions at once on 2 cores double the memory peak)
     with file_lock(target.parent / ".locks" / f"{target.name}.lock"):
-        if _is_complete(target):  # another process finished it while we waited
+        if _is_complete(target) and _damage(target) is None:  # another process finished it meanwhile
             return target
+        _remove_leftovers(target)
         t0 = time.perf_counter()
         _say(f"converting {gguf.name} to {_dtype_name(dtype)} safetensors in {target} "
              "(one time only; dequantizing takes 30-90 s)")
@@ -264,7 +308,7 @@ def _convert_to(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, 
                       "seconds": round(time.perf_counter() - t0, 1)}
             (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             _share(tmp)
-            if target.exists():  # an incomplete leftover (no marker): replace it
+            if target.exists():  # an incomplete or damaged entry: replace it
                 shutil.rmtree(target)
             os.rename(tmp, target)
         except BaseException:
@@ -324,7 +368,7 @@ def resolve(spec: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) 
                 "expected a transformers model directory, a .gguf file, or one of the presets: "
                 f"{', '.join(PRESETS)}")
         target = cache_dir() / "models" / f"{path.stem}-{_gguf_file_key(path)}-{_dtype_name(dtype)}"
-        if _is_complete(target):
+        if _usable(target):
             return target
         st = path.stat()
         return _convert(path, target, dtype, {"source": str(path.resolve()), "size": st.st_size,
@@ -333,7 +377,7 @@ def resolve(spec: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) 
     if preset is None:
         raise _no_such_model(str(spec))
     target = cache_dir() / "models" / f"{preset.name}-{preset.sha256[:12]}-{_dtype_name(dtype)}"
-    if _is_complete(target):  # warm: no package lookup, no hashing
+    if _usable(target):  # warm: no package lookup, no hashing
         return target
     gguf = assemble_gguf(preset)
     return _convert(gguf, target, dtype, {"preset": preset.name, "sha256": preset.sha256,
@@ -376,7 +420,9 @@ def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> Load
             tokenizer = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
     except Exception as e:
-        raise ModelLoadError(f"could not load the model directory {path}: {type(e).__name__}: {e}. "
+        why = damaged_weights(path)
+        what = f"{why}" if why else f"{type(e).__name__}: {e}"
+        raise ModelLoadError(f"could not load the model directory {path}: {what}. "
                              "If it is a speculant cache directory, delete it to have it "
                              "converted again") from e
     model.eval()

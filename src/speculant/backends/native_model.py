@@ -184,24 +184,30 @@ class NativeModel(nn.Module):
             raise ModelLoadError(f"no safetensors weights in {path}")
         where: dict[str, Path] = {}  # tensor name -> file
         for f in files:
-            with safe_open(str(path / f), framework="pt") as h:
-                where.update({k: path / f for k in h.keys()})
+            try:
+                with safe_open(str(path / f), framework="pt") as h:
+                    where.update({k: path / f for k in h.keys()})
+            except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+                raise ModelLoadError(f"cannot read the weights file {path / f} ({type(e).__name__}: {e}): it is damaged "
+                                     "or incomplete; if it is in speculant's cache, delete its directory to have the "
+                                     "model converted again") from e
         prefix = "model." if any(k.startswith("model.layers.") for k in where) else ""
 
         kind = _int4_layout(group_size) if quant == "int4" and not keep_dense else None
         if kind is None:
             return cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
         from ..runtime import file_lock, release_memory
-        from .native_store import load_store, save_store, store_path
+        from .native_store import load_store, remove_partial_saves, save_store, store_path
 
         store = store_path(path, [path / f for f in files], quant_head, kind, group_size)
         model = load_store(store, cfg, gen, dtype)
         if model is not None:
             return model
         with file_lock(store.with_name(store.name + ".lock")):
-            model = load_store(store, cfg, gen, dtype)  # made by another process meanwhile?
+            model = load_store(store, cfg, gen, dtype, quiet=True)  # made by another process meanwhile?
             if model is not None:
                 return model
+            remove_partial_saves(store)
             print(f"speculant: quantizing {path.name} to int4 once for this machine's kernel ({kind}); "
                   f"saved to {store}", file=sys.stderr, flush=True)
             model = cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)

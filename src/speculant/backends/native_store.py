@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["store_path", "save_store", "load_store"]
+__all__ = ["store_path", "save_store", "load_store", "remove_partial_saves"]
 
 FORMAT, VERSION = "speculant-native-int4", "1"
 _DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "U8": torch.uint8, "F16": torch.float16}
@@ -72,6 +72,14 @@ def save_store(model, path: Path, kind: str, group: int, quant_head: bool) -> No
         tmp.unlink(missing_ok=True)
 
 
+def remove_partial_saves(path: Path) -> None:
+    """Delete the temporary files that killed saves of ``path`` left (call it holding the lock
+    that every save of ``path`` holds: no live save has one then). They are never read."""
+    for left in sorted(path.parent.glob(f".{path.name}.*.tmp")):
+        print(f"speculant: removing {left}, left by an interrupted save of the int4 model", file=sys.stderr, flush=True)
+        left.unlink(missing_ok=True)
+
+
 def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """The safetensors format (8-byte header length, JSON header, then the data), written one tensor
     at a time: ``safetensors.torch.save_file`` first turns every tensor into bytes, which would
@@ -106,8 +114,9 @@ def _mapped(path: Path, name: str) -> torch.Tensor:
     return torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + a).view(entry["shape"])
 
 
-def load_store(path: Path, cfg, generation_config, dtype: torch.dtype):
-    """The NativeModel saved at ``path``, or None if the file is missing or not one of ours."""
+def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bool = False):
+    """The NativeModel saved at ``path``, or None if the file is missing or not one of ours. A file
+    that cannot be read (e.g. truncated) is named on standard error, unless ``quiet``."""
     from safetensors import safe_open
 
     from ..quant import Int4Linear
@@ -145,8 +154,9 @@ def load_store(path: Path, cfg, generation_config, dtype: torch.dtype):
             if head_q:
                 head = layer("lm_head", H)
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: rebuild it
-        print(f"speculant: ignoring the saved int4 model {path} ({type(e).__name__}: {e}); rebuilding it",
-              file=sys.stderr, flush=True)
+        if not quiet:
+            print(f"speculant: ignoring the saved int4 model {path} ({type(e).__name__}: {e}); rebuilding it",
+                  file=sys.stderr, flush=True)
         return None
     embed = _mapped(path, "embed")
     if not head_q:
