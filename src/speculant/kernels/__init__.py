@@ -109,6 +109,7 @@ def _build(name: str, sources: list[str], flags: list[str]):
         # later load then waits for it forever. Speculant's processes take this flock first (it
         # dies with its process), so a `lock` found while holding it is such a leftover.
         with file_lock(build / "speculant.flock"):
+            _say_if_building(name, build, here)
             (build / "lock").unlink(missing_ok=True)
             return load(name=name, sources=[str(here / s) for s in sources], extra_cflags=flags,
                         extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
@@ -117,6 +118,18 @@ def _build(name: str, sources: list[str], flags: list[str]):
                       "PyTorch's instead (bf16: oneDNN's matmul; int4: its cost grows with the rows verified)",
                       RuntimeWarning, stacklevel=3)
         return None
+
+
+def _say_if_building(name: str, build: Path, here: Path) -> None:
+    """One line on standard error when ``name`` is (re)compiled: no module yet, sources newer than
+    it, or a ``lock`` file left by a build that was killed (its partial output is rebuilt)."""
+    module = build / f"{name}.so"
+    interrupted = (build / "lock").exists()
+    newest = max(f.stat().st_mtime for f in here.iterdir() if f.suffix in (".cpp", ".h"))
+    if interrupted or not module.is_file() or module.stat().st_mtime < newest:
+        why = "an earlier build was interrupted; " if interrupted else ""
+        print(f"speculant: {why}compiling speculant's CPU kernels ({name}) for this machine in {build} "
+              "(1-2 minutes, once)", file=sys.stderr, flush=True)
 
 
 def int4_kernel():
