@@ -54,3 +54,22 @@ def test_quantized_draft_keeps_greedy_output_identical(mode):
         spec = decode_to_end(target, DraftModelDrafter(HFBackend(draft), tree, greedy, 64), prompt, n=30)
         assert spec.generated == plain.generated
         assert sum(spec.stats.accepted_per_call) > 0
+
+
+def test_concat_joins_layers_with_biases_into_one_call_of_the_same_bits():
+    """q/k/v (Qwen2 has their biases) joined into one int4 layer: each part's output equals the
+    layer alone, and the parts become views of the joined buffers, bias included (the AMX layout
+    keeps a bf16 bias where a freshly quantized nn.Linear had a Parameter)."""
+    torch.manual_seed(0)
+    linears = [nn.Linear(128, n, bias=True).to(torch.bfloat16) for n in (64, 32, 32)]
+    layers = [Int4Linear(l, keep_dense=False) for l in linears]
+    if layers[0].kind == "torch":
+        pytest.skip("speculant's int4 kernels do not run here (PyTorch's int4 layout cannot be joined)")
+    x = torch.randn(5, 128, dtype=torch.bfloat16)
+    alone = [l(x) for l in layers]
+    joined = Int4Linear.concat(layers)
+    parts = joined(x).split([64, 32, 32], dim=-1)
+    for a, p, l in zip(alone, parts, layers):
+        assert torch.equal(a, p)
+        assert torch.equal(l(x), a)  # the layer itself, now a view of the joined weights
+        assert l.qweight.data_ptr() >= joined.qweight.data_ptr()

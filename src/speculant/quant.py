@@ -178,7 +178,9 @@ class Int4Linear(_WeightOnly):
         start = 0
         for l in layers:
             part = out.rows(start, start + l.out_features)
-            l.qweight, l.scales_zeros, l._bias32, l.bias = part.qweight, part.scales_zeros, part._bias32, part.bias
+            l.qweight, l.scales_zeros, l._bias32 = part.qweight, part.scales_zeros, part._bias32
+            l._parameters.pop("bias", None)  # a quantized nn.Linear's bias Parameter becomes a view, like the rest
+            l.bias = part.bias
             start += l.out_features
         return out
 
