@@ -91,6 +91,8 @@ def add_training_parsers(sub) -> None:
     t.add_argument("--held-out", type=float, default=0.05, help="fraction of records held out (default: %(default)s)")
     t.add_argument("--save-every", type=int, default=200)
     t.add_argument("--no-resume", action="store_true", help="start over instead of resuming the latest checkpoint")
+    t.add_argument("--stop-after", type=int, default=None, metavar="STEP",
+                   help="end this run at that step with a checkpoint; run the same command without it to resume")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
 
@@ -117,9 +119,11 @@ def add_training_parsers(sub) -> None:
 
 
 def cmd_train_heads(args) -> int:
+    import os
     from pathlib import Path
 
     from .api import SpeculativeDecoder
+    from .errors import ConfigError
     from .heads import HeadsConfig
     from .training.data import distill, german_answers, mixed_prompts
     from .training.prompts import english_prompts
@@ -127,9 +131,14 @@ def cmd_train_heads(args) -> int:
 
     out = Path(args.out)
     data = [Path(d) for d in args.data] if args.data else [out / "distill.jsonl"]
-    # the heads learn the target as transformers runs it (hidden states for training come from it)
-    dec = SpeculativeDecoder(args.target, method=args.distill_method, dtype=args.dtype, chat=True, backend="hf",
-                             target_quant="none")
+    if not args.skip_distill and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("several processes can train but not distil (each would write the same file): make the "
+                          "data first with one process (speculant train-heads without accelerate launch, e.g. with "
+                          "--stop-after 1), then launch the training with --skip-distill --data FILE")
+    # the heads learn the target as transformers runs it (hidden states for training come from it);
+    # without distillation the decoder only loads it ("ar": no drafting cost to measure)
+    dec = SpeculativeDecoder(args.target, method=args.distill_method if not args.skip_distill else "ar",
+                             dtype=args.dtype, chat=True, backend="hf", target_quant="none")
     if not args.skip_distill:
         if args.prompts == "english":
             prompts = english_prompts(german_answers(args.german_from, dec.tokenizer) if args.german_from else ())
@@ -150,7 +159,7 @@ def cmd_train_heads(args) -> int:
                          lr_heads=args.lr_heads, lr_context=args.lr_context, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
                          lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,
-                         resume=not args.no_resume, seed=args.seed)
+                         resume=not args.no_resume, seed=args.seed, stop_after=args.stop_after)
     keys = ("step", "total_steps", "seconds_this_run", "initial", "final", "final_original_target", "note")
     print(json.dumps({k: report[k] for k in keys if k in report}, indent=2))
     return 0

@@ -83,10 +83,11 @@ class FeatureTable:
     def saved(self) -> tuple:
         return (self.hidden, self.targets, self.inputs, self.next_rows, self.windows, self.starts, self.positions)
 
-    def window_batch(self, ws: Sequence[int], noise: float = 0.0) -> tuple[torch.Tensor, tuple]:
+    def window_batch(self, ws: Sequence[int], noise: float = 0.0,
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, tuple]:
         """Windows ``ws`` -> (their rows (n,), ``seq`` for ``Trainable``: the windows' states padded
-        on the right (B, T, H), with ``noise`` as in ``TrainConfig.feature_noise``, and each row's
-        (window in the batch, position))."""
+        on the right (B, T, H), with ``noise`` as in ``TrainConfig.feature_noise`` (drawn from
+        ``generator``), and each row's (window in the batch, position))."""
         T = max(self.windows[w].shape[0] for w in ws)
         pad = self.windows[ws[0]].new_zeros(len(ws), T, self.windows[ws[0]].shape[1])
         rows, b_of, pos = [], [], []
@@ -98,7 +99,7 @@ class FeatureTable:
             pos.append(self.positions[r])
         if noise:
             rms = pad.float().pow(2).mean(-1, keepdim=True).sqrt()
-            pad = (pad.float() + (torch.rand(pad.shape) * 2 - 1) * (noise * rms)).to(pad.dtype)
+            pad = (pad.float() + (torch.rand(pad.shape, generator=generator) * 2 - 1) * (noise * rms)).to(pad.dtype)
         return torch.cat(rows), (pad, torch.cat(b_of), torch.cat(pos))
 
     def window_order(self, m: int, per_batch: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
@@ -172,25 +173,30 @@ class FeatureTable:
 
 
 
-def feature_loss(states: torch.Tensor, table: FeatureTable, rows: torch.Tensor, lam: float, device) -> torch.Tensor:
+def feature_loss(states: torch.Tensor, table: FeatureTable, rows: torch.Tensor, lam: float, device,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
     """Σ_d λ^d · smooth-L1(s_d, h_{t+d}) over the rows whose position t+d has a hidden state in the
-    table: states (K, n, H) of sequential heads at the table's ``rows`` (n,)."""
+    table: states (K, n, H) of sequential heads at the table's ``rows`` (n,). ``scale`` (K,):
+    multiplies depth d's term (a process's share of a batch split across processes, as in
+    ``losses.medusa_loss``)."""
     nxt = table.next_rows[rows]  # (n, K)
     loss = states.new_zeros((), dtype=torch.float32)
     for d in range(states.shape[0]):
         ok = nxt[:, d] >= 0
         if bool(ok.any()):
             want = table.hidden[nxt[ok, d]].to(device=device, dtype=torch.float32)
-            loss = loss + lam ** d * F.smooth_l1_loss(states[d][ok.to(device)].float(), want)
+            term = F.smooth_l1_loss(states[d][ok.to(device)].float(), want)
+            loss = loss + lam ** d * (term if scale is None else term * scale[d])
     return loss
 
 
 def teacher_loss(head_logits: torch.Tensor, table: FeatureTable, rows: torch.Tensor, project, lam: float,
-                 device) -> torch.Tensor:
+                 device, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Σ_k λ^k · CE(softmax(z), head_k) over the rows whose predicted position has a hidden state in
     the table: head_logits (K, n, V') at the table's ``rows`` (n,); ``project`` maps the target's
     hidden states (m, H) to its logits (m, V') over the same V' tokens. Head k at position t
-    predicts token t+k+2, which the target's output at position t+k+1 (``next_rows[:, k]``) scores."""
+    predicts token t+k+2, which the target's output at position t+k+1 (``next_rows[:, k]``) scores.
+    ``scale`` (K,) as in :func:`feature_loss`."""
     nxt = table.next_rows[rows]  # (n, K)
     ok = nxt >= 0  # (n, K)
     with torch.no_grad():  # one projection for every head's teacher rows
@@ -200,8 +206,8 @@ def teacher_loss(head_logits: torch.Tensor, table: FeatureTable, rows: torch.Ten
     for k in range(head_logits.shape[0]):
         m = int(ok[:, k].sum())
         if m:
-            loss = loss + lam ** k * F.cross_entropy(head_logits[k][ok[:, k].to(device)].float(),
-                                                     soft[start:start + m])
+            term = F.cross_entropy(head_logits[k][ok[:, k].to(device)].float(), soft[start:start + m])
+            loss = loss + lam ** k * (term if scale is None else term * scale[k])
         start += m
     return loss
 

@@ -1,35 +1,36 @@
-"""The third stage of head training (``train.train_heads``): the optimizer steps, held-out
-evaluation, and the checkpoints a run resumes from.
+"""The third stage of head training (``train.train_heads``): the optimizer steps and the held-out
+evaluation (the checkpoints a run writes and resumes from: ``checkpoints``).
 
 A micro-batch is either rows of the frozen backbone's feature table (Medusa-1 with
 ``cache_features``; whole windows for heads with a context layer) or windows of tokens the backbone
 runs on (Medusa-2, or Medusa-1 without the table). Shapes: B windows of T tokens, n rows, K heads,
 V (or V') tokens scored, H = hidden size.
 
-Checkpoints: ``checkpoints/step-XXXXXXXX/`` (``heads/``, ``lora/``, ``state.pt``: optimizer,
-scheduler, step, the settings' fingerprint, the held-out history); a checkpoint directory appears
-whole (written under a temporary name, then renamed into place).
+Several processes (``accelerate launch``): process p of W takes global micro-batch ``m·W + p``
+(``data.Batches``, ``FeatureTable.rows``), so W processes with ``batch_size`` b see, step by step,
+the rows one process with W·b sees (within an epoch; when an epoch's rows are not a multiple of
+W·b the epochs split differently). Every loss term is scaled by the process's share of the global
+batch's counted pairs (``losses`` ``scale``), so the gradient data-parallel training averages is
+the one of the whole global batch, and ``TrainRun.train_loss`` records that batch's loss. Held-out
+batches are shared out among the processes and their sums added up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
-import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from ..errors import ConfigError
-from ..heads import MedusaHeads, SequentialHeads, save_heads
 from .data import collate
 from .features import FeatureTable, Trainable, feature_loss, teacher_loss
 from .losses import combined_loss, head_valid_counts, lm_loss, medusa_loss, medusa_loss_rows
 
-__all__ = ["TrainRun", "evaluate", "lr_lambda", "resume", "train_loop"]
+__all__ = ["TrainRun", "evaluate", "lr_lambda", "train_loop"]
 
 
 @dataclass
@@ -39,7 +40,8 @@ class TrainRun:
     ``held_table``: the feature tables, or None (then ``batches`` holds the training windows);
     ``data``: a ``setup.TrainData``; ``held_batches``: lists of held-out window indices.
     ``step``, ``initial`` (held-out metrics before training), ``resumed_from`` and ``history``
-    (metrics every ``cfg.eval_every`` steps) change as the run goes."""
+    (metrics every ``cfg.eval_every`` steps) and ``train_loss`` (the global batch's training loss of
+    every step so far, step 1 first) change as the run goes."""
 
     cfg: Any
     accelerator: Any
@@ -61,6 +63,7 @@ class TrainRun:
     initial: dict | None = None
     resumed_from: int | None = None
     history: list[dict] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
 
     @property
     def stop(self) -> int:
@@ -72,13 +75,16 @@ class TrainRun:
         there are adapters)."""
         joint = self.peft_model is not None if joint is None else joint
         return evaluate(self.core, self.held_batches, self.data.held, self.cfg, self.accelerator.device, joint,
-                        self.held_table if table else None)
+                        self.held_table if table else None, self.accelerator)
 
 
 def train_loop(run: TrainRun) -> None:
     """Optimizer steps from ``run.step`` to ``run.stop``: ``cfg.grad_accum`` micro-batches each,
-    held-out metrics every ``cfg.eval_every`` steps, a checkpoint every ``cfg.save_every`` and at the end."""
+    held-out metrics every ``cfg.eval_every`` steps, a checkpoint every ``cfg.save_every`` and at the end
+    (written by the main process only, the others waiting until it is in place)."""
     from tqdm.auto import tqdm
+
+    from .checkpoints import save_checkpoint
 
     cfg, accelerator = run.cfg, run.accelerator
     params = [p for g in run.optimizer.param_groups for p in g["params"]]
@@ -88,18 +94,23 @@ def train_loop(run: TrainRun) -> None:
     while run.step < stop:
         joint = run.peft_model is not None and run.step >= cfg.warmup_heads_steps
         run.optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), dtype=torch.float64)
         for a in range(cfg.grad_accum):
             last = a == cfg.grad_accum - 1
             with contextlib.nullcontext() if last else accelerator.no_sync(run.trainable):
                 loss, t1 = micro_batch_loss(run, run.step * cfg.grad_accum + a, joint)
                 accelerator.backward(loss / cfg.grad_accum)
+            step_loss += float(loss.detach()) / cfg.grad_accum
+        if accelerator.num_processes > 1:  # each process's loss is its share of the global batch's
+            step_loss = accelerator.reduce(step_loss, "mean")
+        run.train_loss.append(float(step_loss))
         if cfg.max_grad_norm:
             accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
         run.optimizer.step()
         run.scheduler.step()
         run.step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{float(t1[0]):.2f}", refresh=False)
+        bar.set_postfix(loss=f"{run.train_loss[-1]:.3f}", top1=f"{float(t1[0]):.2f}", refresh=False)
         if cfg.eval_every and run.held_batches and run.step % cfg.eval_every == 0 and run.step < stop:
             ev = run.evaluate()
             run.history.append({"step": run.step, **ev})
@@ -109,64 +120,90 @@ def train_loop(run: TrainRun) -> None:
             if accelerator.is_main_process:
                 state = {"step": run.step, "optimizer": run.optimizer.state_dict(),
                          "scheduler": run.scheduler.state_dict(), "fingerprint": run.fingerprint,
-                         "initial": run.initial, "history": run.history}
-                save_checkpoint(run.ckpt_root, run.step, run.core.heads, run.peft_model, state, cfg.keep_checkpoints)
+                         "initial": run.initial, "history": run.history, "train_loss": run.train_loss}
+                path = save_checkpoint(run.ckpt_root, run.step, run.core.heads, run.peft_model, state,
+                                       cfg.keep_checkpoints)
+                if cfg.progress:
+                    bar.write(f"speculant: checkpoint {path} (step {run.step})", file=sys.stderr)
             accelerator.wait_for_everyone()
     bar.close()
 
 
 def micro_batch_loss(run: TrainRun, m: int, joint: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training loss of micro-batch ``m`` of this process and its per-head top-1 (K,)."""
+    """This process's part of the training loss of global micro-batch ``m`` (scaled so that the
+    processes' mean is the whole batch's loss; see the module's docstring) and its per-head top-1 (K,)."""
     cfg, table, device = run.cfg, run.train_table, run.accelerator.device
     rank, world = run.accelerator.process_index, run.accelerator.num_processes
+    K = run.core.heads.num_heads
     if table is None:  # windows of tokens through the backbone
         ids, attn, mask = (t.to(device) for t in run.batches[m])
+        counts = head_valid_counts(mask, K).cpu()
+        scale = shares(run.accelerator, torch.cat([counts, mask[:, 1:].sum().cpu()[None]]))
         lm, hl = run.trainable(ids, attn, joint=joint)
+        heads_scale = None if scale is None else scale[:K].to(device)
         if joint:
-            loss, _, _, _, t1, _ = combined_loss(lm, hl, ids, mask, cfg.lam, cfg.heads_weight)
+            loss, _, _, _, t1, _ = combined_loss(lm, hl, ids, mask, cfg.lam, cfg.heads_weight, heads_scale,
+                                                 1.0 if scale is None else float(scale[K]))
         else:
-            loss, _, t1, _ = medusa_loss(hl, ids, mask, cfg.lam)
+            loss, _, t1, _ = medusa_loss(hl, ids, mask, cfg.lam, heads_scale)
         return loss, t1
     hidden = seq = None
+    noise = torch.Generator().manual_seed((cfg.seed * 1_000_003 + m) * 1_009 + rank) if cfg.feature_noise else None
     if table.windows is not None:  # a context layer: whole windows
-        rows, seq = table.window_batch(table.window_order(m, cfg.batch_size, cfg.seed, rank, world), cfg.feature_noise)
+        rows, seq = table.window_batch(table.window_order(m, cfg.batch_size, cfg.seed, rank, world), cfg.feature_noise,
+                                       noise)
         seq = tuple(t.to(device) for t in seq)
     else:
         rows = table.rows(m, cfg.rows_per_batch, cfg.seed, rank, world)
         hidden = table.hidden[rows].to(device)  # (n, H)
     if cfg.feature_noise and hidden is not None:
         rms = hidden.float().pow(2).mean(-1, keepdim=True).sqrt()
-        noise = (torch.rand(hidden.shape, device=device) * 2 - 1) * (cfg.feature_noise * rms)
-        hidden = (hidden.float() + noise).to(hidden.dtype)
+        u = torch.rand(hidden.shape, generator=noise).to(device)
+        hidden = (hidden.float() + (u * 2 - 1) * (cfg.feature_noise * rms)).to(hidden.dtype)
     vocab, remap = run.data.vocab, run.data.remap
+    targets = table.targets[rows] if remap is None else remap[table.targets[rows]]
+    # counted pairs of each head, and rows whose position t+k+1 has a state (feature, teacher losses)
+    scale = shares(run.accelerator, torch.cat([(targets >= 0).sum(0), (table.next_rows[rows] >= 0).sum(0)]))
+    scale = None if scale is None else scale.to(device)
     res = run.trainable(None, None, hidden=hidden, seq=seq, tokens=table.inputs[rows].to(device),
                         vocab=vocab.to(device) if vocab is not None else None, want_states=bool(cfg.feature_weight))
     hl = res[1]  # (K, n, V')
-    targets = table.targets[rows] if remap is None else remap[table.targets[rows]]
-    loss, _, t1, _, _ = medusa_loss_rows(hl, targets.to(device), cfg.lam)
+    loss, _, t1, _, _ = medusa_loss_rows(hl, targets.to(device), cfg.lam, scale=None if scale is None else scale[:K])
+    nxt = None if scale is None else scale[K:]
     if cfg.feature_weight:
-        loss = loss + cfg.feature_weight * feature_loss(res[2], table, rows, cfg.lam, device)
+        loss = loss + cfg.feature_weight * feature_loss(res[2], table, rows, cfg.lam, device, nxt)
     if cfg.teacher_weight:
-        loss = loss + cfg.teacher_weight * teacher_loss(hl, table, rows, run.teacher_project, cfg.lam, device)
+        loss = loss + cfg.teacher_weight * teacher_loss(hl, table, rows, run.teacher_project, cfg.lam, device, nxt)
     return loss, t1
+
+
+def shares(accelerator, counts: torch.Tensor) -> torch.Tensor | None:
+    """``W · counts / Σ_processes counts`` (float32; 0 where the sum is 0): the scale of each loss
+    term of this process (``losses`` ``scale``). None with one process (every scale is 1)."""
+    if accelerator.num_processes == 1:
+        return None
+    local = counts.to(torch.float64)
+    total = accelerator.reduce(local.to(accelerator.device), "sum").cpu()
+    return (accelerator.num_processes * local / total.clamp(min=1)).float()
 
 
 @torch.no_grad()
 def evaluate(trainable: Trainable, batches: list[list[int]], items: list, cfg, device, joint: bool,
-             table: FeatureTable | None = None) -> dict:
+             table: FeatureTable | None = None, accelerator=None) -> dict:
     """Held-out metrics over ``items`` (windows) in ``batches`` (lists of window indices), or over
-    the rows of ``table``, weighted by the number of counted (position, head) pairs."""
+    the rows of ``table``, weighted by the number of counted (position, head) pairs. With an
+    ``accelerator`` of several processes, each scores every W-th batch and the sums are added up
+    (every process must call this; all get the same metrics)."""
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     K = trainable.heads.num_heads
     loss_s, top1_s, top5_s, n_s = (torch.zeros(K, dtype=torch.float64) for _ in range(4))
     lm_s, lm_n = 0.0, 0
     if table is not None and not joint:
-        if table.windows is not None:  # a context layer: whole windows, then their rows
-            chunks = (table.window_batch(range(a, min(a + cfg.batch_size, len(table.windows))))
-                      for a in range(0, len(table.windows), cfg.batch_size))
-        else:
-            chunks = ((torch.arange(a, min(a + cfg.rows_per_batch, len(table))), None)
-                      for a in range(0, len(table), cfg.rows_per_batch))
-        for rows, seq in chunks:
+        ctx = table.windows is not None  # a context layer: whole windows, then their rows
+        n_items, size = (len(table.windows), cfg.batch_size) if ctx else (len(table), cfg.rows_per_batch)
+        for a in list(range(0, n_items, size))[rank::world]:
+            span = range(a, min(a + size, n_items))
+            rows, seq = table.window_batch(span) if ctx else (torch.arange(span.start, span.stop), None)
             h = None if seq is not None else table.hidden[rows].to(device)
             seq = None if seq is None else tuple(t.to(device) for t in seq)
             _, hl = trainable(None, None, hidden=h, tokens=table.inputs[rows].to(device), seq=seq)
@@ -174,7 +211,7 @@ def evaluate(trainable: Trainable, batches: list[list[int]], items: list, cfg, d
             n = n.double()
             loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
     else:
-        for idx in batches:
+        for idx in batches[rank::world]:
             ids, attn, mask = (t.to(device) for t in collate([items[j] for j in idx]))
             lm, hl = trainable(ids, attn, joint=joint)
             _, per, t1, t5 = medusa_loss(hl, ids, mask, cfg.lam)
@@ -182,6 +219,11 @@ def evaluate(trainable: Trainable, batches: list[list[int]], items: list, cfg, d
             loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
             if lm is not None:
                 lm_s += float(lm_loss(lm, ids, mask)) * int(mask[:, 1:].sum()); lm_n += int(mask[:, 1:].sum())
+    if world > 1:
+        sums = torch.cat([loss_s, top1_s, top5_s, n_s, torch.tensor([lm_s, lm_n], dtype=torch.float64)])
+        sums = accelerator.reduce(sums.to(accelerator.device), "sum").cpu()
+        loss_s, top1_s, top5_s, n_s = sums[:4 * K].view(4, K)
+        lm_s, lm_n = float(sums[4 * K]), int(sums[4 * K + 1])
     n_s = n_s.clamp(min=1)
     per_loss = (loss_s / n_s).tolist()
     out = {"loss": sum(cfg.lam ** k * per_loss[k] for k in range(K)), "per_head_loss": per_loss,
@@ -201,50 +243,3 @@ def lr_lambda(total: int, warmup: int, start: int = 0):
             return (s + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, n - warmup))))
     return f
-
-
-# ----------------------------------------------------------------------------------- checkpoints
-
-def resume(run: TrainRun) -> None:
-    """Continue from the latest whole checkpoint (made with the same settings) if ``cfg.resume``;
-    then the held-out metrics before training, unless the checkpoint holds them."""
-    from safetensors.torch import load_file
-
-    latest = latest_checkpoint(run.ckpt_root) if run.cfg.resume else None
-    if latest is not None:
-        state = torch.load(latest / "state.pt", weights_only=True)
-        if state["fingerprint"] != run.fingerprint:
-            diff = sorted(k for k in run.fingerprint if state["fingerprint"].get(k) != run.fingerprint[k])
-            raise ConfigError(f"cannot resume from {latest}: it was made with other settings ({', '.join(diff)}); "
-                              "use another output directory, or resume=False (--no-resume) to start over")
-        run.core.heads.load_weights(load_file(str(latest / "heads" / "model.safetensors")))
-        if run.peft_model is not None:
-            from peft import set_peft_model_state_dict
-            set_peft_model_state_dict(run.peft_model, load_file(str(latest / "lora" / "adapter_model.safetensors")))
-        run.optimizer.load_state_dict(state["optimizer"])
-        run.scheduler.load_state_dict(state["scheduler"])
-        run.step, run.initial = int(state["step"]), state["initial"]
-        run.resumed_from = run.step
-        run.history = list(state.get("history", []))
-    if run.initial is None:
-        run.initial = run.evaluate(joint=False) if run.held_batches else {}
-
-
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    done = sorted(p for p in ckpt_root.glob("step-*") if (p / "state.pt").is_file())
-    return done[-1] if done else None
-
-
-def save_checkpoint(ckpt_root: Path, step: int, heads: MedusaHeads | SequentialHeads, peft_model, state: dict,
-                    keep: int) -> None:
-    """Write ``step-XXXXXXXX`` whole (a temporary directory renamed into place); keep the last ``keep``."""
-    final, tmp = ckpt_root / f"step-{step:08d}", ckpt_root / f".tmp-step-{step:08d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_heads(heads, tmp / "heads")
-    if peft_model is not None:
-        peft_model.save_pretrained(str(tmp / "lora"))
-    torch.save(state, tmp / "state.pt")  # written last: its presence marks a whole checkpoint
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in sorted(p for p in ckpt_root.glob("step-*") if (p / "state.pt").is_file())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)

@@ -10,6 +10,10 @@ one of the target's answer tokens): the pair (position t, head k) counts iff ``t
 Medusa-1 (frozen backbone):  L = Σ_k λ^k · CE_k, where CE_k is head k's mean cross-entropy over its
 counted pairs (λ ≈ 0.8: later heads are less accurate and weigh less).
 Medusa-2 (adapted backbone): L = CE_lm + w · L_Medusa-1, CE_lm the backbone's own next-token loss.
+
+``scale`` (K,) (default all 1) multiplies head k's term: a process holding n_k of a global batch's
+N_k counted pairs for head k passes ``W · n_k / N_k`` (W processes), so that the mean of the W
+processes' losses, which data-parallel training differentiates, is the loss of the whole batch.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def head_valid_counts(mask: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def medusa_loss(head_logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, lam: float = 0.8,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ_k λ^k · CE_k for head logits (K, B, T, V), tokens (B, T) long, mask (B, T) bool.
 
     Returns ``(loss ()``, ``per_head_loss (K,)``, ``per_head_top1 (K,)``, ``per_head_top5 (K,))``;
@@ -60,7 +64,7 @@ def medusa_loss(head_logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Ten
         logits = head_logits[k, :, : T - s][valid].float()  # (n, V)
         target = tokens[:, s:][valid]  # (n,)
         ce = F.cross_entropy(logits, target)
-        loss = loss + (lam ** k) * ce
+        loss = loss + (lam ** k) * (ce if scale is None else ce * scale[k])
         with torch.no_grad():
             per_loss[k] = ce.detach().cpu()
             top = logits.topk(min(5, V), dim=-1).indices  # (n, 5)
@@ -85,17 +89,18 @@ def lm_loss(lm_logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -
 
 def combined_loss(lm_logits: torch.Tensor, head_logits: torch.Tensor, tokens: torch.Tensor,
                   mask: torch.Tensor, lam: float = 0.8, heads_weight: float = 0.2,
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  scale: torch.Tensor | None = None, lm_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Medusa-2: ``CE_lm + heads_weight · medusa_loss``.
 
     lm_logits (B, T, V), head_logits (K, B, T, V). Returns ``(loss, lm (), heads (),
     per_head_loss (K,), per_head_top1 (K,), per_head_top5 (K,))``, all but ``loss`` detached.
+    ``scale`` as in :func:`medusa_loss`, ``lm_scale`` the same for CE_lm's counted positions.
     Under self-distillation the tokens are the original target's greedy output, so CE_lm keeps the
     adapted backbone agreeing with the original one.
     """
     lm = lm_loss(lm_logits, tokens, mask)
-    heads, per_loss, top1, top5 = medusa_loss(head_logits, tokens, mask, lam)
-    return lm + heads_weight * heads, lm.detach(), heads.detach(), per_loss, top1, top5
+    heads, per_loss, top1, top5 = medusa_loss(head_logits, tokens, mask, lam, scale)
+    return lm * lm_scale + heads_weight * heads, lm.detach(), heads.detach(), per_loss, top1, top5
 
 
 def row_targets(tokens: torch.Tensor, mask: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -123,7 +128,7 @@ def row_inputs(tokens: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def medusa_loss_rows(head_logits: torch.Tensor, targets: torch.Tensor, lam: float = 0.8, top5: bool = False,
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ_k λ^k · CE_k over independent rows: head_logits (K, n, V), targets (n, K) long (-1 = no target).
 
     The same loss as :func:`medusa_loss` once each (position, head) pair is a row (heads act
@@ -143,7 +148,7 @@ def medusa_loss_rows(head_logits: torch.Tensor, targets: torch.Tensor, lam: floa
             continue
         logits, target = head_logits[k][valid], targets[valid, k]  # (c, V), (c,)
         ce = F.cross_entropy(logits.float(), target)
-        loss = loss + (lam ** k) * ce
+        loss = loss + (lam ** k) * (ce if scale is None else ce * scale[k])
         with torch.no_grad():
             per_loss[k] = ce.detach()
             top1[k] = (logits.argmax(-1) == target).float().mean()

@@ -18,11 +18,15 @@ that. The caller's model is restored (``unload``) when training ends; its weight
 modified.
 
 Outputs (``out_dir``): the heads in the Medusa layout (``config.json``, ``model.safetensors``),
-``training_report.json`` (held-out loss and per-head top-1/top-5 before and after training),
+``training_report.json`` (held-out loss and per-head top-1/top-5 before and after training, and
+``train_loss``: the training loss of every step, of the global batch when several processes train),
 ``held_out.jsonl`` (the held-out records: calibration data for ``accuracy.build_tree``),
 ``lora_adapter/`` (Medusa-2), and ``checkpoints/step-XXXXXXXX/`` (``heads/``, ``lora/``,
-``state.pt``: optimizer, scheduler, step) to resume from; a checkpoint directory appears whole
-(renamed into place once written).
+``state.pt``: optimizer, scheduler, step) to resume from (``checkpoints``).
+
+Several processes (``accelerate launch``): each runs this function; micro-batches are shared out
+and losses weighted so the run follows the one-process run with ``batch_size`` × processes
+(``loop``); only the main process writes files, the others wait for it around every write.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +45,8 @@ from ..errors import ConfigError
 from ..heads import HeadsConfig, save_heads
 from ..models import LoadedModel
 from ..packing import unpack_linears
-from .loop import TrainRun, resume, train_loop
+from .checkpoints import resume
+from .loop import TrainRun, train_loop
 from .setup import attach_lora, build_heads, build_run, build_tables, prepare_data, resume_fingerprint, total_steps
 
 __all__ = ["TrainConfig", "train_heads"]
@@ -95,7 +101,8 @@ class TrainConfig:
     # later runs on the same data, split, window length, K and backbone (None: not kept)
     feature_cache: str | None = None
     # medusa1 feature table: uniform noise U(-a, a) times each row's RMS added to the hidden states
-    # the heads read in training (EAGLE's robustness trick; 0: off)
+    # the heads read in training (EAGLE's robustness trick; 0: off); drawn from a generator seeded
+    # by seed, micro-batch and process, so a resumed run draws what an uninterrupted one does
     feature_noise: float = 0.0
     # held-out metrics every this many steps into the report's "history" (0: only first and last)
     eval_every: int = 0
@@ -120,6 +127,8 @@ class TrainConfig:
             raise ConfigError(f"held_out_fraction must be in [0, 1), got {self.held_out_fraction}")
         if (self.steps is not None and self.steps < 1) or self.epochs <= 0:
             raise ConfigError("steps must be >= 1 (or None) and epochs > 0")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ConfigError(f"stop_after must be >= 1 (or None), got {self.stop_after}")
 
     @property
     def uses_feature_table(self) -> bool:
@@ -155,6 +164,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         kw = [DistributedDataParallelKwargs(find_unused_parameters=True)] if cfg.mode == "medusa2" else []
         accelerator = Accelerator(kwargs_handlers=kw)
     world, rank = accelerator.num_processes, accelerator.process_index
+    warn_one_cpu_process(world)
 
     # 2. build
     heads = build_heads(model, heads_cfg, cfg, data, init_from)
@@ -167,6 +177,7 @@ def train_heads(target, heads_cfg: HeadsConfig, data_path: str | os.PathLike | S
         out.mkdir(parents=True, exist_ok=True)  # the held-out records: calibration data for build_tree
         (out / "held_out.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
                                                     for r in data.held_records), encoding="utf-8")
+    accelerator.wait_for_everyone()  # the checkpoints are read (resume) after the main process's clean-up
     peft_model = attach_lora(model, cfg)
     try:
         run = build_run(model, heads, peft_model, cfg, data, tables, batches, total, fingerprint, ckpt_root,
@@ -195,7 +206,8 @@ def final_report(run: TrainRun, heads_cfg: HeadsConfig, seconds: float) -> dict:
               "train_vocab_size": len(data.vocab) if data.vocab is not None else heads_cfg.vocab_size,
               "train_windows": len(data.train), "held_out_windows": len(data.held),
               "processes": run.accelerator.num_processes, "seconds_this_run": round(seconds, 1),
-              "initial": run.initial, "config": dataclasses.asdict(cfg), "heads": heads_cfg.to_json()}
+              "initial": run.initial, "train_loss": run.train_loss, "config": dataclasses.asdict(cfg),
+              "heads": heads_cfg.to_json()}
     if run.held_batches:
         report["final"] = run.evaluate()
         report["history"] = run.history + [{"step": run.step, **report["final"]}]
@@ -215,3 +227,13 @@ def write_outputs(run: TrainRun, out: Path, report: dict) -> None:
                           "target, decode it losslessly but were trained on adapted hidden states: see "
                           "final_original_target")
     (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def warn_one_cpu_process(world: int) -> None:
+    """``accelerate launch --cpu --num_processes N`` (N > 1) starts ONE process unless it is given
+    an MPI host file (accelerate 1.15): say so, and how to start N, instead of training on one."""
+    launched_many = os.environ.get("MASTER_ADDR") and "LOCAL_RANK" not in os.environ and "PMI_SIZE" not in os.environ
+    if world == 1 and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") and launched_many:
+        print("speculant: note: training on one process: accelerate launch --cpu starts one process. For N "
+              "processes on CPUs run ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...",
+              file=sys.stderr, flush=True)
