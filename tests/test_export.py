@@ -103,6 +103,38 @@ def test_exported_heads_give_speculants_outputs(target, tmp_path, shared, fmt, r
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-projection", "own-projections"])
+def test_medusa_llm_loads_the_export(tmp_path, shared):
+    """medusa-llm 0.1 (the Medusa reference code on PyPI) builds its own heads over a target
+    (``MedusaModel(...).medusa_head``): the export loads into them strictly, and medusa-llm's own
+    forward (target, then heads) gives speculant's head outputs. One residual block per head only:
+    medusa-llm 0.1 repeats ONE ResBlock module for ``medusa_num_layers`` > 1, so it cannot hold
+    distinct blocks. Its ``from_pretrained`` cannot run with transformers 5 (docs/heads.md)."""
+    medusa = pytest.importorskip("medusa.model.medusa_model", reason="medusa-llm is not installed: "
+                                 "pip install -e '.[medusa]' runs this test against the Medusa reference code")
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_model_dir(tmp_path / "target", seed=0)  # medusa-llm reads the target's tokenizer
+    lm = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    g = torch.Generator().manual_seed(2)
+    heads = MedusaHeads(HeadsConfig(K, 1, H, V, shared_lm_head=shared), lm.get_output_embeddings())
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    out = export_heads(heads.eval(), tmp_path / "medusa", "medusa", base_model=str(model_dir), dtype=torch.float32)
+    cfg = json.loads((out / "config.json").read_text())
+    theirs = medusa.MedusaModel(lm, cfg["medusa_num_heads"], cfg["medusa_num_layers"], cfg["base_model_name_or_path"])
+    theirs.medusa_head.load_state_dict(load_file(str(out / "medusa_lm_head.safetensors")), strict=True)
+    ids = torch.tensor([[5, 9, 17, 3, 40, 22]])
+    got = theirs(input_ids=ids)  # (K, 1, T, V): medusa-llm's target pass and heads
+    with torch.no_grad():
+        want = heads(lm.model(ids).last_hidden_state[0])
+    assert got.shape == (K, 1, 6, V)
+    torch.testing.assert_close(got[:, 0], want, atol=1e-5, rtol=1e-5)
+    two = medusa.MedusaModel(lm, K, 2, str(model_dir))
+    assert two.medusa_head[0][0] is two.medusa_head[0][1]  # why only one block per head loads faithfully
+
+
 def test_export_refuses_sequential_heads_and_a_used_directory(target, tmp_path):
     seq = SequentialHeads(HeadsConfig(K, 1, H, V, kind="sequential"), target.get_output_embeddings(),
                           target.get_input_embeddings())
