@@ -116,6 +116,26 @@ def test_int4_rows_are_independent_bit_for_bit(isa):
     assert y16.dtype == torch.bfloat16 and torch.equal(y16, full.bfloat16())
 
 
+@pytest.mark.parametrize("isa", [isa_param("amx")])
+def test_int4_amx_gives_the_vnni_bits_at_every_width_up_to_a_prefill(isa):
+    """The AMX path (passes of 9 rows or more) against the portable path, bit for bit, at tile
+    boundaries and a prompt's width: whole and ragged 16-row tiles, fp32 and bf16 with a bias, and
+    the largest integer sums a group can reach."""
+    q, scale, offset = random_weight(112, 1024, 64, seed=4)
+    qpack, sz = pack_int4_x86(q, scale, offset)
+    bias = torch.randn(112)
+    x = torch.randn(150, 1024, generator=torch.Generator().manual_seed(5)).bfloat16()
+    x[7] = 1
+    x[7, ::2] = -1  # +-127 after quantization: extreme sums with code 15 below
+    qpack15, sz15 = pack_int4_x86(torch.full((112, 1024), 15), scale, offset)
+    for M in (9, 15, 16, 17, 32, 33, 64, 150):
+        for out_fp32 in (True, False):
+            for w, s in ((qpack, sz), (qpack15, sz15)):
+                y = kernels.int4_gemm(x[:M].contiguous(), w, s, bias, out_fp32, INT4_ISAS[isa])
+                ref = kernels.int4_gemm(x[:M].contiguous(), w, s, bias, out_fp32, INT4_ISAS["portable"])
+                assert torch.equal(y, ref), (M, out_fp32)
+
+
 def test_int4_bad_arguments_are_clear_errors():
     q, scale, offset = random_weight(32, 256, 64)
     qpack, sz = pack_int4_x86(q, scale, offset)

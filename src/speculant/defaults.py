@@ -74,8 +74,8 @@ def int4_kernel_name() -> str | None:
     if int4_kernel() is not None:
         return "AMX"
     isa = int4_isa()
-    return None if isa is None else {"avx512-vnni": "AVX-512 VNNI", "avx2-vnni": "AVX2 + AVX-VNNI", "avx2": "AVX2",
-                                     "portable": "portable C++"}[isa]
+    return None if isa is None else {"amx": "AMX + AVX-512 VNNI", "avx512-vnni": "AVX-512 VNNI",
+                                     "avx2-vnni": "AVX2 + AVX-VNNI", "avx2": "AVX2", "portable": "portable C++"}[isa]
 
 
 def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "auto",

@@ -31,16 +31,16 @@ __all__ = ["auto_draft_quant", "draft_keeps_dense", "find_heads", "heads_kind", 
 
 def auto_draft_quant(dtype, backend: str = "hf") -> str:
     """What draft_quant="auto" means for a draft of ``dtype``: "none" unless it is bf16; then on
-    the native backend int4, and on the hf backend int4 only where speculant's AMX int4 kernel
-    runs (flat cost to 16 rows), elsewhere the bf16 draft, packed: PyTorch's int4 matmul grows
+    the native backend int4, and on the hf backend int4 only on AMX CPUs (where the int4
+    kernel's cost grows least with the rows), elsewhere the bf16 draft, packed: PyTorch's int4 matmul grows
     with the rows. Why: docs/design-notes.md#draft-quantization"""
     if parse_dtype(dtype) != torch.bfloat16:
         return "none"
     if backend == "native":
         return "int4"
-    from .kernels import int4_kernel
+    from .kernels import int4_isa
 
-    return "int4" if int4_kernel() is not None else "none"
+    return "int4" if int4_isa() == "amx" else "none"
 
 
 def draft_keeps_dense() -> bool:

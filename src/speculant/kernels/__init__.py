@@ -135,14 +135,11 @@ def _say_if_building(name: str, build: Path, here: Path) -> None:
 def int4_kernel():
     """The kernel module if it has speculant's AMX int4 matmul (AMX machines), else None. Setting
     ``SPECULANT_INT4_ISA`` (see :func:`int4_isa`) turns it off in favour of ``int4_x86.cpp``."""
-    if os.environ.get("SPECULANT_INT4_ISA"):
-        return None
-    kernels = cpu_kernels()
-    return kernels if hasattr(kernels, "int4_mm") else None
+    return None  # AMX CPUs run int4_x86.cpp's AMX path (same layout and bits as every x86 path)
 
 
 # int4_x86.cpp's code paths: the value int4_gemm's `isa` argument takes for each
-INT4_ISAS = {"avx512-vnni": 1, "avx2-vnni": 2, "avx2": 3, "portable": 4}
+INT4_ISAS = {"avx512-vnni": 1, "avx2-vnni": 2, "avx2": 3, "portable": 4, "amx": 5}
 
 
 @functools.cache
@@ -152,7 +149,7 @@ def x86_kernels():
     (not x86, no compiler) or ``SPECULANT_NO_KERNELS`` is set. Built (or loaded) once per process."""
     if os.environ.get("SPECULANT_NO_KERNELS") or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    return _build("speculant_x86_kernels", ["int4_x86.cpp", "attention_x86.cpp", "layer_x86.cpp", "x86_module.cpp"],
+    return _build("speculant_x86_kernels", ["int4_x86.cpp", "int4_amx_x86.cpp", "attention_x86.cpp", "layer_x86.cpp", "x86_module.cpp"],
                   ["-O3", "-ffp-contract=off", "-fopenmp"])
 
 

@@ -1,5 +1,6 @@
-// Weight-only int4 matmul for x86 CPUs without AMX: AVX-512 VNNI (Intel Ice Lake and later, AMD
-// Zen 4 and later), AVX2 with or without AVX-VNNI, and a portable C++ path.
+// Weight-only int4 matmul for every x86-64 CPU: AVX-512 VNNI (Intel Ice Lake and later, AMD Zen 4
+// and later), AVX2 with or without AVX-VNNI, a portable C++ path, and on AMX CPUs (Intel Sapphire
+// Rapids and later) AMX for passes of kAmxMinRows rows or more (int4_amx_x86.cpp).
 //
 // y (M, N) = x (M, K) @ W.T (+ bias), W stored as 4-bit codes q in [0, 15] with one (scale, offset)
 // per group of G inputs: w = q * scale + offset. x is bf16; y is bf16 or fp32.
@@ -35,40 +36,26 @@
 #include <cstring>
 #include <utility>
 
+#include "int4_problem.h"
+
+namespace speculant_int4 {
+bool amx_int8_ready();         // int4_amx_x86.cpp
+void gemm_amx(const Problem&);  // needs gsize 64 and xq, a, ax padded to a multiple of 16 rows
+}  // namespace speculant_int4
+
 namespace {
 
-enum Isa : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2Vnni = 2, kAvx2 = 3, kPortable = 4 };
+using namespace speculant_int4;
+
+enum Isa : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2Vnni = 2, kAvx2 = 3, kPortable = 4, kAmx = 5 };
+
+// kAmx: passes of fewer rows take the AVX-512 VNNI code (faster while the weights' reading
+// dominates; the same bits). Measured: docs/design-notes.md#int4-on-amx
+constexpr int64_t kAmxMinRows = 10;
 
 constexpr int64_t kRowTile = 64;  // rows per pass over the weights (their int8 activations stay in L2)
 // Codes are prefetched this many bytes ahead: docs/design-notes.md#int4-prefetch-distance
 constexpr int64_t kPrefetch = 4096;
-
-struct Problem {
-  const int8_t* xq;   // (M, K) int8 activations
-  const float* a;     // (M, G) activation scales
-  const float* ax;    // (M, G) a * (sum of each group's xq), the offsets' factor
-  const uint8_t* q;   // (NB, K/8, 64) codes
-  const uint16_t* sz; // (NB, G, 2, 16) bf16 bits
-  const float* bias;  // (N,) or nullptr
-  int64_t M, K, N, G, gsize;
-  float* y32;         // (M, N) fp32 output, or
-  uint16_t* y16;      // (M, N) bf16 output
-};
-
-inline float bf16_to_float(uint16_t b) {
-  const uint32_t u = (uint32_t)b << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even, as VCVTNEPS2BF16
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 // ------------------------------------------------------------------ portable C++ (any CPU)
 
@@ -96,14 +83,6 @@ void quantize_row_portable(const uint16_t* x, int64_t K, int64_t gsize, int8_t* 
 inline float fold(float acc, int32_t d, float s, float o, float ax, float a) {
   const float t = (float)d * s;
   return std::fma(o, ax, std::fma(t, a, acc));
-}
-
-void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc, int64_t count) {
-  for (int64_t c = 0; c < count; ++c) {
-    const float v = P.bias ? acc[c] + P.bias[n0 + c] : acc[c];
-    if (P.y32) P.y32[m * P.N + n0 + c] = v;
-    else P.y16[m * P.N + n0 + c] = float_to_bf16(v);
-  }
 }
 
 void chunk_portable(const Problem& P, int64_t nb, int64_t m0, int rows) {
@@ -321,12 +300,13 @@ bool cpu_supports(Isa isa) {
     case kAvx2Vnni: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
     case kAvx2: return __builtin_cpu_supports("avx2");
     case kPortable: return true;
+    case kAmx: return cpu_supports(kAvx512Vnni) && amx_int8_ready();
     default: return false;
   }
 }
 
 Isa best_isa() {
-  for (Isa isa : {kAvx512Vnni, kAvx2Vnni, kAvx2})
+  for (Isa isa : {kAmx, kAvx512Vnni, kAvx2Vnni, kAvx2})
     if (cpu_supports(isa)) return isa;
   return kPortable;
 }
@@ -335,7 +315,8 @@ Isa best_isa() {
 
 // x (M, K) bf16 contiguous; qpack (N/16, K/8, 64) uint8; scales (N/16, G, 2, 16) bf16; bias (N,) fp32
 // or empty; out_fp32: return fp32 (else bf16); isa: 0 = the best this CPU has, else force
-// 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable. Returns (M, N).
+// 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx (AVX-512 VNNI below kAmxMinRows rows, or
+// for groups other than 64 inputs). Returns (M, N).
 torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
                         int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
@@ -352,19 +333,25 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
   TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
               "bias must be (N,) float32");
   Isa use = isa == kAuto ? best_isa() : (Isa)isa;
-  TORCH_CHECK(use >= kAvx512Vnni && use <= kPortable, "unknown isa ", isa);
+  TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
   const int64_t gsize = K / G;
+  const bool amx = use == kAmx && gsize == 64 && M >= kAmxMinRows;
+  if (use == kAmx && !amx) use = kAvx512Vnni;
+  const int64_t rows = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole tiles of 16 rows: zero padding
 
   auto y = torch::empty({M, N}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
-  auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));
-  auto a = torch::empty({M, G}, x.options().dtype(at::kFloat));
-  auto ax = torch::empty({M, G}, x.options().dtype(at::kFloat));
+  auto scratch = [&](int64_t cols, at::ScalarType t) {
+    return amx ? torch::zeros({rows, cols}, x.options().dtype(t)) : torch::empty({rows, cols}, x.options().dtype(t));
+  };
+  auto xq = scratch(K, at::kChar);
+  auto a = scratch(G, at::kFloat);
+  auto ax = scratch(G, at::kFloat);
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   int8_t* xqp = xq.data_ptr<int8_t>();
   float* ap = a.data_ptr<float>();
   float* axp = ax.data_ptr<float>();
-  auto quantize = use == kAvx512Vnni ? quantize_row_avx512 : use == kPortable ? quantize_row_portable : quantize_row_avx2;
+  auto quantize = use == kAvx512Vnni || use == kAmx ? quantize_row_avx512 : use == kPortable ? quantize_row_portable : quantize_row_avx2;
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) quantize(xp + m * K, K, gsize, xqp + m * K, ap + m * G, axp + m * G);
   });
@@ -373,6 +360,10 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
             has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
             out_fp32 ? y.data_ptr<float>() : nullptr,
             out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>())};
+  if (amx) {
+    gemm_amx(P);
+    return y;
+  }
   const ChunkFn* fns = use == kPortable ? nullptr : gsize == 32 ? chunk_table<4>(use) : gsize == 64 ? chunk_table<8>(use)
                                                                                      : chunk_table<16>(use);
   const int most = use == kAvx512Vnni ? kAvx512Rows : kAvx2Rows;
@@ -390,8 +381,8 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
   return y;
 }
 
-// Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable.
+// Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx.
 int64_t int4_best_isa() { return best_isa(); }
 
 // Whether this CPU runs code path isa (1-4, as above).
-bool int4_isa_supported(int64_t isa) { return isa >= kAvx512Vnni && isa <= kPortable && cpu_supports((Isa)isa); }
+bool int4_isa_supported(int64_t isa) { return isa >= kAvx512Vnni && isa <= kAmx && cpu_supports((Isa)isa); }

@@ -1,4 +1,4 @@
-// The kernels for x86 CPUs without AMX, one module whatever the CPU: each code path is compiled for
+// The kernels for every x86-64 CPU, one module whatever the CPU: each code path is compiled for
 // its instruction set (#pragma GCC target) and chosen at run time from what the CPU has.
 #include <torch/extension.h>
 
@@ -16,7 +16,7 @@ torch::Tensor rope_qkv_x86(torch::Tensor qkv, torch::Tensor cos, torch::Tensor s
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemm", &int4_gemm, "int4 weight x int8 activation matmul, row-invariant, the same bits on every code path");
-  m.def("int4_best_isa", &int4_best_isa, "the code path int4_gemm takes here: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable");
+  m.def("int4_best_isa", &int4_best_isa, "the code path int4_gemm takes here: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx");
   m.def("int4_isa_supported", &int4_isa_supported, "whether this CPU runs an int4_gemm code path");
   m.def("attend", &attend_x86, "row-invariant attention over a bf16 KV cache, the same bits on every code path");
   m.def("attend_isa_supported", &attend_isa_supported, "whether this CPU runs an attend code path (1, 3, 4)");
