@@ -22,7 +22,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads, save_heads
-from speculant.kernels import int4_kernel, x86_kernels
+from speculant.kernels import x86_kernels
 from speculant.tree import build_tree, chain
 
 from helpers import decode_to_end, pit_batched, uniformity as _uniformity
@@ -33,7 +33,7 @@ FLAT = PassCost((1, 64), (100.0, 100.0))  # no measuring in tests
 GREEDY = SamplingConfig()
 # a one-token prompt, a short one, a long repetitive one (the n-gram drafter finds a lot there)
 PROMPTS = ["w5", "w1 w2 w3 w4 w1 w2 w3", " ".join(f"w{3 + i % 11}" for i in range(70))]
-KERNELS = int4_kernel() is not None or x86_kernels() is not None
+KERNELS = x86_kernels() is not None
 
 
 def _randomized(heads, seed=0):
@@ -72,7 +72,7 @@ def _int4_model(seed=2):
                                keep_dense=False)
 
 
-@pytest.mark.skipif(not KERNELS, reason="needs one of speculant's int4 kernels (row-invariant)")
+@pytest.mark.skipif(not KERNELS, reason="needs speculant's int4 kernel (row-invariant)")
 @pytest.mark.parametrize("isa", ["", "portable"])  # "": the best this CPU has; portable: forced
 def test_one_pass_gives_every_sequence_bit_for_bit_its_own_pass(isa, monkeypatch):
     """Three sequences after 3, 40 and 509 cached tokens in one pass — a 34-node tree, one token,
@@ -136,7 +136,7 @@ def test_batched_greedy_equals_each_sequence_alone(dirs, backend, method, option
     assert [r.token_ids for r in dec.generate_batch(PROMPTS, 24, max_batch=2)] == alone  # the third joins later
 
 
-@pytest.mark.skipif(not KERNELS, reason="needs one of speculant's int4 kernels (row-invariant)")
+@pytest.mark.skipif(not KERNELS, reason="needs speculant's int4 kernel (row-invariant)")
 def test_batched_int4_bf16_is_bit_identical_to_alone(tmp_path):
     """The default precision (bf16 activations, int4 weights, speculant's row-invariant kernels):
     batched speculative output equals each sequence's plain output alone, token for token."""

@@ -343,7 +343,7 @@ def test_sequential_draft_vocabulary(tmp_path, target):
 
 
 def _coarse_kind():
-    """The low-bit copy drafting shortlists through (int4: speculant's AMX kernel where it runs,
+    """The low-bit copy drafting shortlists through (int4: speculant's int4 kernel where it runs,
     else PyTorch's int4 matmul)."""
     from speculant.quant import Int4Linear
     return Int4Linear
@@ -351,7 +351,7 @@ def _coarse_kind():
 
 def test_sequential_coarse_ranking_matches_the_exact_ranking():
     """Drafting shortlists tokens through an int4 copy of the draft vocabulary's output rows (with
-    speculant's AMX kernel or PyTorch's int4 matmul) and ranks the shortlist exactly: the top-k then
+    speculant's int4 kernel or PyTorch's int4 matmul) and ranks the shortlist exactly: the top-k then
     equals the exact top-k wherever the exact one is inside the shortlist (here: nearly always),
     and the log-probabilities stay close to the exact log-softmax."""
     from speculant.heads import SequentialHeads

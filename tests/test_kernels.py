@@ -1,74 +1,14 @@
-"""speculant's int4 kernel (kernels/int4_amx.cpp): layout round trip, numerics against the
-dequantized matrix, and row independence (a row's output never depends on the other rows)."""
+"""speculant's kernels of the AMX / AVX-512 BF16 build (kernels.cpu_kernels): attention.cpp and the
+bf16 matmul (bf16_amx.cpp / bf16_avx512.cpp) against references, row independence (a row's output
+never depends on the other rows), and the build's lock handling. The int4 kernel: test_kernels_x86.py."""
 
 import pytest
 import torch
 
-from speculant.kernels import dequantize_int4, cpu_kernels, int4_kernel, pack_bf16, pack_int4
+from speculant.kernels import cpu_kernels, pack_bf16
 
 kernel = cpu_kernels()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="needs AVX-512 BF16 and a C++ toolchain")
-needs_int4 = pytest.mark.skipif(int4_kernel() is None, reason="needs AMX-INT8 and a C++ toolchain")
-
-
-def random_weight(N=96, K=256, G=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (N, K), generator=g)
-    scale = torch.rand(N, K // G, generator=g) * 0.02 + 1e-3
-    offset = -8 * scale + 0.002 * torch.randn(N, K // G, generator=g)
-    return q, scale, offset
-
-
-def test_pack_dequantize_round_trip():
-    q, scale, offset = random_weight()
-    qpack, sz = pack_int4(q, scale, offset)
-    assert qpack.shape == (96 // 16, 64, 32) and sz.shape == (96 // 16, 4, 2, 16)
-    s, o = sz.float().permute(2, 0, 3, 1).reshape(2, 96, 4)
-    assert torch.equal(s, scale.bfloat16().float()) and torch.equal(o, offset.bfloat16().float())
-    expect = (q.view(96, 4, 64) * s[..., None] + o[..., None]).view(96, 256).bfloat16()
-    assert torch.equal(dequantize_int4(qpack, sz), expect)
-    for bad in (q[:40], q[:, :96]):
-        with pytest.raises(ValueError, match="N % 16 == 0"):
-            pack_int4(bad, scale[: bad.shape[0], : bad.shape[1] // 64], offset[: bad.shape[0], : bad.shape[1] // 64])
-
-
-@needs_int4
-@pytest.mark.parametrize("M", [1, 2, 7, 16, 17, 40])
-def test_kernel_matches_dequantized_matmul_and_rows_are_independent(M):
-    """Within int8 activation rounding of the dequantized product; bit-identical per row."""
-    q, scale, offset = random_weight()
-    qpack, sz = pack_int4(q, scale, offset)
-    W = dequantize_int4(qpack, sz).float()
-    x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16()
-    y = kernel.int4_mm(x, qpack, sz)
-    ref = x.float() @ W.T
-    assert y.shape == (M, 96) and y.dtype == torch.bfloat16
-    assert ((y.float() - ref).norm() / ref.norm()) < 0.015  # int8 activations, bf16 output
-    xq_ref = quantized_activations(x).float() @ W.T  # the same product with x rounded as the kernel does
-    torch.testing.assert_close(y.float(), xq_ref, rtol=1e-2, atol=1e-2)
-    for m in {0, M // 2, M - 1}:
-        assert torch.equal(kernel.int4_mm(x[m:m + 1].contiguous(), qpack, sz)[0], y[m])
-
-
-def quantized_activations(x):
-    """x rounded to int8 per row and 64 inputs (absmax), as the kernel does, back in float."""
-    g = x.float().view(x.shape[0], -1, 64)
-    scale = g.abs().amax(-1, keepdim=True) / 127
-    return (torch.round(g / scale) * scale).view_as(x)
-
-
-@needs_int4
-def test_int4_linear_uses_the_kernel_and_is_row_independent():
-    from torch import nn
-    from speculant.quant import Int4Linear
-    lin = nn.Linear(128, 48, bias=False).to(torch.bfloat16)
-    q = Int4Linear(lin, keep_dense=False)
-    assert q._kernel is not None and q.qweight.dtype == torch.uint8
-    x = torch.randn(12, 128).bfloat16()
-    y = q(x)
-    assert all(torch.equal(q(x[i:i + 1])[0], y[i]) for i in range(12))
-    ref = x.float() @ q.dequantize().float().T
-    assert ((y.float() - ref).norm() / ref.norm()) < 0.015
 
 
 @needs_kernel
@@ -140,3 +80,14 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load():
     done = subprocess.run([sys.executable, "-c", code], timeout=300, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (build / "lock").exists()
+
+
+@needs_kernel
+def test_the_module_matches_the_build_kernels_name_reports():
+    """The AMX build (amx_module.cpp) has the AMX permission check; both builds have the bf16
+    matmul and attention and no int4 matmul (int4 runs on the x86 module everywhere)."""
+    from speculant.kernels import kernels_name
+
+    assert kernels_name() in ("amx", "avx512")
+    assert hasattr(kernel, "amx_available") == (kernels_name() == "amx")
+    assert hasattr(kernel, "bf16_mm") and hasattr(kernel, "attend") and not hasattr(kernel, "int4_mm")

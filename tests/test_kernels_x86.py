@@ -1,6 +1,7 @@
-"""speculant's kernels for x86 CPUs without AMX (kernels/int4_x86.cpp, kernels/attention_x86.cpp).
+"""speculant's kernels for every x86-64 CPU (kernels/int4_x86.cpp with its AMX path in
+kernels/int4_amx_x86.cpp, kernels/attention_x86.cpp, kernels/layer_x86.cpp).
 
-Every code path the CPU has (AVX-512 VNNI, AVX2 with or without AVX-VNNI, portable C++) is checked
+Every code path the CPU has (AMX, AVX-512 VNNI, AVX2 with or without AVX-VNNI, portable C++) is checked
 against an exact reference, for bit identity with the others, and for row invariance (a row alone
 gives bit for bit what it gets inside a 32-row call). Paths the CPU lacks are skipped with the
 reason; the portable path runs everywhere."""
@@ -188,12 +189,32 @@ def test_attention_matches_reference_is_row_invariant_and_the_same_on_every_path
                        kernels.attend(q, keys, values, causal, 0, i))
 
 
+def test_int4_linear_takes_the_x86_layout_and_its_rows_are_independent():
+    """Int4Linear packs for int4_x86.cpp on every x86 CPU (AMX ones included) and runs the path
+    int4_isa() names at every width: each of 12 rows (past the AMX path's 10) equals that row
+    alone, bit for bit, and the output is the dequantized product up to int8 activation rounding."""
+    from torch import nn
+
+    from speculant.kernels import int4_isa
+    from speculant.quant import Int4Linear
+
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 48, bias=True).to(torch.bfloat16)
+    q = Int4Linear(lin, keep_dense=False)
+    assert q.kind == "x86" and q._isa == int4_isa() and q.qweight.shape == (3, 16, 64)
+    x = torch.randn(12, 128).bfloat16()
+    y = q(x)
+    assert all(torch.equal(q(x[i:i + 1])[0], y[i]) for i in range(12))
+    ref = x.float() @ q.dequantize().float().T + lin.bias.float()
+    assert ((y.float() - ref).norm() / ref.norm()) < 0.015
+
+
 def test_forced_isa_environment(monkeypatch):
     from speculant import kernels as k
     from speculant.errors import ConfigError
 
     monkeypatch.setenv("SPECULANT_INT4_ISA", "portable")
-    assert k.int4_isa() == "portable" and k.int4_kernel() is None
+    assert k.int4_isa() == "portable"
     monkeypatch.setenv("SPECULANT_INT4_ISA", "sse9")
     with pytest.raises(ConfigError, match="choose one of"):
         k.int4_isa()

@@ -21,7 +21,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
-from speculant.kernels import int4_kernel, x86_kernels
+from speculant.kernels import x86_kernels
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
@@ -250,8 +250,8 @@ def test_quantized_native_sd_equals_ar(quant, dtype, isa, monkeypatch):
     target = tiny_qwen2(seed=0, scale=4.0, dtype=dtype)
     backend = NativeBackend(NativeModel.from_hf(target, quant, quant_head=True, keep_dense=False))
     assert isinstance(backend.model.blocks[0].q_proj, Int8Linear if quant == "int8" else Int4Linear)
-    if quant == "int4" and (int4_kernel() is not None or x86_kernels() is not None):  # speculant's, not PyTorch's
-        assert backend.model.blocks[0].q_proj.kind in ("amx", "x86")
+    if quant == "int4" and x86_kernels() is not None:  # speculant's, not PyTorch's
+        assert backend.model.blocks[0].q_proj.kind == "x86"
         assert backend.model.blocks[0].qkv is not None  # q, k, v joined into one call
     if isa:
         assert backend.model.blocks[0].q_proj._isa == isa
@@ -331,7 +331,7 @@ def test_quality_scoring_on_tiny_model():
     assert 1.0 < ppl < 10 * V
 
 
-@pytest.mark.skipif(int4_kernel() is None and x86_kernels() is None, reason="needs one of speculant's int4 kernels")
+@pytest.mark.skipif(x86_kernels() is None, reason="needs speculant's int4 kernel (an x86-64 CPU and a C++ toolchain)")
 @pytest.mark.parametrize("isa", ["", "portable"])  # "": the best this CPU has; portable: forced (SPECULANT_INT4_ISA)
 @pytest.mark.parametrize("own_attention", [True, False])  # False: PyTorch's fused attention, padded calls
 @pytest.mark.parametrize("context", [3, 40, 509])  # 509 + tree: the keys cross a 512 padding block
@@ -364,11 +364,12 @@ def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context, ow
         assert torch.equal(out, wide[node]), node
 
 
-@pytest.mark.skipif(int4_kernel() is None and x86_kernels() is None, reason="needs one of speculant's int4 kernels")
+@pytest.mark.skipif(x86_kernels() is None, reason="needs speculant's int4 kernel (an x86-64 CPU and a C++ toolchain)")
 @pytest.mark.parametrize("tied", [False, True])
 def test_int4_model_is_saved_once_and_read_back_bit_identical(tmp_path, monkeypatch, tied):
     """The first int4 load of a directory quantizes and saves it; later loads read the saved file
-    (no dense weights read) and give the same logits bit for bit; a damaged file is rebuilt."""
+    (no dense weights read) and give the same logits bit for bit; a damaged file is rebuilt; a
+    file of the former AMX layout is left alone (an x86 one is made beside it)."""
     from speculant.backends import native_store
 
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
@@ -379,9 +380,14 @@ def test_int4_model_is_saved_once_and_read_back_bit_identical(tmp_path, monkeypa
     def logits(model):
         return NativeBackend(model).forward(tokens).logits
 
+    # a file of the former AMX layout, as earlier versions saved on AMX CPUs: never read nor replaced
+    former = native_store.store_path(src, sorted(src.glob("*.safetensors")), True, "amx", 64)
+    former.parent.mkdir(parents=True)
+    former.write_bytes(b"the former layout")
     first = logits(NativeModel.from_dir(src, torch.bfloat16, "int4", quant_head=True))
-    saved = list((tmp_path / "cache" / "native").glob("*.safetensors"))
-    assert len(saved) == 1 and "-int4-" in saved[0].name and saved[0].name.endswith("-head-v1.safetensors")
+    saved = [f for f in (tmp_path / "cache" / "native").glob("*.safetensors") if f != former]
+    assert len(saved) == 1 and "-int4-x86-g64-" in saved[0].name and saved[0].name.endswith("-head-v1.safetensors")
+    assert former.read_bytes() == b"the former layout"
     monkeypatch.setattr(NativeModel, "_read_dir", lambda *a, **k: pytest.fail("read the dense weights again"))
     second = NativeModel.from_dir(src, torch.bfloat16, "int4", quant_head=True)
     assert torch.equal(first, logits(second))

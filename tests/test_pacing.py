@@ -122,7 +122,7 @@ def test_lookup_chain_is_sized_by_the_pass_cost():
 def test_defaults_pick_the_runtime_and_the_method(tmp_path):
     from speculant import SpeculativeDecoder
     from speculant.defaults import choose_method, choose_runtime, int4_fits
-    from speculant.kernels import int4_isa, int4_kernel
+    from speculant.kernels import int4_isa
 
     d = tiny_model_dir(tmp_path / "m")  # a Llama of hidden size 48: no int4 layout
     assert not int4_fits({"hidden_size": 48, "intermediate_size": 96, "num_attention_heads": 4})
@@ -143,5 +143,5 @@ def test_defaults_pick_the_runtime_and_the_method(tmp_path):
     from tiny import tiny_qwen2
     tiny_qwen2(seed=0, hidden=128, dtype=torch.bfloat16).save_pretrained(big)
     rt = choose_runtime(str(big), "bfloat16")
-    kernel = int4_kernel() is not None or int4_isa() is not None
+    kernel = int4_isa() is not None
     assert (rt.backend, rt.target_quant, rt.quant_head) == (("native", "int4", True) if kernel else ("hf", "none", False))

@@ -58,13 +58,13 @@ def test_quantized_draft_keeps_greedy_output_identical(mode):
 
 def test_concat_joins_layers_with_biases_into_one_call_of_the_same_bits():
     """q/k/v (Qwen2 has their biases) joined into one int4 layer: each part's output equals the
-    layer alone, and the parts become views of the joined buffers, bias included (the AMX layout
-    keeps a bf16 bias where a freshly quantized nn.Linear had a Parameter)."""
+    layer alone, and the parts become views of the joined buffers, float32 bias included (a freshly
+    quantized nn.Linear's bf16 bias Parameter is dropped, not kept as a second copy)."""
     torch.manual_seed(0)
     linears = [nn.Linear(128, n, bias=True).to(torch.bfloat16) for n in (64, 32, 32)]
     layers = [Int4Linear(l, keep_dense=False) for l in linears]
     if layers[0].kind == "torch":
-        pytest.skip("speculant's int4 kernels do not run here (PyTorch's int4 layout cannot be joined)")
+        pytest.skip("speculant's int4 kernel does not run here (PyTorch's int4 layout cannot be joined)")
     x = torch.randn(5, 128, dtype=torch.bfloat16)
     alone = [l(x) for l in layers]
     joined = Int4Linear.concat(layers)
@@ -73,3 +73,4 @@ def test_concat_joins_layers_with_biases_into_one_call_of_the_same_bits():
         assert torch.equal(a, p)
         assert torch.equal(l(x), a)  # the layer itself, now a view of the joined weights
         assert l.qweight.data_ptr() >= joined.qweight.data_ptr()
+        assert l._bias32.data_ptr() >= joined._bias32.data_ptr() and l.bias is None

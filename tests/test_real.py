@@ -63,14 +63,14 @@ def test_qwen_shipped_heads_medusa_hydra_and_bpd_identical_to_plain(qwen, prompt
 
 @pytest.fixture(scope="module")
 def qwen_int4():
-    from speculant.api import draft_keeps_dense, load_native
+    from speculant.api import load_native
     from speculant.defaults import choose_runtime
 
     rt = choose_runtime("qwen2.5-coder-1.5b-instruct", "bfloat16")
     if rt.backend != "native":
         pytest.skip(f"the default runtime here is not the native int4 one: {rt.why}")
     return (load_native("qwen2.5-coder-1.5b-instruct", "bfloat16", rt.target_quant, rt.quant_head),
-            load_native("qwen2.5-coder-0.5b-instruct", "bfloat16", "int4", keep_dense=draft_keeps_dense()))
+            load_native("qwen2.5-coder-0.5b-instruct", "bfloat16", "int4"))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -28,7 +28,7 @@ from .drafters.base import Drafter
 from .drafters.factory import DraftParts, build_drafter, build_sizer, plan_tree, warm_up_heads
 from .drafters.pacing import Pacer
 from .errors import ConfigError
-from .loading import auto_draft_quant, draft_keeps_dense, load_native  # noqa: F401 (re-exported)
+from .loading import auto_draft_quant, load_native  # noqa: F401 (re-exported)
 from .loading import find_heads, load_decoder_heads, load_draft, load_target
 from .lora import adapter_note
 from .models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible

@@ -50,7 +50,8 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--draft-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization of the draft model; it cannot change the output, only the "
-                        "speed (auto, the default: int4 for a bf16 draft where speculant's AMX int4 kernel runs, else none)")
+                        "speed (auto, the default: int4 for a bf16 draft on the native runtime, and on the "
+                        "transformers one on AMX CPUs; else none)")
     p.add_argument("--backend", choices=["auto", "hf", "native"], default="auto",
                    help="model runtime: auto (default: speculant's own Llama/Qwen2 runtime with int4 weights where "
                         "its kernels run, else transformers), hf (transformers) or native")

@@ -1,8 +1,8 @@
 """What runs when the user names only a model: the fastest lossless setup of this CPU.
 
 runtime   Llama / Qwen2 models in bf16 run on speculant's native runtime with int4 weights (the
-          output layer too) wherever one of speculant's int4 kernels runs (every x86-64 CPU with a
-          C++ compiler: AMX, AVX-512 VNNI, AVX2, or portable code); its passes are row-invariant, so
+          output layer too) wherever speculant's int4 kernel runs (every x86-64 CPU with a C++
+          compiler: its AMX, AVX-512 VNNI, AVX2 or portable path); its passes are row-invariant, so
           speculative output equals plain output bit for bit. Other architectures (and float32)
           run on transformers.
 method    with heads shipped for the target: ``hydra`` with an 8-token prompt-lookup branch, its tree
@@ -68,11 +68,9 @@ def int4_fits(cfg: dict) -> bool:
 
 
 def int4_kernel_name() -> str | None:
-    """Which of speculant's int4 kernels runs here ("AMX", "AVX-512 VNNI", ...), or None."""
-    from .kernels import int4_isa, int4_kernel
+    """Which code path of speculant's int4 kernel runs here ("AVX-512 VNNI", "AVX2", ...), or None."""
+    from .kernels import int4_isa
 
-    if int4_kernel() is not None:
-        return "AMX"
     isa = int4_isa()
     return None if isa is None else {"amx": "AMX + AVX-512 VNNI", "avx512-vnni": "AVX-512 VNNI",
                                      "avx2-vnni": "AVX2 + AVX-VNNI", "avx2": "AVX2", "portable": "portable C++"}[isa]

@@ -25,7 +25,7 @@ from .models import LoadedModel, load, parse_dtype, resolve
 from .packing import pack_linears, unpack_linears
 from .quant import QUANT_MODES, quantize_linears
 
-__all__ = ["auto_draft_quant", "draft_keeps_dense", "find_heads", "heads_kind", "load_adapted", "load_decoder_heads",
+__all__ = ["auto_draft_quant", "find_heads", "heads_kind", "load_adapted", "load_decoder_heads",
            "load_draft", "load_native", "load_target"]
 
 
@@ -41,15 +41,6 @@ def auto_draft_quant(dtype, backend: str = "hf") -> str:
     from .kernels import int4_isa
 
     return "int4" if int4_isa() == "amx" else "none"
-
-
-def draft_keeps_dense() -> bool:
-    """Whether a quantized native draft keeps its dense bf16 weights too: only with the AMX int4
-    kernel, which hands passes of more than 16 rows to the (faster there) bf16 matmul; speculant's
-    x86 kernel runs every width itself, so the draft is lean (and saved once, like the target)."""
-    from .kernels import int4_kernel
-
-    return int4_kernel() is not None
 
 
 def _quant_mode(quant: str, spec: str | LoadedModel, dtype, backend: str) -> str:
@@ -138,7 +129,7 @@ def load_draft(config: DecoderConfig) -> LoadedModel | None:
     if config.method not in NEEDS_DRAFT:
         return None
     if config.backend == "native":
-        return to_native(config.draft, config.dtype, config.draft_quant, False, keep_dense=draft_keeps_dense())
+        return to_native(config.draft, config.dtype, config.draft_quant, False, keep_dense=False)
     return load_hf(config.draft, config.dtype, config.draft_quant)
 
 

@@ -9,9 +9,9 @@ Kernels: int4 uses speculant's own kernels where they run (``speculant.kernels``
 x int8 activations, rows computed independently, cost close to flat over a few rows); otherwise,
 and for int8, PyTorch's CPU weight-only matmuls (``aten._weight_int8pack_mm``,
 ``aten._weight_int4pack_mm_for_cpu``), whose cost grows linearly with the rows of x while a dense
-bf16 matmul costs about the same for 1 or 16 rows. So each layer keeps its dense weight too
-(memory is not the limit, bandwidth is) and inputs of more than ``dense_above_rows`` rows (4; 16
-with speculant's kernel) take the dense path.
+bf16 matmul costs about the same for 1 or 16 rows. So each such layer keeps its dense weight too
+(memory is not the limit, bandwidth is) and inputs of more than ``dense_above_rows`` (4) rows take
+the dense path; speculant's int4 kernel takes every width itself.
 
 ``keep_dense=False`` drops that dense weight (the memory-lean choice for a large target whose
 dense copy would double its footprint): inputs of up to ``max_kernel_rows`` rows use the quantized
@@ -27,8 +27,7 @@ from torch import nn
 
 from .errors import ConfigError
 from .packing import unpack_linears
-from .kernels import (GROUP, INT4_ISAS, dequantize_int4, dequantize_int4_x86, int4_isa, int4_kernel, pack_int4,
-                      pack_int4_x86, x86_kernels)
+from .kernels import GROUP, INT4_ISAS, dequantize_int4_x86, int4_isa, pack_int4_x86, x86_kernels
 
 QUANT_MODES = ("none", "int8", "int4")
 _NO_BIAS = torch.empty(0)
@@ -88,19 +87,19 @@ class Int4Linear(_WeightOnly):
     """Asymmetric int4 with one (scale, offset) per ``group_size`` input channels:
     w ≈ q * scale + offset, q in [0, 15].
 
-    Three kernels, chosen by what the CPU has (``kind``):
+    Two kernels (``kind``):
 
-    - ``"amx"``: speculant's AMX kernel (``kernels/int4_amx.cpp``, Intel Sapphire Rapids and later);
-    - ``"x86"``: speculant's kernel for every other x86 CPU (``kernels/int4_x86.cpp``: AVX-512 VNNI,
-      AVX2 with or without AVX-VNNI, or portable C++; ``SPECULANT_INT4_ISA`` forces one);
+    - ``"x86"``: speculant's kernel for every x86-64 CPU (``kernels/int4_x86.cpp``: AVX-512 VNNI,
+      AVX2 with or without AVX-VNNI, or portable C++, and on AMX CPUs AMX tiles for passes of 10
+      rows or more; ``SPECULANT_INT4_ISA`` forces one path);
     - ``"torch"``: PyTorch's ``_weight_int4pack_mm_for_cpu`` (bf16 activations; cost linear in
-      the rows), where neither builds.
+      the rows), where speculant's kernel does not build (or the shape does not fit its layout).
 
-    Both of speculant's read each weight once per pass for up to 16-32 rows, so a tree verification
-    pass costs about what one token does, and compute every row on its own (a row's result does not
-    depend on the other rows); activations are quantized to int8 per row and group (as llama.cpp
-    does). The x86 kernel also gives the same bits on every code path, so the output does not depend
-    on which x86 CPU runs it.
+    speculant's kernel reads each weight once per pass for up to 16-32 rows, so a tree verification
+    pass costs little more than one token, and computes every row on its own (a row's result does
+    not depend on the other rows); activations are quantized to int8 per row and group (as
+    llama.cpp does). Every code path gives the same bits, so the output does not depend on which
+    x86 CPU runs it.
     """
 
     max_kernel_rows = 192
@@ -111,23 +110,17 @@ class Int4Linear(_WeightOnly):
         if k % group_size:
             raise ConfigError(f"int4 needs in_features divisible by {group_size}, got {k}")
         self.group_size = group_size
-        self._kernel = int4_kernel() if n % 16 == 0 and group_size == GROUP else None
-        self._isa = int4_isa() if self._kernel is None and n % 16 == 0 and group_size % 16 == 0 else None
-        self.kind = "amx" if self._kernel is not None else "x86" if self._isa is not None else "torch"
-        if self.kind != "torch":  # speculant's layouts, made 4096 rows at a time (bounded memory:
-            pack = pack_int4 if self.kind == "amx" else pack_int4_x86  # a 152k x 1536 output layer in
-            packed = []                                                # float32 would be 0.9 GB)
+        self._isa = int4_isa() if n % 16 == 0 and group_size % 16 == 0 else None
+        self.kind = "x86" if self._isa is not None else "torch"
+        if self.kind == "x86":  # speculant's layout, made 4096 rows at a time (bounded memory: a
+            packed = []         # 152k x 1536 output layer in float32 would be 0.9 GB)
             for r in range(0, n, 4096):
                 q, scale, lo = _int4_codes(linear.weight[r:r + 4096], group_size)
-                packed.append(pack(q, scale[..., 0], lo[..., 0]))
+                packed.append(pack_int4_x86(q, scale[..., 0], lo[..., 0]))
             self.register_buffer("qweight", torch.cat([p[0] for p in packed]))
             self.register_buffer("scales_zeros", torch.cat([p[1] for p in packed]))
-            # flat to 16 rows and more: the dense bf16 path only pays beyond (AMX), or never (x86)
-            self.dense_above_rows = 16 if self.kind == "amx" else 1 << 62
-            # without a dense weight, the kernel beats dequantizing for any width: a 600-token
-            # prefill of the 1.5B model takes 1.8 s through the AMX kernel, 6.6-7.5 s through a
-            # dequantized copy per layer
-            self.max_kernel_rows = 1 << 62
+            # forward runs the kernel at every width, prefill included: no dense path, no dequantizing
+            self.dense_above_rows = self.max_kernel_rows = 1 << 62
         else:  # PyTorch's layout: w = (q - 8) * scale + zero
             q, scale, lo = _int4_codes(linear.weight, group_size)
             self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
@@ -138,39 +131,35 @@ class Int4Linear(_WeightOnly):
     @classmethod
     def from_packed(cls, qweight: torch.Tensor, scales: torch.Tensor, bias32: torch.Tensor | None, kind: str,
                     in_features: int, dtype: torch.dtype = torch.bfloat16, group_size: int = GROUP) -> "Int4Linear":
-        """A layer over already packed weights (speculant's ``kind`` "amx" or "x86" layout; e.g. read
-        from a saved model). The tensors are used as they are (no copy)."""
-        if kind not in ("amx", "x86"):
-            raise ValueError(f"from_packed takes speculant's layouts (amx, x86), not {kind!r}")
+        """A layer over already packed weights (speculant's layout, ``kind`` "x86"; e.g. read from a
+        saved model). The tensors are used as they are (no copy)."""
+        if kind != "x86":
+            raise ValueError(f"from_packed takes speculant's x86 layout, not {kind!r}")
         out = cls.__new__(cls)
         nn.Module.__init__(out)
         out.weight, out.bias = None, None
         out.in_features, out.dtype, out.group_size = in_features, dtype, group_size
         out.out_features = qweight.shape[0] * 16
         out.kind = kind
-        out._kernel = int4_kernel() if kind == "amx" else None
-        out._isa = int4_isa() if kind == "x86" else None
-        if (kind == "amx" and out._kernel is None) or (kind == "x86" and out._isa is None):
-            raise ConfigError(f"these int4 weights are packed for speculant's {kind} kernel, which does not run here")
-        out.dense_above_rows = 16 if kind == "amx" else 1 << 62
-        out.max_kernel_rows = 1 << 62
+        out._isa = int4_isa()
+        if out._isa is None:
+            raise ConfigError("these int4 weights are packed for speculant's x86 kernel, which does not run here")
+        out.dense_above_rows = out.max_kernel_rows = 1 << 62
         out.register_buffer("qweight", qweight)
         out.register_buffer("scales_zeros", scales)
         out._bias32 = bias32 if bias32 is not None else torch.empty(0)
-        if kind == "amx" and out._bias32.numel():
-            out.bias = out._bias32.to(dtype)
         return out
 
     @classmethod
     def concat(cls, layers: "list[Int4Linear]") -> "Int4Linear":
         """One layer computing ``layers`` side by side (outputs concatenated), e.g. q, k and v
-        projections as one call: the same weights, so the same bits per output (speculant's kernels
-        compute every channel on its own). Only for speculant's layouts, without dense weights.
+        projections as one call: the same weights, so the same bits per output (speculant's kernel
+        computes every channel on its own). Only for speculant's layout, without dense weights.
         ``layers`` become views of the joined layer's buffers (no second copy of the weights)."""
         first = layers[0]
         if any(l.kind != first.kind or l.kind == "torch" or l.weight is not None or l.in_features != first.in_features
                or l.dtype != first.dtype or l.group_size != first.group_size or l.out_features % 16 for l in layers):
-            raise ValueError("concat needs int4 layers of one speculant kernel, one input size, no dense weights")
+            raise ValueError("concat needs int4 layers of speculant's layout, one input size, no dense weights")
         biases = [l._bias32 if l._bias32.numel() else torch.zeros(l.out_features) for l in layers]
         bias = torch.cat(biases) if any(l._bias32.numel() for l in layers) else None
         out = cls.from_packed(torch.cat([l.qweight for l in layers]), torch.cat([l.scales_zeros for l in layers]),
@@ -179,15 +168,14 @@ class Int4Linear(_WeightOnly):
         for l in layers:
             part = out.rows(start, start + l.out_features)
             l.qweight, l.scales_zeros, l._bias32 = part.qweight, part.scales_zeros, part._bias32
-            l._parameters.pop("bias", None)  # a quantized nn.Linear's bias Parameter becomes a view, like the rest
-            l.bias = part.bias
+            l.bias = None  # the float32 bias, a view of the joined one, is added by the kernel
             start += l.out_features
         return out
 
     def rows(self, start: int, stop: int) -> "Int4Linear":
         """Output channels start .. stop-1 (multiples of 16) as a layer sharing this one's buffers."""
         if start % 16 or stop % 16 or not 0 <= start < stop <= self.out_features or self.kind == "torch":
-            raise ValueError(f"rows({start}, {stop}): multiples of 16 within {self.out_features}, speculant's layouts")
+            raise ValueError(f"rows({start}, {stop}): multiples of 16 within {self.out_features}, speculant's layout")
         bias = self._bias32[start:stop] if self._bias32.numel() else None
         return Int4Linear.from_packed(self.qweight[start // 16:stop // 16], self.scales_zeros[start // 16:stop // 16],
                                       bias, self.kind, self.in_features, self.dtype, self.group_size)
@@ -198,7 +186,7 @@ class Int4Linear(_WeightOnly):
                                        self._bias32 if bias else _NO_BIAS, out_fp32, INT4_ISAS[self._isa])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind != "x86" or (self.weight is not None and x.reshape(-1, x.shape[-1]).shape[0] > self.dense_above_rows):
+        if self.kind != "x86":
             return super().forward(x)
         shape = x.shape
         return self._x86(x.reshape(-1, shape[-1]).to(self.dtype), False).view(*shape[:-1], self.out_features)
@@ -210,16 +198,10 @@ class Int4Linear(_WeightOnly):
         shape = x.shape
         return self._x86(x.reshape(-1, shape[-1]).to(self.dtype), True).view(*shape[:-1], self.out_features)
 
-    def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
-        if self._kernel is not None:
-            return self._kernel.int4_mm(x2.contiguous(), self.qweight, self.scales_zeros)
-        if self.kind == "x86":
-            return self._x86(x2, False, bias=False)
+    def _quantized(self, x2: torch.Tensor) -> torch.Tensor:  # PyTorch's layout (forward runs speculant's)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scales_zeros)
 
     def dequantize(self) -> torch.Tensor:
-        if self.kind == "amx":
-            return dequantize_int4(self.qweight, self.scales_zeros, self.scales_zeros.dtype)
         if self.kind == "x86":
             return dequantize_int4_x86(self.qweight, self.scales_zeros, self.scales_zeros.dtype)
         n, k = self.out_features, self.in_features

@@ -287,12 +287,12 @@ class NativeModel(nn.Module):
 
 
 def _int4_layout(group_size: int) -> str | None:
-    """The packed layout int4 layers get here: "amx" or "x86" (speculant's kernels), else None."""
-    from ..kernels import int4_isa, int4_kernel
+    """The packed layout int4 layers get here: "x86" (speculant's kernel), else None."""
+    from ..kernels import int4_isa
 
     if group_size != 64:
         return None
-    return "amx" if int4_kernel() is not None else "x86" if int4_isa() is not None else None
+    return "x86" if int4_isa() is not None else None
 
 
 def _check_quant(quant: str, dtype: torch.dtype) -> None:

@@ -9,10 +9,11 @@ mapped from the file, not read: only the rows of the tokens actually seen become
 
 The file holds each layer's norms, its joined q/k/v and gate/up layers and its o/down layers
 (codes, scales, float32 biases), the output layer (int4, or bf16 without ``quant_head``), the
-final norm and the embedding, plus metadata naming the format, the packed layout (``x86`` or
-``amx``: the kernel it was packed for), the group size and the source. The name of the file
-says all of that too, and the source directory's file sizes and times, so a changed source or
-another layout is another file.
+final norm and the embedding, plus metadata naming the format, the packed layout (``x86``: the
+kernel it was packed for), the group size and the source. The name of the file says all of that
+too, and the source directory's file sizes and times, so a changed source or another layout is
+another file: a file of the former ``amx`` layout (``-int4-amx-`` in its name, saved on AMX CPUs
+by earlier versions) is never read, an ``x86`` one is made beside it.
 """
 
 from __future__ import annotations

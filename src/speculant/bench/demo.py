@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from ..api import SpeculativeDecoder, draft_keeps_dense, load_native
+from ..api import SpeculativeDecoder, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH
 from ..defaults import choose_runtime
 from ..errors import ConfigError
@@ -35,8 +35,7 @@ def run_demo(max_new_tokens: int = 128, methods: str = "auto") -> None:
                   f"heads for medusa/hydra), greedy; {rt.why}")
     if rt.backend == "native":
         target = load_native(TARGET, "bfloat16", rt.target_quant, rt.quant_head)
-        draft = load_native(DRAFT, "bfloat16", "int4", keep_dense=draft_keeps_dense()) \
-            if {"sd", "mcsd"} & set(chosen) else None
+        draft = load_native(DRAFT, "bfloat16", "int4") if {"sd", "mcsd"} & set(chosen) else None
     else:
         target = load(TARGET, "bfloat16")
         draft = load(DRAFT, "bfloat16") if {"sd", "mcsd"} & set(chosen) else None

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, draft_keeps_dense, load_native
+from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH
 from ..defaults import choose_runtime
 from ..errors import ConfigError
@@ -298,7 +298,7 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     lean = cfg.backend == "native" and "hf-assisted" not in methods and cfg.lora is None
     if lean:
         target = load_native(cfg.target, cfg.dtype, cfg.target_quant, cfg.quant_head)
-        draft = load_native(cfg.draft, cfg.dtype, _draft_quant(cfg), keep_dense=draft_keeps_dense()) if needs_draft else None
+        draft = load_native(cfg.draft, cfg.dtype, _draft_quant(cfg)) if needs_draft else None
     else:  # with --lora: the adapter merged into the transformers model, which the native runtime then reads
         target = load_adapted(cfg.target, cfg.dtype, cfg.lora) if cfg.lora is not None else load(cfg.target, cfg.dtype)
         draft = load(cfg.draft, cfg.dtype) if needs_draft else None

@@ -54,8 +54,8 @@ class MedusaHeads(nn.Module):
         self.heads = nn.ModuleList(heads)
         # a tuple hides the target's layer from parameters(), state_dict() and .to()
         self._shared: tuple[nn.Module, ...] = (lm_head,) if config.shared_lm_head else ()
-        # drafting through the shared layer shortlists candidates with an int4 copy of it where
-        # speculant's AMX kernel runs (see coarse_ranker); False: always the exact product
+        # drafting through the shared layer shortlists candidates with a low-bit copy of it (int4
+        # where an int4 path runs, see coarse_ranker); False: always the exact product
         self.coarse_ranking = True
         self._coarse: tuple | None = None  # (key, the layer's first `limit` rows, their int4 copy)
 

@@ -33,7 +33,7 @@ def shortlist_topk(coarse: nn.Module, rows: torch.Tensor, states: torch.Tensor, 
 def coarse_ranker(rows: torch.Tensor | None):
     """A low-bit copy of output-layer rows (V', H) (a draft vocabulary's, or a whole shared
     layer's for Medusa heads), or None for shapes it does not take: int4 in groups of 64 inputs
-    (speculant's AMX kernel where it runs, else PyTorch's own int4 matmul), int8 with one scale per
+    (speculant's int4 kernel where it runs, else PyTorch's own int4 matmul), int8 with one scale per
     row where int4 does not apply. The shortlist it gives is re-ranked with the exact rows, so the
     proposals change only where the true top-k falls outside the low-bit top-(k + COARSE_EXTRA),
     and the target verifies every token anyway."""

@@ -73,8 +73,8 @@ class SequentialHeads(nn.Module):
             self.draft_vocab = None
         self._shared: tuple[nn.Module, ...] = (lm_head, embed)  # frozen, not parameters, never saved
         self._draft_rows: tuple | None = None  # (key, draft vocabulary < limit, its output-layer rows, int4 copy)
-        # drafting shortlists candidates through an int4 copy of those rows where speculant's AMX
-        # kernel runs (see coarse_ranker); False: always the exact product
+        # drafting shortlists candidates through a low-bit copy of those rows (int4 where an int4
+        # path runs, see coarse_ranker); False: always the exact product
         self.coarse_ranking = True
 
     @property

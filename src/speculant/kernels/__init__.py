@@ -3,17 +3,22 @@ module for AMX or AVX-512 BF16 CPUs (:func:`cpu_kernels`) and one for every x86-
 (:func:`x86_kernels`: ``int4_x86.cpp``, ``attention_x86.cpp``, ``layer_x86.cpp``, each on an
 AVX-512, AVX2 and portable C++ path that give the same bits).
 
-``int4_amx.cpp``: an int4-weight matmul for a few rows whose cost stays about that of reading the
-weights from 1 to 16 rows (AMX-INT8 tiles; activations quantized per row and per 64 inputs to
-int8, as llama.cpp does), and whose rows are computed independently of each other (a tree
-verification pass gives each row exactly what a one-row pass gives). Needs AMX-INT8 and AVX-512
-BF16 (Intel Sapphire Rapids and later) on Linux. Without them, or if the build fails,
-:func:`cpu_kernels` returns None and callers use PyTorch's own kernels.
+``int4_x86.cpp``: the int4-weight matmul of every x86-64 CPU, one packed layout
+(:func:`pack_int4_x86`) for all of its code paths: AVX-512 VNNI, AVX2 with or without AVX-VNNI,
+portable C++, and on AMX CPUs (Intel Sapphire Rapids and later) AMX tiles for passes of 10 rows
+or more (``int4_amx_x86.cpp``). Activations are quantized per row and per group of inputs to int8,
+as llama.cpp does, and every row is computed on its own, so a tree verification pass gives each
+row exactly what a one-row pass gives, on every path alike.
+
+``bf16_amx.cpp``: a bf16 matmul on AMX tiles, each weight tile used by up to 32 rows (measurements:
+docs/design-notes.md#bf16-kernel-with-amx). Needs AMX and AVX-512 BF16 (Intel Sapphire Rapids and
+later) on Linux; its module (``amx_module.cpp``) also has attention.cpp.
 
 ``bf16_avx512.cpp``: bf16_amx.cpp's matmul (same interface and layout) for CPUs with AVX-512
 BF16 but no AMX (AMD Zen 4 and later): VDPBF16PS, each weight vector used by up to 6 rows at
 once, rows independent of each other too (measurements: docs/design-notes.md#bf16-kernel-without-amx).
-On such a CPU :func:`cpu_kernels` builds this file and attention.cpp (no int4 kernel: it needs AMX).
+On such a CPU :func:`cpu_kernels` builds this file and attention.cpp. Without either instruction
+set, or if the build fails, :func:`cpu_kernels` returns None and callers use PyTorch's kernels.
 
 ``attention.cpp``: attention of a few new tokens over the bf16 KV cache, each (token, head)
 computed on its own over the keys it may see, in key order, so a tree verification pass is
@@ -34,9 +39,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4",
-           "dequantize_int4_x86", "int4_isa", "int4_kernel", "kernels_name", "pack_bf16", "pack_int4", "pack_int4_x86",
-           "x86_kernels"]
+__all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
+           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "x86_kernels"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step; docs/design-notes.md#int4-group-size
 
@@ -60,7 +64,7 @@ def _kernel_sources() -> tuple[str, list[str], list[str]] | None:
     """(module name, C++ sources, compiler flags) of the kernels this CPU runs, or None."""
     avx512 = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
     if cpu_has_amx_int8():
-        return ("speculant_cpu_kernels", ["int4_amx.cpp", "attention.cpp", "bf16_amx.cpp"],
+        return ("speculant_cpu_kernels", ["amx_module.cpp", "attention.cpp", "bf16_amx.cpp"],
                 avx512 + ["-mamx-tile", "-mamx-int8", "-mamx-bf16"])
     if cpu_has_avx512_bf16():
         return "speculant_avx512_kernels", ["bf16_avx512.cpp", "attention.cpp"], avx512
@@ -77,10 +81,10 @@ def _build_directory(name: str) -> Path:
 
 @functools.cache
 def cpu_kernels():
-    """The compiled extension module, or None where it cannot run. Every module has
-    ``.bf16_mm(x, wp, bias)`` and ``.attend(q, keys, values, allowed)``; the AMX one also
-    ``.int4_mm(x, qpack, scales)`` (see :func:`int4_kernel`). ``SPECULANT_NO_KERNELS=1`` disables
-    them (PyTorch's kernels are used instead). Built (or loaded) once per process."""
+    """The compiled bf16 / attention module, or None where it cannot run. Every module has
+    ``.bf16_mm(x, wp, bias)`` and ``.attend(q, keys, values, allowed)`` (int4 layers use
+    :func:`x86_kernels`). ``SPECULANT_NO_KERNELS=1`` disables them (PyTorch's kernels are used
+    instead). Built (or loaded) once per process."""
     if os.environ.get("SPECULANT_NO_KERNELS"):
         return None
     spec = _kernel_sources()
@@ -132,12 +136,6 @@ def _say_if_building(name: str, build: Path, here: Path) -> None:
               "(1-2 minutes, once)", file=sys.stderr, flush=True)
 
 
-def int4_kernel():
-    """The kernel module if it has speculant's AMX int4 matmul (AMX machines), else None. Setting
-    ``SPECULANT_INT4_ISA`` (see :func:`int4_isa`) turns it off in favour of ``int4_x86.cpp``."""
-    return None  # AMX CPUs run int4_x86.cpp's AMX path (same layout and bits as every x86 path)
-
-
 # int4_x86.cpp's code paths: the value int4_gemm's `isa` argument takes for each
 INT4_ISAS = {"avx512-vnni": 1, "avx2-vnni": 2, "avx2": 3, "portable": 4, "amx": 5}
 
@@ -176,22 +174,9 @@ def int4_isa() -> str | None:
 
 
 def kernels_name() -> str:
-    """Which kernels run here: "amx", "avx512" (bf16 matmul and attention only) or "torch"."""
-    return "torch" if cpu_kernels() is None else "amx" if int4_kernel() is not None else "avx512"
-
-
-def pack_int4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes q (N, K) in [0, 15], scale and offset (N, K / 64) (w = q * scale + offset) ->
-    (qpack (N/16, K/4, 32) uint8, scales (N/16, K/64, 2, 16) bf16) in the kernel's layout (see
-    int4_amx.cpp). N must be a multiple of 16 and K of 64."""
-    N, K = q.shape
-    if N % 16 or K % GROUP:
-        raise ValueError(f"pack_int4 needs N % 16 == 0 and K % {GROUP} == 0, got ({N}, {K})")
-    rows = q.to(torch.uint8).view(N // 16, 16, K // 4, 4).permute(0, 2, 1, 3).reshape(N // 16, K // 4, 64)
-    qpack = (rows[..., :32] | (rows[..., 32:] << 4)).contiguous()  # (nb, quad, 32)
-    G = K // GROUP
-    sz = torch.stack([scale, offset], dim=0).view(2, N // 16, 16, G).permute(1, 3, 0, 2)  # (nb, g, 2, 16)
-    return qpack, sz.to(torch.bfloat16).contiguous()
+    """Which bf16 matmul and attention kernels run here: "amx" (``bf16_amx.cpp``), "avx512"
+    (``bf16_avx512.cpp``) or "torch" (PyTorch's); :func:`int4_isa` names the int4 code path."""
+    return "torch" if cpu_kernels() is None else "amx" if cpu_has_amx_int8() else "avx512"
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -202,16 +187,6 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"pack_bf16 needs N % 32 == 0 and K % 32 == 0, got ({N}, {K})")
     w = weight.detach().to(torch.bfloat16).view(N // 16, 16, K // 32, 16, 2)
     return w.permute(0, 2, 3, 1, 4).contiguous()
-
-
-def dequantize_int4(qpack: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
-    """The (N, K) matrix a packed weight stands for (w = q * scale + offset, in ``dtype``)."""
-    NB, quads, _ = qpack.shape
-    rows = torch.cat([qpack & 15, qpack >> 4], dim=-1)  # (nb, quad, 64): byte 4c + i
-    q = rows.view(NB, quads, 16, 4).permute(0, 2, 1, 3).reshape(NB * 16, quads * 4)  # (N, K)
-    s, o = scales.float().permute(2, 0, 3, 1).reshape(2, NB * 16, -1)  # (N, G) each
-    w = q.view(NB * 16, -1, GROUP).float() * s[..., None] + o[..., None]
-    return w.view(NB * 16, quads * 4).to(dtype)
 
 
 def pack_int4_x86(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-// What both AMX kernels (int4_amx.cpp, bf16_amx.cpp) share: the tile configuration record
+// What the AMX code (bf16_amx.cpp, int4_amx_x86.cpp, amx_module.cpp) shares: the tile configuration record
 // (palette 1) and the one-time request for the tile-data permission Linux requires.
 #pragma once
 
