@@ -262,3 +262,14 @@ def test_layer_ops_match_torch_and_every_path(isa):
     assert slab[:, :, :start].abs().sum() == 0 and slab[:, :, start + n:].abs().sum() == 0
     slab2 = torch.zeros_like(slab)
     assert torch.equal(q, kernels.rope_qkv(qkv, cos, sin, Hq, Hkv, slab2, start, P)) and torch.equal(slab, slab2)
+
+
+def test_no_amx_environment_runs_as_without_amx(monkeypatch):
+    """SPECULANT_NO_AMX: no AMX build and the int4 matmul's AVX-512 VNNI path, whatever the CPU."""
+    from speculant import kernels as k
+
+    monkeypatch.setenv("SPECULANT_NO_AMX", "1")
+    assert not k.cpu_has_amx_int8()
+    assert k.int4_isa() != "amx"
+    if kernels.int4_isa_supported(INT4_ISAS["amx"]):
+        assert k.int4_isa() == "avx512-vnni"

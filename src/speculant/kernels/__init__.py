@@ -53,6 +53,10 @@ def _cpu_flags() -> frozenset[str]:
 
 
 def cpu_has_amx_int8() -> bool:
+    """AMX-INT8/BF16 here, unless ``SPECULANT_NO_AMX`` is set (speculant then runs as on the same
+    CPU without AMX: its AVX-512 kernels, and the int4 matmul's AVX-512 VNNI path at every width)."""
+    if os.environ.get("SPECULANT_NO_AMX"):
+        return False
     return {"amx_int8", "amx_bf16", "amx_tile", "avx512_bf16", "avx512bw"} <= _cpu_flags()
 
 
@@ -153,8 +157,8 @@ def x86_kernels():
 
 def int4_isa() -> str | None:
     """The code path of ``int4_x86.cpp`` that runs here: ``SPECULANT_INT4_ISA`` (one of
-    :data:`INT4_ISAS`, e.g. ``portable`` to test the fallback) if set, else the best this CPU has;
-    None without the module. Every path gives the same bits."""
+    :data:`INT4_ISAS`, e.g. ``portable`` to test the fallback) if set, else the best this CPU has
+    (not ``amx`` under ``SPECULANT_NO_AMX``); None without the module. Every path gives the same bits."""
     module = x86_kernels()
     if module is None:
         return None
@@ -170,6 +174,8 @@ def int4_isa() -> str | None:
             raise ConfigError(f"SPECULANT_INT4_ISA={forced!r}: this CPU lacks those instructions")
         return forced
     best = module.int4_best_isa()
+    if best == INT4_ISAS["amx"] and os.environ.get("SPECULANT_NO_AMX"):
+        best = INT4_ISAS["avx512-vnni"]
     return next(name for name, v in INT4_ISAS.items() if v == best)
 
 
