@@ -474,6 +474,10 @@ def test_bench_report_defaults_to_the_newest_json(tmp_path, monkeypatch, capsys)
     _saved(bench, "2026-01-02-a-bench.json", "2026-01-02T00:00:00+00:00")
     newest = _saved(bench, "2026-03-04-b-bench.json", "2026-03-04T00:00:00+00:00")
     (bench / "2026-05-06-a-quant-eval.json").write_text(json.dumps({"results": {}}))  # not a bench result
+    capped = _saved(bench, "2026-07-08-c-bench.json", "2026-07-08T00:00:00+00:00")  # newer, but run with fewer ISAs
+    result = json.loads(capped.read_text())
+    result["machine"]["env"] = {"SPECULANT_NO_AMX": "1"}
+    capped.write_text(json.dumps(result))
     assert newest_result(bench) == newest
     monkeypatch.chdir(tmp_path)
     assert main(["bench-report"]) == 0
@@ -551,6 +555,19 @@ def test_machine_line_names_the_instruction_sets():
         "X (avx512_bf16, amx_tile; 2 cores)"
     assert machine_line({"machine": {"cpu": "X", "flags": ["avx2", "avx512f", "avx512_vnni"]}}) == "X (avx512_vnni, no AMX)"
     assert machine_line({}) == "unknown CPU"
+    assert machine_line({"machine": {"cpu": "X", "flags": ["avx512f", "amx_tile"], "cores": 2,
+                                     "env": {"SPECULANT_NO_AMX": "1"}}}) == "X (amx_tile; 2 cores; run with SPECULANT_NO_AMX=1)"
+
+
+def test_machine_info_records_what_caps_the_instruction_sets(monkeypatch):
+    from speculant.bench.harness import CAPPING_ENV, machine_info
+
+    for k in CAPPING_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert "env" not in machine_info()
+    monkeypatch.setenv("SPECULANT_NO_AMX", "1")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert machine_info()["env"] == {"SPECULANT_NO_AMX": "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
 
 
 def test_bench_at_a_temperature(tiny, tmp_path, capsys):

@@ -431,8 +431,18 @@ def machine_info() -> dict:
                 flags = set(value.split())
     except OSError:
         pass
-    return {"cpu": cpu, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count(),
+    info = {"cpu": cpu, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__}
+    capped = {k: os.environ[k] for k in CAPPING_ENV if os.environ.get(k)}
+    if capped:  # the run used fewer of the CPU's instructions than it has
+        info["env"] = capped
+    return info
+
+
+# environment variables that make speculant (or the peers' oneDNN) use fewer instructions than the
+# CPU has; a run under any of them records it, and is not taken as the machine's own result
+CAPPING_ENV = ("SPECULANT_NO_AMX", "SPECULANT_INT4_ISA", "SPECULANT_NO_KERNELS", "ONEDNN_MAX_CPU_ISA",
+               "DNNL_MAX_CPU_ISA")
 
 
 def git_info() -> dict:

@@ -276,7 +276,8 @@ def load_result(path: str | Path) -> dict:
 
 
 def newest_result(directory: str | Path = "benchmarks") -> Path:
-    """The newest bench JSON in ``directory`` (by the ``date`` it records, then by name)."""
+    """The newest bench JSON in ``directory`` (by the ``date`` it records, then by name) among the
+    runs that used every instruction the CPU has (no ``machine.env``: see ``harness.CAPPING_ENV``)."""
     d = Path(directory)
     found = []
     for p in sorted(d.glob("*.json")) if d.is_dir() else []:
@@ -284,7 +285,7 @@ def newest_result(directory: str | Path = "benchmarks") -> Path:
             r = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(r, dict) and "ar" in (r.get("summary") or {}):
+        if isinstance(r, dict) and "ar" in (r.get("summary") or {}) and not (r.get("machine") or {}).get("env"):
             found.append((str(r.get("date") or ""), p.name, p))
     if not found:
         raise ConfigError(f"no bench JSON in {d}/: pass the file to show, or run `speculant bench --json-out FILE`")
@@ -351,7 +352,8 @@ def machine_line(result: dict) -> str:
         flags = [f for f in every if f in ("avx2", "avx_vnni")] + ["no AVX-512"]
     cores = f"{m['cores']} cores" if m.get("cores") else ""
     isa = ", ".join(flags) + (", no AMX" if every and not any(f.startswith("amx") for f in flags) else "")
-    inner = "; ".join(x for x in (isa.strip(", "), cores) if x)
+    env = " ".join(f"{k}={v}" for k, v in (m.get("env") or {}).items())
+    inner = "; ".join(x for x in (isa.strip(", "), cores, f"run with {env}" if env else "") if x)
     return f"{m.get('cpu') or 'unknown CPU'}" + (f" ({inner})" if inner else "")
 
 
