@@ -174,7 +174,7 @@ def int4_isa() -> str | None:
             raise ConfigError(f"SPECULANT_INT4_ISA={forced!r}: this CPU lacks those instructions")
         return forced
     best = module.int4_best_isa()
-    if best == INT4_ISAS["amx"] and os.environ.get("SPECULANT_NO_AMX"):
+    if best == INT4_ISAS["amx"] and not cpu_has_amx_int8():  # SPECULANT_NO_AMX
         best = INT4_ISAS["avx512-vnni"]
     return next(name for name, v in INT4_ISAS.items() if v == best)
 

@@ -39,10 +39,6 @@ namespace {
 constexpr int64_t kTileRows = 16;     // rows of activations per A tile
 constexpr int64_t kTileBytes = 1024;  // one B tile: 16 quads of inputs x 16 channels x 4 codes
 
-inline __m512 load16_bf16(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-
 // One group's 8 octets of codes (512 bytes) -> the B tile (16 rows of 64 bytes).
 inline void unpack_group(const uint8_t* qg, uint8_t* b) {
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -59,13 +55,11 @@ inline void unpack_group(const uint8_t* qg, uint8_t* b) {
 // tile c (16 rows x 16 channels) and the (scale, offset) of the block's 16 channels at sg.
 template <int R>
 inline void fold(const Problem& P, int64_t m0, int64_t g, const int32_t* c, const uint16_t* sg, __m512* acc) {
-  const __m512 s = load16_bf16(sg), o = load16_bf16(sg + 16);
+  const __m512 s = load16_bf16_avx512(sg), o = load16_bf16_avx512(sg + 16);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const int64_t mg = (m0 + r) * P.G + g;
-    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void*)(c + 16 * r))), s);
-    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(P.a[mg]), acc[r]);
-    acc[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(P.ax[mg]), acc[r]);
+    acc[r] = fold16(acc[r], _mm512_load_si512((const void*)(c + 16 * r)), s, o, P.a[mg], P.ax[mg]);
   }
 }
 

@@ -3,6 +3,8 @@
 // then rounded to bf16 to nearest even, or kept in fp32), so that every path gives the same bits.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -41,6 +43,20 @@ inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc,
     if (P.y32) P.y32[m * P.N + n0 + c] = v;
     else P.y16[m * P.N + n0 + c] = float_to_bf16(v);
   }
+}
+
+// The AVX-512 paths' pieces (int4_x86.cpp's AVX-512 VNNI path and int4_amx_x86.cpp's AMX path),
+// defined once so that the two cannot drift apart: 16 bf16 values to fp32, and the fold of one
+// group's exact dot products for 16 channels, acc = fma(o, ax, fma(d * s, a, acc)).
+__attribute__((target("avx512f"))) inline __m512 load16_bf16_avx512(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+__attribute__((target("avx512f"))) inline __m512 fold16(__m512 acc, __m512i dot, __m512 s, __m512 o, float a,
+                                                        float ax) {
+  const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), s);
+  acc = _mm512_fmadd_ps(t, _mm512_set1_ps(a), acc);
+  return _mm512_fmadd_ps(o, _mm512_set1_ps(ax), acc);
 }
 
 }  // namespace speculant_int4

@@ -192,10 +192,6 @@ inline void store8(const Problem& P, int64_t m0, int64_t n0, const __m256* acc) 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
 
-inline __m512 load16_bf16_avx512(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-
 void quantize_row_avx512(const uint16_t* x, int64_t K, int64_t gsize, int8_t* xq, float* a, float* ax) {
   for (int64_t g = 0; g * gsize < K; ++g) {
     const uint16_t* p = x + g * gsize;
@@ -249,9 +245,7 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
     for (int r = 0; r < R; ++r) {
       const int64_t mg = (m0 + r) * P.G + g;
       const __m512i dot = C == 2 ? _mm512_add_epi32(d[r][0], d[r][C - 1]) : d[r][0];
-      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), s);
-      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(P.a[mg]), acc[r]);
-      acc[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(P.ax[mg]), acc[r]);
+      acc[r] = fold16(acc[r], dot, s, o, P.a[mg], P.ax[mg]);
     }
   }
   for (int r = 0; r < R; ++r) {
