@@ -1,6 +1,7 @@
 """speculant's kernels of the AMX / AVX-512 BF16 build (kernels.cpu_kernels): attention.cpp and the
-bf16 matmul (bf16_amx.cpp / bf16_avx512.cpp) against references, row independence (a row's output
-never depends on the other rows), and the build's lock handling. The int4 kernel: test_kernels_x86.py."""
+bf16 matmul (bf16_amx.cpp / bf16_avx512.cpp) and the int4 prompt prefill on AMX
+(int4_prefill_amx.cpp) against references, row independence (a row's output never depends on the
+other rows), and the build's lock handling. The int4 kernel: test_kernels_x86.py."""
 
 import pytest
 import torch
@@ -59,6 +60,53 @@ def test_bf16_kernel_matches_fp32_matmul(M, bias):
     wp = pack_bf16(w)
     assert wp.shape == (N // 16, K // 32, 16, 16, 2)
     assert torch.equal(wp[1, 2, 3, 4, 1], w[16 + 4, 64 + 2 * 3 + 1])
+
+
+needs_prefill_kernel = pytest.mark.skipif(kernel is None or not hasattr(kernel, "int4_prefill_mm"),
+                                          reason="the int4 prefill kernel needs AMX (Intel Sapphire Rapids or later)")
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize("N,K,gsize", [(48, 1024, 64), (96, 320, 32), (32, 64, 64)])  # 48: an odd last block
+def test_int4_prefill_kernel_is_the_widened_product_and_rows_are_independent(N, K, gsize):
+    """int4_prefill_amx.cpp: the weights widened to bf16 (fma(q, scale, offset), rounded once)
+    times bf16 activations, summed in fp32: equal to that product computed in float64 up to fp32
+    summation; a row alone gives bit for bit what it gets inside a wider call; bf16 output = the
+    fp32 output rounded; the bias added in fp32."""
+    from speculant.kernels import pack_int4_x86
+
+    g = torch.Generator().manual_seed(N + K)
+    q = torch.randint(0, 16, (N, K), generator=g)
+    scale = torch.rand(N, K // gsize, generator=g) * 0.02 + 1e-3
+    offset = -8 * scale + 0.002 * torch.randn(N, K // gsize, generator=g)
+    qpack, sz = pack_int4_x86(q, scale, offset)
+    s, o = sz.float().permute(2, 0, 3, 1).reshape(2, N, K // gsize).repeat_interleave(gsize, -1)  # (N, K) each
+    widened = (q.double() * s.double() + o.double()).float().bfloat16()  # one rounding to fp32 (as an fma), then bf16
+    bias = torch.randn(N, generator=g)
+    x = torch.randn(150, K, generator=g).bfloat16()
+    for M in (1, 15, 16, 17, 33, 150):
+        y = kernel.int4_prefill_mm(x[:M].contiguous(), qpack, sz, bias, True)
+        ref = x[:M].double() @ widened.double().T + bias.double()
+        assert y.dtype == torch.float32 and y.shape == (M, N)
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        for m in {0, M // 2, M - 1}:
+            assert torch.equal(kernel.int4_prefill_mm(x[m:m + 1].contiguous(), qpack, sz, bias, True)[0], y[m]), (M, m)
+        assert torch.equal(kernel.int4_prefill_mm(x[:M].contiguous(), qpack, sz, bias, False), y.bfloat16())
+    no_bias = kernel.int4_prefill_mm(x[:5].contiguous(), qpack, sz, torch.empty(0), True)
+    assert torch.equal(no_bias + bias, kernel.int4_prefill_mm(x[:5].contiguous(), qpack, sz, bias, True))
+
+
+@needs_prefill_kernel
+def test_int4_prefill_kernel_bad_arguments_are_clear_errors():
+    from speculant.kernels import pack_int4_x86
+
+    qpack, sz = pack_int4_x86(torch.zeros(32, 128, dtype=torch.long), torch.ones(32, 2), torch.zeros(32, 2))
+    with pytest.raises(RuntimeError, match="x has 64 columns, the weight 128"):
+        kernel.int4_prefill_mm(torch.zeros(3, 64, dtype=torch.bfloat16), qpack, sz, torch.empty(0), True)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        kernel.int4_prefill_mm(torch.zeros(3, 128, dtype=torch.bfloat16), qpack, sz, torch.zeros(5), True)
+    with pytest.raises(RuntimeError, match="x must be"):
+        kernel.int4_prefill_mm(torch.zeros(3, 128), qpack, sz, torch.empty(0), True)
 
 
 def test_pack_bf16_rejects_odd_shapes():

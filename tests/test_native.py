@@ -402,3 +402,82 @@ def test_int4_model_is_saved_once_and_read_back_bit_identical(tmp_path, monkeypa
     third = NativeModel.from_dir(src, torch.bfloat16, "int4", quant_head=True)
     assert torch.equal(first, logits(third))
     assert native_store.load_store(saved[0], third.config, None, torch.bfloat16) is not None  # rewritten
+
+
+def _int4_tiny(seed=0):
+    return NativeModel.from_hf(tiny_qwen2(seed=seed, scale=4.0, dtype=torch.bfloat16), "int4", quant_head=True,
+                               keep_dense=False)
+
+
+@pytest.mark.skipif(x86_kernels() is None, reason="needs speculant's int4 kernel (an x86-64 CPU and a C++ toolchain)")
+def test_long_prompts_take_the_prefill_kernels_and_every_method_still_equals_plain(monkeypatch):
+    """A prompt of PREFILL_MIN_ROWS tokens or more is prefilled by the prefill kernels (on AMX the
+    int4 weights widened to bf16, int4_prefill_amx.cpp; flash attention): plain and speculative
+    decoding share that prefill, so greedy outputs stay identical. Its logits are the decoding
+    kernels' up to rounding. SPECULANT_EXACT_PREFILL=1 keeps prompts on the decoding kernels, and
+    a shorter prompt never leaves them."""
+    import speculant.backends.native as native
+    from speculant.backends.base import ForwardRequest, forward_batch
+
+    target = tiny_qwen2(seed=0, scale=4.0, dtype=torch.bfloat16)
+    backend = NativeBackend(NativeModel.from_hf(target, "int4", quant_head=True, keep_dense=False))
+    widths, plans = [], []
+    layer_prefill, plan = Int4Linear.forward_prefill, NativeBackend._attention_plan
+    monkeypatch.setattr(Int4Linear, "forward_prefill", lambda self, x: widths.append(x.shape[0]) or layer_prefill(self, x))
+    monkeypatch.setattr(NativeBackend, "_attention_plan",
+                        lambda self, n, past, mask, g, prefill=False: plans.append(prefill) or plan(self, n, past, mask, g, prefill))
+    g = torch.Generator().manual_seed(7)
+    rep = torch.randint(0, V, (12,), generator=g)
+    prompt = torch.cat([torch.randint(0, V, (native.PREFILL_MIN_ROWS,), generator=g), rep, rep])
+    plain = decode_to_end(backend, NoDrafter(), prompt, n=30).generated
+    assert len(widths) == 4 * 2 and set(widths) == {prompt.shape[0] - 1}  # qkv, o, gate_up, down of both layers
+    assert plans.count(True) == 1  # the prefill pass only; every decoding pass is row-invariant
+    draft = NativeBackend(perturbed(target, noise=0.3))
+    shared = random_heads(64, backend.model.get_output_embeddings()).to(torch.bfloat16)
+    for drafter in (LookupDrafter(3), DraftModelDrafter(draft, chain(3), GREEDY, V),
+                    MedusaDrafter(shared, build_tree("3x2x1"), V, LookupDrafter(4))):
+        assert decode_to_end(backend, drafter, prompt, n=30).generated == plain
+
+    rows = torch.tensor([prompt.shape[0] - 1])
+    backend.reset()
+    fast = forward_batch([backend], [ForwardRequest(prompt, rows=rows, prefill=True)])[0].logits
+    backend.reset()
+    exact = backend.forward(prompt, rows=rows).logits
+    assert (fast - exact).abs().max() <= 0.05 * exact.abs().max()
+
+    widths.clear()
+    monkeypatch.setenv("SPECULANT_EXACT_PREFILL", "1")
+    decode_to_end(backend, NoDrafter(), prompt, n=3)
+    monkeypatch.delenv("SPECULANT_EXACT_PREFILL")
+    decode_to_end(backend, NoDrafter(), prompt[:native.PREFILL_MIN_ROWS], n=3)  # prefills PREFILL_MIN_ROWS - 1
+    assert widths == []
+
+
+@pytest.mark.skipif(x86_kernels() is None, reason="needs speculant's int4 kernel (an x86-64 CPU and a C++ toolchain)")
+def test_a_prompt_prefilled_beside_other_sequences_gets_what_it_gets_alone():
+    """One pass of a long prompt (prefill kernels), a short prompt and a tree verification of a
+    third sequence: each sequence's logits and KV cache are bit for bit those of its own pass (the
+    prefill kernels take exactly the long prompt's rows)."""
+    from speculant.backends.base import ForwardRequest, forward_batch
+    from speculant.backends.native import PREFILL_MIN_ROWS
+
+    model = _int4_tiny(seed=4)
+    g = torch.Generator().manual_seed(1)
+    tree = build_tree("3x2x1")
+    requests = [ForwardRequest(torch.randint(0, V, (PREFILL_MIN_ROWS + 17,), generator=g), prefill=True),
+                ForwardRequest(torch.randint(0, V, (20,), generator=g), prefill=True),
+                ForwardRequest(torch.randint(0, V, (tree.size,), generator=g), 9 + tree.depths, tree.mask)]
+    context = torch.randint(0, V, (9,), generator=g)
+
+    def fresh():
+        backends = [NativeBackend(model) for _ in requests]
+        backends[2].forward(context, rows=torch.empty(0, dtype=torch.long))
+        return backends
+
+    alone_backends, together_backends = fresh(), fresh()
+    alone = [forward_batch([b], [r])[0] for b, r in zip(alone_backends, requests)]
+    together = forward_batch(together_backends, requests)
+    for a, t, ba, bt in zip(alone, together, alone_backends, together_backends):
+        assert torch.equal(a.logits, t.logits)
+        assert ba.cache.length == bt.cache.length and torch.equal(ba.cache.kv[:, :, :, :ba.cache.length],
+                                                                  bt.cache.kv[:, :, :, :bt.cache.length])

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import torch
 
 from .acceptance import accept_tree
-from .backends.base import Backend, ForwardOut, ForwardRequest
+from .backends.base import Backend, ForwardOut, ForwardRequest, forward_batch
 from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, drive
 from .drafters.pacing import Pacer
@@ -204,7 +204,7 @@ class SequenceRun:
             return None
         need = self.drafter.hidden_need
         rows = torch.tensor([self.prompt.shape[0] - 2]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
-        return ForwardRequest(self.prompt[:-1], rows=rows, want_hidden=need)
+        return ForwardRequest(self.prompt[:-1], rows=rows, want_hidden=need, prefill=True)
 
     def begin(self, out: ForwardOut | None, seconds: float = 0.0) -> None:
         """The prefill pass's output (None without one) took ``seconds``: start the drafter."""
@@ -275,7 +275,7 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -
     run = SequenceRun(target, drafter, prompt, **options)
     pre = run.prefill()  # 0. prefill
     t = time.perf_counter()
-    out = None if pre is None else target.forward(pre.tokens, rows=pre.rows, want_hidden=pre.want_hidden)
+    out = None if pre is None else forward_batch([target], [pre])[0]
     run.begin(out, time.perf_counter() - t)
     while run.finish_reason is None:
         draft = run.draft()  # 1. draft

@@ -74,6 +74,10 @@ class ForwardRequest:
     tree_mask: torch.Tensor | None = None  # (n, c + n) bool; None = causal
     rows: torch.Tensor | None = None  # (m,) long; None = all n rows
     want_hidden: HiddenNeed = HiddenNeed.NONE
+    # True: rows whose results need not equal one-token passes bit for bit (a prompt, which every
+    # method prefills alike; a draft model catching up), so a runtime may take its prefill
+    # kernels for them. Verified and generated tokens never set it.
+    prefill: bool = False
 
 
 def forward_batch(backends: Sequence["Backend"], requests: Sequence[ForwardRequest]) -> list[ForwardOut]:

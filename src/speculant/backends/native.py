@@ -27,6 +27,8 @@ pass gives it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,6 +39,11 @@ from .native_cache import StaticKVCache
 from .native_model import SUPPORTED, NativeBlock, NativeModel, _rms_norm, _rotate  # noqa: F401 (re-exported)
 
 INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _attention_plan)
+# A prompt (ForwardRequest.prefill) of at least this many tokens takes the prefill kernels: int4
+# weights widened to bf16 on AMX (Int4Linear.forward_prefill) and PyTorch's flash attention.
+# Measured crossover: docs/design-notes.md#prompt-prefill-on-amx. SPECULANT_EXACT_PREFILL=1 keeps
+# prompts on the decoding kernels (then the output is the same on every x86 CPU at any prompt length).
+PREFILL_MIN_ROWS = 96
 Q_BLOCK, KV_BLOCK = 32, 512  # PyTorch's CPU flash attention blocks for short queries / long keys
 _CAUSAL = torch.empty(0, dtype=torch.bool)  # kernels' attend: no mask = causal
 
@@ -61,9 +68,13 @@ class NativeBackend(CacheBacked):
         allowed[:, T - tree_mask.shape[1]:] = tree_mask
         return allowed
 
-    def _attention_plan(self, n: int, past: int, tree_mask: torch.Tensor | None, g: int):
+    def _attention_plan(self, n: int, past: int, tree_mask: torch.Tensor | None, g: int, prefill: bool = False):
         """``attend(q (n, Hkv, g, D), layer) -> (n, Hkv, g, D)``: attention of the n new tokens
         over the cache (positions 0 .. past+n-1) under the causal or tree mask.
+
+        ``prefill`` (a prompt of ``PREFILL_MIN_ROWS`` tokens or more on an empty cache): one call of
+        PyTorch's causal flash attention (fastest for long inputs; not row-invariant, which a
+        prompt need not be).
 
         Passes of up to ``INVARIANT_ROWS`` tokens (decoding, tree verification) are row-invariant:
         each token's output is bit-identical to what a one-token pass at its position computes,
@@ -75,6 +86,14 @@ class NativeBackend(CacheBacked):
         every method) take one call; query row j*n + i is head j of token i."""
         m, cache = self.model, self.cache
         Hkv, D, T = m.kv_heads, m.head_dim, past + n
+        if prefill and past == 0 and tree_mask is None:
+
+            def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+                keys, values = cache.kv[layer, 0, :, :n][None], cache.kv[layer, 1, :, :n][None]  # (1, Hkv, n, D)
+                o = F.scaled_dot_product_attention(q.reshape(n, Hkv * g, D).transpose(0, 1)[None], keys, values,
+                                                   is_causal=True, enable_gqa=True)  # (1, Hq, n, D)
+                return o[0].transpose(0, 1).reshape(n, Hkv, g, D)
+            return attend
         x86 = x86_kernels() if m.dtype == torch.bfloat16 else None
         if x86 is not None:  # speculant's own: row-invariant by construction at any width, no padding
             allowed = self._mask(n, past, tree_mask) if tree_mask is not None else _CAUSAL
@@ -140,31 +159,34 @@ class NativeBackend(CacheBacked):
         Hq, Hkv, D = m.heads, m.kv_heads, m.head_dim
         g = Hq // Hkv
         seqs = []  # (backend, past, n, first row, attend, RoPE angles (n, D/2))
-        first = 0
+        first, fast = 0, []
+        exact_prefill = bool(os.environ.get("SPECULANT_EXACT_PREFILL"))
         for b, r in zip(backends, requests):
             n, past = r.tokens.shape[0], b.cache.length
             positions = r.positions if r.positions is not None else torch.arange(past, past + n)
             b.cache.reserve(past + n)
             freqs = positions.float()[:, None] * m.inv_freq[None, :]  # (n, D/2)
-            seqs.append((b, past, n, first, b._attention_plan(n, past, r.tree_mask, g), freqs))
+            fast.append(r.prefill and n >= PREFILL_MIN_ROWS and not exact_prefill)
+            seqs.append((b, past, n, first, b._attention_plan(n, past, r.tree_mask, g, fast[-1]), freqs))
             first += n
+        linear = _linear_plan([(r0, n, f) for (_, _, n, r0, *_), f in zip(seqs, fast)])
         x = m.embed[torch.cat([r.tokens for r in requests])] if len(requests) > 1 else m.embed[requests[0].tokens]
         fused = x86_kernels() if m.dtype == torch.bfloat16 else None
         if fused is not None:  # layer_x86.cpp: norms, RoPE + cache write, SiLU * up in one call each
             rope = [(f.cos().contiguous(), f.sin().contiguous()) for *_, f in seqs]
             for i, blk in enumerate(m.blocks):
                 h = fused.rms_norm(x, blk.in_norm, m.eps, 0)
-                qkv = blk.qkv(h) if blk.qkv is not None else torch.cat(blk.project_qkv(h), dim=-1)
+                qkv = linear(blk.qkv, h) if blk.qkv is not None else torch.cat(blk.project_qkv(h), dim=-1)
                 outs = []
                 for (b, past, n, r0, attend, _), (cos, sin) in zip(seqs, rope):
                     part = qkv[r0:r0 + n].contiguous()
                     q = fused.rope_qkv(part, cos, sin, Hq, Hkv, b.cache.kv[i], past, 0)  # (n, Hq, D)
                     outs.append(attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
                 o = outs[0] if len(outs) == 1 else torch.cat(outs)
-                x = x + blk.o_proj(o)
+                x = x + linear(blk.o_proj, o)
                 h = fused.rms_norm(x, blk.post_norm, m.eps, 0)
-                gu = blk.gate_up(h) if blk.gate_up is not None else torch.cat([blk.gate_proj(h), blk.up_proj(h)], -1)
-                x = x + blk.down_proj(fused.silu_mul(gu.contiguous(), 0))
+                gu = linear(blk.gate_up, h) if blk.gate_up is not None else torch.cat([blk.gate_proj(h), blk.up_proj(h)], -1)
+                x = x + linear(blk.down_proj, fused.silu_mul(gu.contiguous(), 0))
         else:
             rope = []
             for *_, f in seqs:
@@ -208,3 +230,26 @@ class NativeBackend(CacheBacked):
 
     def reset(self) -> None:
         self.cache.reset()
+
+
+def _linear_plan(spans: list[tuple[int, int, bool]]):
+    """``linear(layer, h (N, K)) -> (N, out)`` for a pass whose sequences have rows r0 .. r0+n-1
+    (``spans``: (r0, n, prefill kernels)): the prefill kernel (``forward_prefill``, where the layer
+    has one) for the rows flagged, the layer's own forward for the others. Each kernel computes
+    every row on its own, so splitting the rows changes no bits."""
+    if not any(f for *_, f in spans):
+        return lambda layer, h: layer(h)
+    if all(f for *_, f in spans):
+        return lambda layer, h: getattr(layer, "forward_prefill", layer)(h)
+    fast = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if f])
+    rest = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if not f])
+
+    def linear(layer, h: torch.Tensor) -> torch.Tensor:
+        prefill = getattr(layer, "forward_prefill", None)
+        if prefill is None:
+            return layer(h)
+        out = h.new_empty(h.shape[0], layer.out_features)
+        out[rest] = layer(h[rest])
+        out[fast] = prefill(h[fast])
+        return out
+    return linear

@@ -56,7 +56,7 @@ class DraftModelDrafter:
         q = None if self.sampling.greedy else torch.zeros(N, self.V)
         self.backend.rollback(self.committed)
         pending = context[self.committed:]
-        out = yield ModelPass(self.backend, ForwardRequest(pending, rows=torch.tensor([pending.shape[0] - 1])))
+        out = yield ModelPass(self.backend, ForwardRequest(pending, rows=torch.tensor([pending.shape[0] - 1]), prefill=True))
         logits = out.logits[:, :self.V]
         self.committed = L
         self._context_len = L

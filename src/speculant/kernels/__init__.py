@@ -68,7 +68,7 @@ def _kernel_sources() -> tuple[str, list[str], list[str]] | None:
     """(module name, C++ sources, compiler flags) of the kernels this CPU runs, or None."""
     avx512 = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
     if cpu_has_amx_int8():
-        return ("speculant_cpu_kernels", ["amx_module.cpp", "attention.cpp", "bf16_amx.cpp"],
+        return ("speculant_cpu_kernels", ["amx_module.cpp", "attention.cpp", "bf16_amx.cpp", "int4_prefill_amx.cpp"],
                 avx512 + ["-mamx-tile", "-mamx-int8", "-mamx-bf16"])
     if cpu_has_avx512_bf16():
         return "speculant_avx512_kernels", ["bf16_avx512.cpp", "attention.cpp"], avx512
@@ -117,7 +117,7 @@ def _build(name: str, sources: list[str], flags: list[str]):
         # later load then waits for it forever. Speculant's processes take this flock first (it
         # dies with its process), so a `lock` found while holding it is such a leftover.
         with file_lock(build / "speculant.flock"):
-            _say_if_building(name, build, here)
+            _say_if_building(name, build, _with_includes([here / f for f in sources]))
             (build / "lock").unlink(missing_ok=True)
             return load(name=name, sources=[str(here / s) for s in sources], extra_cflags=flags,
                         extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
@@ -128,12 +128,27 @@ def _build(name: str, sources: list[str], flags: list[str]):
         return None
 
 
-def _say_if_building(name: str, build: Path, here: Path) -> None:
-    """One line on standard error when ``name`` is (re)compiled: no module yet, sources newer than
-    it, or a ``lock`` file left by a build that was killed (its partial output is rebuilt)."""
+def _with_includes(files: list[Path]) -> list[Path]:
+    """``files`` and the local headers they include (``#include "x.h"``), transitively."""
+    seen, todo = [], list(files)
+    while todo:
+        f = todo.pop()
+        if f in seen or not f.is_file():
+            continue
+        seen.append(f)
+        for line in f.read_text().splitlines():
+            if line.startswith('#include "'):
+                todo.append(f.parent / line.split('"')[1])
+    return seen
+
+
+def _say_if_building(name: str, build: Path, files: list[Path]) -> None:
+    """One line on standard error when ``name`` is (re)compiled: no module yet, its sources
+    (``files``) newer than it, or a ``lock`` file left by a build that was killed (its partial
+    output is rebuilt)."""
     module = build / f"{name}.so"
     interrupted = (build / "lock").exists()
-    newest = max(f.stat().st_mtime for f in here.iterdir() if f.suffix in (".cpp", ".h"))
+    newest = max(f.stat().st_mtime for f in files)
     if interrupted or not module.is_file() or module.stat().st_mtime < newest:
         why = "an earlier build was interrupted; " if interrupted else ""
         print(f"speculant: {why}compiling speculant's CPU kernels ({name}) for this machine in {build} "

@@ -17,67 +17,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include "amx_tiles.h"
+#include "amx_bf16_pair.h"
 #include "bf16_mm.h"
-
-namespace {
-
-using speculant_amx::TileConfig;
-
-void configure(int r0, int r1) {
-  TileConfig cfg;
-  cfg.rows[0] = r0, cfg.colsb[0] = 64;  // A: rows 0-15 x 32 bf16
-  cfg.rows[2] = 16, cfg.colsb[2] = 64;  // B, block 0: 16 input pairs x 16 channels x 2
-  cfg.rows[3] = 16, cfg.colsb[3] = 64;  // B, block 1
-  cfg.rows[4] = r0, cfg.colsb[4] = 64;  // C: rows 0-15 x 16 fp32, block 0
-  cfg.rows[5] = r0, cfg.colsb[5] = 64;  // C: rows 0-15, block 1
-  if (r1 > 0) {
-    cfg.rows[1] = r1, cfg.colsb[1] = 64;  // A: rows 16-31
-    cfg.rows[6] = r1, cfg.colsb[6] = 64;  // C: rows 16-31, block 0
-    cfg.rows[7] = r1, cfg.colsb[7] = 64;  // C: rows 16-31, block 1
-  }
-  _tile_loadconfig(&cfg);
-}
-
-// Two channel blocks (w0, w1: K/32 tiles of 1 KB each) times rows r0 + r1 <= 32 of x.
-void pair(const at::BFloat16* x, int64_t K, int r0, int r1, const at::BFloat16* w0, const at::BFloat16* w1,
-          float* c /* (32, 32) */) {
-  const int64_t steps = K / 32, lda = K * 2;
-  _tile_zero(4);
-  _tile_zero(5);
-  if (r1 > 0) {
-    _tile_zero(6);
-    _tile_zero(7);
-  }
-  for (int64_t s = 0; s < steps; ++s) {
-    const char* b0 = (const char*)(w0 + s * 512);
-    const char* b1 = (const char*)(w1 + s * 512);
-    for (int l = 0; l < 1024; l += 64) {  // the tiles 4 steps ahead, both streams
-      _mm_prefetch(b0 + 4096 + l, _MM_HINT_T0);
-      _mm_prefetch(b1 + 4096 + l, _MM_HINT_T0);
-    }
-    asm volatile("" ::: "memory");  // GCC's tile intrinsics are asm without memory operands
-    _tile_loadd(2, b0, 64);
-    _tile_loadd(3, b1, 64);
-    _tile_loadd(0, x + s * 32, lda);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_dpbf16ps(5, 0, 3);
-    if (r1 > 0) {
-      _tile_loadd(1, x + 16 * K + s * 32, lda);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-    }
-  }
-  _tile_stored(4, c, 128);
-  _tile_stored(5, c + 16, 128);
-  if (r1 > 0) {
-    _tile_stored(6, c + 16 * 32, 128);
-    _tile_stored(7, c + 16 * 32 + 16, 128);
-  }
-  asm volatile("" ::: "memory");
-}
-
-}  // namespace
 
 // x (M, K) bf16 contiguous; wp (N/16, K/32, 16, 16, 2) bf16; bias (N,) bf16 or empty -> (M, N) bf16.
 torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
@@ -109,10 +50,10 @@ torch::Tensor bf16_mm(torch::Tensor x, torch::Tensor wp, torch::Tensor bias) {
         for (int64_t m0 = s0; m0 < s0 + S; m0 += 32) {
           const int rows = (int)std::min<int64_t>(32, s0 + S - m0), r0 = std::min(rows, 16), r1 = rows - r0;
           if (r0 != conf_r0 || r1 != conf_r1) {  // tile state is per thread
-            configure(r0, r1);
+            speculant_amx::configure_bf16_pair(r0, r1);
             conf_r0 = r0, conf_r1 = r1;
           }
-          pair(xp + m0 * K, K, r0, r1, w0, w0 + block, c);
+          speculant_amx::bf16_pair(xp + m0 * K, K, r0, r1, w0, w0 + block, c);
           for (int m = 0; m < rows; ++m) {
             const __m512 v0 = _mm512_add_ps(_mm512_load_ps(c + m * 32), b0);
             const __m512 v1 = _mm512_add_ps(_mm512_load_ps(c + m * 32 + 16), b1);
