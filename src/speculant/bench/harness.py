@@ -441,8 +441,8 @@ def machine_info() -> dict:
 
 # environment variables that make speculant (or the peers' oneDNN) use fewer instructions than the
 # CPU has; a run under any of them records it, and is not taken as the machine's own result
-CAPPING_ENV = ("SPECULANT_NO_AMX", "SPECULANT_INT4_ISA", "SPECULANT_NO_KERNELS", "ONEDNN_MAX_CPU_ISA",
-               "DNNL_MAX_CPU_ISA")
+CAPPING_ENV = ("SPECULANT_NO_AMX", "SPECULANT_INT4_ISA", "SPECULANT_NO_KERNELS", "SPECULANT_EXACT_PREFILL",
+               "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 def git_info() -> dict:
