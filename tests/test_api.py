@@ -107,11 +107,12 @@ def test_sampled_generation_is_reproducible_with_a_seed(dirs):
 
 @pytest.mark.parametrize("options, message", [
     ({"methd": "ar"}, "unknown option 'methd' \\(did you mean 'method'\\?\\)"),
-    ({"method": "eagle"}, "unknown method 'eagle': choose one of auto, ar, sd"),
+    ({"method": "eagle3"}, "unknown method 'eagle3': choose one of auto, ar, sd"),
+    ({"method": "eagle", "tree": "2x2"}, "method 'eagle' grows its tree at every step"),
     ({"backend": "onnx"}, "unknown backend 'onnx': choose one of auto, hf, native"),
     ({"method": "sd"}, "needs a draft model: pass draft="),
     ({"method": "lookup", "gamma": 0}, "gamma \\(draft length\\) must be between 1 and 64"),
-    ({"method": "lookup", "lookup_branch": 4}, "lookup_branch=4: .* 'medusa' and 'hydra' only"),
+    ({"method": "lookup", "lookup_branch": 4}, "lookup_branch=4: .* 'medusa', 'hydra' and 'eagle' only"),
     ({"method": "lookup", "tree": "dynamic:8"}, "grown from heads: use --method hydra or medusa"),
     ({"method": "ar", "tree": "4y2"}, "malformed tree spec '4y2'"),
     ({"method": "hydra", "tree": "dynamic:x"}, "malformed dynamic tree"),
@@ -134,6 +135,8 @@ def test_errors_found_while_building(dirs):
         SpeculativeDecoder(dirs["target"], method="ar", target_quant="int8", dtype="float32")
     with pytest.raises(ConfigError, match="needs medusa heads and none ship for .*: pass heads=DIR"):
         SpeculativeDecoder(dirs["target"], method="medusa", dtype="float32")
+    with pytest.raises(ConfigError, match="method 'eagle' needs an EAGLE drafter and none ships .*: pass heads=DIR"):
+        SpeculativeDecoder(dirs["target"], method="eagle", dtype="float32")
     with pytest.raises(ConfigError, match="pass either a DecoderConfig or a target with keyword options"):
         SpeculativeDecoder(DecoderConfig(dirs["target"]), method="ar")
     with pytest.raises(ConfigError, match="unsupported dtype"):

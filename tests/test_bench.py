@@ -35,7 +35,7 @@ def test_bench_config_validates_methods():
     for methods, msg in [(("ar", "turbo"), "unknown bench method"), (("ar", "bpd:fast"), "cannot read"),
                          (("ar", "hf-assisted:typical"), "own methods"), (("sd",), "baseline"),
                          (("ar", "sd", "sd"), "twice"), (("ar", "hydra@big"), "@auto or @fixed"),
-                         (("ar", "sd@fixed"), "medusa and hydra only")]:
+                         (("ar", "sd@fixed"), "medusa, hydra and eagle only")]:
         with pytest.raises(ConfigError, match=msg):
             BenchConfig("t", "d", methods=methods)
 
@@ -70,9 +70,9 @@ def test_method_spec_options(tmp_path):
 
 @pytest.mark.parametrize("spec,msg", [
     ("hydra+lookup@size=3", "unknown option 'size'; valid keys for hydra\\+lookup: heads, tree, budget, lookup"),
-    ("sd@heads=x", "option 'heads' applies to medusa, hydra and bpd only; valid keys for sd: gamma"),
+    ("sd@heads=x", "option 'heads' applies to medusa, hydra, eagle and bpd only; valid keys for sd: gamma"),
     ("ar@gamma=2", "option 'gamma' applies to sd, lookup and bpd only; ar takes no @options"),
-    ("hydra@lookup=4", "option 'lookup' applies to medusa\\+lookup and hydra\\+lookup only"),
+    ("hydra@lookup=4", "option 'lookup' applies to medusa\\+lookup, hydra\\+lookup and eagle\\+lookup only"),
     ("hydra+lookup@lookup=0", "lookup='0': the prompt-lookup chain's length, an integer >= 1"),
     ("sd@gamma=many", "gamma='many'"),
     ("hydra@budget=wide", "budget='wide': a tree budget is @auto or @fixed"),
@@ -81,8 +81,9 @@ def test_method_spec_options(tmp_path):
     ("hydra@heads=/no/such/dir", "heads directory '/no/such/dir' does not exist"),
     ("medusa@tree=/no/such/tree.json", "tree file '/no/such/tree.json' does not exist"),
     ("hydra@fixed@budget=auto", "option 'budget' is given twice"),
-    ("llama-server@fixed", "a tree budget \\(@auto, @fixed\\) applies to medusa and hydra only; llama-server takes no"),
-    ("eagle@heads=x", "unknown bench method 'eagle' in 'eagle@heads=x'"),
+    ("llama-server@fixed", "a tree budget \\(@auto, @fixed\\) applies to medusa, hydra and eagle only; llama-server takes no"),
+    ("eagle3@heads=x", "unknown bench method 'eagle3' in 'eagle3@heads=x'"),
+    ("eagle@gamma=3", "option 'gamma' applies to sd, lookup and bpd only; valid keys for eagle: heads, tree, budget"),
 ])
 def test_bad_method_spec_names_the_bad_part(spec, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -251,7 +252,7 @@ def test_bench_config_accepts_the_peer_rows():
     assert set(PEERS) == {"hf-assisted", "llama-server", "llama-server+draft", "llama-server+ngram",
                           "openvino", "openvino+lookup", "openvino+draft"}
     for methods, msg in [(("ar", "llamacpp"), "unknown bench method"), (("ar", "llama-server+eagle"), "unknown"),
-                         (("ar", "openvino:typical"), "own methods"), (("ar", "openvino+lookup@fixed"), "medusa and"),
+                         (("ar", "openvino:typical"), "own methods"), (("ar", "openvino+lookup@fixed"), "medusa, hydra and eagle"),
                          (("llama-server",), "baseline")]:
         with pytest.raises(ConfigError, match=msg):
             BenchConfig("t", "d", methods=methods)

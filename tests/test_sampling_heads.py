@@ -1,6 +1,6 @@
 """Exact sampling for the methods that draft from heads: Medusa and Hydra heads on static trees
-with a prompt-lookup branch and on cost-sized dynamic trees with the lookup chain merged in, and
-blockwise parallel decoding. Heads propose deterministic tokens (point masses); the exact rule accepts a drafted
+with a prompt-lookup branch and on cost-sized dynamic trees with the lookup chain merged in, the
+EAGLE drafter's cost-sized dynamic tree, and blockwise parallel decoding. Heads propose deterministic tokens (point masses); the exact rule accepts a drafted
 token x with probability p(x) and otherwise samples the residual, so every emitted token must
 follow the target's conditional distribution. Checked on 100,000 emitted tokens per method by the
 probability integral transform against the target's exact conditionals (helpers.pit_batched):
@@ -19,6 +19,7 @@ from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.sizing import TreeSizer
 from speculant.drafters.static_tree import BlockwiseDrafter, StaticTreeDrafter
+from speculant.eagle import EagleConfig, EagleDrafter, EagleModel
 from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads
 from speculant.tree import build_tree
 
@@ -47,11 +48,13 @@ def parts():
     lm, emb = target.get_output_embeddings(), target.get_input_embeddings()
     medusa = randomized(MedusaHeads(HeadsConfig(3, 1, H, V), lm))
     hydra = randomized(SequentialHeads(HeadsConfig(3, 1, H, V, kind="sequential"), lm, emb))
-    return target, medusa, hydra
+    eagle = randomized(EagleModel(EagleConfig.for_target(target.config, intermediate_size=32, depth=3), lm, emb))
+    return target, medusa, (hydra, eagle)
 
 
-def _drafter(case: str, medusa, hydra):
+def _drafter(case: str, medusa, others):
     """A fresh drafter of the method ``case`` (one per sequence)."""
+    hydra, eagle = others
     tree = build_tree("[[0],[1],[0,0],[1,0],[0,0,0]]")
     if case == "medusa+lookup":
         return StaticTreeDrafter(medusa, tree, V, lookup=LookupDrafter(2))
@@ -63,6 +66,9 @@ def _drafter(case: str, medusa, hydra):
     if case == "hydra-dynamic-sized":
         return DynamicTreeDrafter(hydra, DynamicTree(6, top_k=3, beam=2), V, lookup=LookupDrafter(2),
                                   sizer=TreeSizer(COST, max_rows=10))
+    if case == "eagle-dynamic-sized":
+        return EagleDrafter(eagle, DynamicTree(6, top_k=3, beam=2), V, lookup=LookupDrafter(2),
+                            sizer=TreeSizer(COST, max_rows=10))
     if case == "bpd":
         return BlockwiseDrafter(medusa, V, gamma=3)
     raise ValueError(case)
@@ -70,17 +76,17 @@ def _drafter(case: str, medusa, hydra):
 
 # the static trees carry a lookup branch (the heads' nodes and the chain's are accepted by one walk);
 # the dynamic trees are sized step by step against DEAR and carry the lookup chain merged in
-CASES = ["medusa+lookup", "hydra+lookup", "medusa-dynamic-sized", "hydra-dynamic-sized", "bpd"]
+CASES = ["medusa+lookup", "hydra+lookup", "medusa-dynamic-sized", "hydra-dynamic-sized", "eagle-dynamic-sized", "bpd"]
 
 
 @pytest.mark.slow  # 100,000 sampled tokens per method, 32 sequences per pass
 @pytest.mark.parametrize("case", CASES)
 def test_head_methods_sample_the_target_distribution(parts, case):
-    target, medusa, hydra = parts
+    target, medusa, others = parts
     made, sizes = [], set()
 
     def make(g):
-        d = _drafter(case, medusa, hydra)
+        d = _drafter(case, medusa, others)
         made.append(d)
         if getattr(d, "sizer", None) is not None:  # every size chosen, step by step
             choose = d.sizer.choose
@@ -94,6 +100,6 @@ def test_head_methods_sample_the_target_distribution(parts, case):
     if case.endswith("sized"):  # ... trees of several sizes
         assert len(sizes) > 3, sizes
     # negative control: the same drafts under typical acceptance (approximate) must be caught
-    bad_p, bad_tv = uniformity(pit_batched(target, lambda g: _drafter(case, medusa, hydra), PROMPTS, 10_000,
+    bad_p, bad_tv = uniformity(pit_batched(target, lambda g: _drafter(case, medusa, others), PROMPTS, 10_000,
                                            acceptance=AcceptanceConfig("typical", eps=0.3)))
     assert bad_p < 1e-4, (bad_p, bad_tv)

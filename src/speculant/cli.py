@@ -7,7 +7,7 @@ import json
 import sys
 
 from .cli_training import add_training_parsers, cmd_build_tree, cmd_export_heads, cmd_train_heads
-from .config import DEFAULT_LOOKUP_BRANCH
+from .config import DEFAULT_LOOKUP_BRANCH, METHODS
 from .errors import SpeculantError
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from .runtime import tune_allocator
@@ -32,8 +32,9 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                         "fixed 15 nodes, or 15 - N with a lookup branch of N)")
     p.add_argument("--tree-file", default=None, help="medusa/hydra/mcsd: a JSON file with a list of paths")
     p.add_argument("--heads", default=None,
-                   help="medusa/hydra/bpd: a heads directory (medusa/bpd: Medusa heads in the Medusa checkpoint "
-                        "layout; hydra: sequential heads) (default: the heads shipped for the target preset)")
+                   help="medusa/hydra/eagle/bpd: a heads directory (medusa/bpd: Medusa heads in the Medusa "
+                        "checkpoint layout; hydra: sequential heads; eagle: an EAGLE drafter) (default: the heads "
+                        "shipped for the target preset)")
     p.add_argument("--accept", default="exact",
                    help="acceptance rule: exact (lossless, default) or an approximate one that may change the "
                         "output: typical[=EPS[/DELTA]] (Medusa), topk[=K], dist=EPS (BPD), each optionally "
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text, streaming it (or one JSON object with --json)")
     _decoder_args(g)
-    g.add_argument("--method", choices=["auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd"], default="auto",
+    g.add_argument("--method", choices=list(METHODS), default="auto",
                    help="auto (default): the fastest lossless method for this model and CPU (heads shipped for the "
                         "model: hydra+lookup; a --draft: sd; else lookup); the choice is printed")
     _sampling_args(g)
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions, streaming)")
     _decoder_args(sv)
-    sv.add_argument("--method", choices=["auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd"],
+    sv.add_argument("--method", choices=list(METHODS),
                     default="auto", help="as for generate (default: the fastest lossless method; it is printed)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     sv.add_argument("--port", type=int, default=8000)

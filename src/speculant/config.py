@@ -15,18 +15,20 @@ from typing import Any, Sequence
 
 from .errors import ConfigError
 
-METHODS = ("auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "bpd")
+METHODS = ("auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "eagle", "bpd")
 BACKENDS = ("auto", "hf", "native")
 TREE_BUDGETS = ("auto", "fixed")
 NEEDS_DRAFT = frozenset({"sd", "mcsd"})
-NEEDS_HEADS = frozenset({"medusa", "hydra", "bpd"})
-TREE_METHODS = frozenset({"medusa", "hydra"})  # heads verified as a token tree
+NEEDS_HEADS = frozenset({"medusa", "hydra", "eagle", "bpd"})
+TREE_METHODS = frozenset({"medusa", "hydra", "eagle"})  # heads (or the EAGLE drafter) verified as a token tree
 
 # Why 8 tokens: docs/design-notes.md#lookup-branch-length
 DEFAULT_LOOKUP_BRANCH = 8  # the prompt-lookup chain of medusa+lookup / hydra+lookup (--lookup-branch)
 # hydra's default: 15 nodes, depth <= 2, grown per step from the heads' probabilities (the static tree
 # shipped next to the heads stays available through --tree-file). Why depth 2: docs/design-notes.md#hydra-tree-depth
 DEFAULT_HYDRA_TREE = "dynamic:15:2"
+# eagle's default: EAGLE-2's dynamic tree as deep as the drafter is trained for, sized per step
+DEFAULT_EAGLE_TREE = "dynamic"
 # A fixed-size step verifies 1 + DEFAULT_TREE_ROWS rows; with a lookup branch of N tokens merged into
 # hydra's dynamic tree the heads get DEFAULT_TREE_ROWS - N nodes. Why 16 rows: docs/design-notes.md#tree-rows
 DEFAULT_TREE_ROWS = 15
@@ -232,7 +234,7 @@ class DecoderConfig:
         if not _is_int(self.lookup_branch) or self.lookup_branch < 0 or (
                 self.lookup_branch and self.method not in (*TREE_METHODS, "auto")):
             raise ConfigError(f"lookup_branch={self.lookup_branch}: a prompt-lookup branch of N >= 1 tokens is an "
-                              "option of methods 'medusa' and 'hydra' only (0 = none)")
+                              "option of methods 'medusa', 'hydra' and 'eagle' only (0 = none)")
         if self.method in NEEDS_DRAFT and self.draft is None:
             raise ConfigError(f"method {self.method!r} needs a draft model: pass draft=... (--draft SPEC), "
                               "or use --method lookup / ar, which need none")
@@ -257,6 +259,9 @@ class DecoderConfig:
         """A bad tree spec fails here, before any model is loaded."""
         if self.tree is None:
             return
+        if self.method == "eagle" and not self.dynamic_tree:
+            raise ConfigError(f"method 'eagle' grows its tree at every step: use tree='dynamic', 'dynamic:N' or "
+                              f"'dynamic:N:D' (N nodes, depth <= D), not {self.tree!r}")
         if self.dynamic_tree:
             if self.method not in (*TREE_METHODS, "auto"):
                 raise ConfigError(f"a dynamic tree ({self.tree!r}) is grown from heads: use --method hydra or "

@@ -134,8 +134,9 @@ def load_draft(config: DecoderConfig) -> LoadedModel | None:
 
 
 def heads_kind(method: str) -> str:
-    """The kind of heads a heads method reads: hydra sequential heads, medusa and bpd Medusa heads."""
-    return "sequential" if method == "hydra" else "medusa"
+    """The kind of heads a heads method reads: hydra sequential heads, eagle an EAGLE drafter,
+    medusa and bpd Medusa heads."""
+    return {"hydra": "sequential", "eagle": "eagle"}.get(method, "medusa")
 
 
 def find_heads(config: DecoderConfig, target_name: str):
@@ -146,7 +147,10 @@ def find_heads(config: DecoderConfig, target_name: str):
     if config.heads is not None:
         return config.heads
     kind = heads_kind(config.method)
-    found = shipped_heads(target_name, kind)
+    found = shipped_heads(target_name, kind) if kind != "eagle" else None
+    if found is None and kind == "eagle":
+        raise ConfigError(f"method 'eagle' needs an EAGLE drafter and none ships for {target_name!r}: pass "
+                          "heads=DIR (--heads DIR), a directory written by speculant's EAGLE training")
     if found is None:
         raise ConfigError(f"method {config.method!r} needs {kind} heads and none ship for {target_name!r}: pass "
                           "heads=DIR (--heads DIR), a heads directory (train some with `speculant "
@@ -174,6 +178,17 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
     """The heads from ``source`` (a module is used as given; a directory is loaded here, so nobody
     else holds them, and bf16 heads' layers are packed like the target's), checked to be the kind
     ``method`` reads."""
+    from .eagle import EagleModel
+    from .eagle.checkpoint import is_eagle_dir, load_eagle
+
+    if isinstance(source, EagleModel) or (not isinstance(source, nn.Module) and is_eagle_dir(source)):
+        if method != "eagle":
+            raise ConfigError(f"{source if not isinstance(source, nn.Module) else 'these heads'} is an EAGLE "
+                              "drafter: use --method eagle")
+        return source if isinstance(source, EagleModel) else load_eagle(source, target_model)
+    if method == "eagle":
+        raise ConfigError(f"method 'eagle' needs an EAGLE drafter; {source} holds heads (use --method "
+                          "hydra or medusa for them)")
     if isinstance(source, nn.Module):
         heads = source
         check_lm_head(target_model.get_output_embeddings(), heads.config)  # heads made for this target?

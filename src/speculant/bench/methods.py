@@ -27,22 +27,23 @@ from ..api import TREE_BUDGETS
 from ..config import parse_acceptance
 from ..errors import ConfigError
 
-OURS = ("ar", "auto", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "bpd")
+OURS = ("ar", "auto", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "eagle",
+        "eagle+lookup", "bpd")
 LLAMA_SERVER = {"llama-server": "plain", "llama-server+draft": "draft", "llama-server+ngram": "ngram"}
 OPENVINO = {"openvino": "plain", "openvino+lookup": "lookup", "openvino+draft": "draft"}
 PEERS = ("hf-assisted", *LLAMA_SERVER, *OPENVINO)
 
-_HEADS = ("medusa", "medusa+lookup", "hydra", "hydra+lookup", "bpd")
-_TREES = ("medusa", "medusa+lookup", "hydra", "hydra+lookup")
+_HEADS = ("medusa", "medusa+lookup", "hydra", "hydra+lookup", "eagle", "eagle+lookup", "bpd")
+_TREES = ("medusa", "medusa+lookup", "hydra", "hydra+lookup", "eagle", "eagle+lookup")
 # key -> (the methods that take it, who in words, what it sets)
 OPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "heads": (_HEADS, "medusa, hydra and bpd",
-              "a heads directory (medusa/bpd: Medusa layout; hydra: sequential heads)"),
-    "tree": (("mcsd", *_TREES), "mcsd, medusa and hydra",
+    "heads": (_HEADS, "medusa, hydra, eagle and bpd",
+              "a heads directory (medusa/bpd: Medusa layout; hydra: sequential heads; eagle: an EAGLE drafter)"),
+    "tree": (("mcsd", *_TREES), "mcsd, medusa, hydra and eagle",
              "a tree: a k-config like 2x1x1x1, dynamic[:N[:D]], or a JSON file of paths"),
-    "budget": (_TREES, "medusa and hydra",
+    "budget": (_TREES, "medusa, hydra and eagle",
                f"the dynamic tree's budget: {' or '.join(TREE_BUDGETS)}"),
-    "lookup": (("medusa+lookup", "hydra+lookup"), "medusa+lookup and hydra+lookup",
+    "lookup": (("medusa+lookup", "hydra+lookup", "eagle+lookup"), "medusa+lookup, hydra+lookup and eagle+lookup",
                "the prompt-lookup chain's length, an integer >= 1"),
     "gamma": (("sd", "lookup", "bpd"), "sd, lookup and bpd", "the draft length, an integer >= 1"),
 }
@@ -71,7 +72,7 @@ class MethodSpec:
     @property
     def lookup(self) -> bool:
         """Whether a prompt-lookup branch joins the heads' tree."""
-        return self.name in ("medusa+lookup", "hydra+lookup")
+        return self.name in ("medusa+lookup", "hydra+lookup", "eagle+lookup")
 
     def int_option(self, key: str) -> int | None:
         return int(self.options[key]) if key in self.options else None

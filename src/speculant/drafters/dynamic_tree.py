@@ -117,12 +117,12 @@ class DynamicTreeDrafter(HeadsDrafter):
             k = min(self.dynamic.top_k, self.V)
             idx, val = yield HeadsCandidates(self.evaluator, hidden, k, self.depth)  # (D, k) each
             return self._best_first(idx, val, nodes)
-        cfg, heads = self.dynamic, self.heads
+        cfg = self.dynamic
         front_paths: list[tuple[int, ...]] = [()]
         front_score = torch.zeros(1)
         scores, paths, toks = [], [], []
         depth = self.depth
-        state, tok, logp = yield HeadsStep(heads, hidden[None], root.view(1), cfg.top_k, self.V)  # (1, H), (1, k)
+        state, tok, logp = yield self._first_step(hidden, root)  # (1, H), (1, k) each
         for d in range(1, depth + 1):
             sc = front_score[:, None] + logp.float().clamp(max=0.0)  # (f, k): log Π p along the path
             k = tok.shape[1]
@@ -133,7 +133,7 @@ class DynamicTreeDrafter(HeadsDrafter):
                 break
             flat = sc.flatten()
             best = flat.topk(min(cfg.beam, flat.numel())).indices  # (b,) expanded at the next depth
-            state, tok, logp = yield HeadsStep(heads, state[best // k], tok.flatten()[best], cfg.top_k, self.V)
+            state, tok, logp = yield self._next_step(state, best // k, tok.flatten()[best], d)
             front_paths = [front_paths[i // k] + (i % k,) for i in best.tolist()]
             front_score = flat[best]
         score = torch.cat(scores).tolist()
@@ -142,6 +142,15 @@ class DynamicTreeDrafter(HeadsDrafter):
         # without rank gaps, since a child never scores above its parent nor above an older sibling
         order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[:nodes]
         return [paths[i] for i in order], tokens[order], [score[i] for i in order]
+
+    def _first_step(self, hidden: torch.Tensor, root: torch.Tensor) -> HeadsStep:
+        """The job drafting the root's children: (the root's state (1, H), tokens (1, k), log p (1, k))."""
+        return HeadsStep(self.heads, hidden[None], root.view(1), self.dynamic.top_k, self.V)
+
+    def _next_step(self, state: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> HeadsStep:
+        """The job expanding b nodes of ``depth`` (their parents' rows ``parents`` (b,) of ``state``,
+        their ``tokens`` (b,)): (their states (b, H), children tokens (b, k), log p (b, k))."""
+        return HeadsStep(self.heads, state[parents], tokens, self.dynamic.top_k, self.V)
 
     def _best_first(self, idx: torch.Tensor, val: torch.Tensor,
                     nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:

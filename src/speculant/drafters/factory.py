@@ -9,6 +9,7 @@ ar       NoDrafter (plain decoding)
 lookup   LookupDrafter, a chain of up to gamma tokens (sized per step with a sizer)
 medusa   MedusaDrafter over the heads: a static tree, or a dynamic one grown per step; hydra
 hydra    likewise with sequential heads; both optionally with a prompt-lookup branch
+eagle    EagleDrafter, the EAGLE drafter's dynamic tree (optionally with the lookup branch)
 bpd      BlockwiseDrafter, the heads' top-1 tokens as a chain of gamma
 sd/mcsd  DraftModelDrafter, a draft model's chain (gamma) or k-config tree
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backends.base import Backend
-from ..config import (DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, DEFAULT_MEDUSA_TREE, DEFAULT_TREE_ROWS, NEEDS_HEADS,
+from ..config import (DEFAULT_EAGLE_TREE, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, DEFAULT_MEDUSA_TREE, DEFAULT_TREE_ROWS, NEEDS_HEADS,
                       TREE_METHODS, DecoderConfig, SamplingConfig)
 from ..costmodel import PassCost, machine_key, pass_cost
 from ..heads import heads_tree
@@ -70,13 +71,16 @@ def plan_tree(config: DecoderConfig, heads_source=None, num_heads: int | None = 
     dynamic = None
     if config.dynamic_tree:
         dynamic, tree = DynamicTree.parse(tree), None
-    elif tree is None and (method == "hydra" or (method == "medusa" and sized)):  # medusa "fixed": its static tree
-        dynamic = DynamicTree.parse(DEFAULT_HYDRA_TREE if method == "hydra" else DEFAULT_MEDUSA_TREE)
+    elif tree is None and (method in ("hydra", "eagle") or (method == "medusa" and sized)):  # medusa "fixed": static
+        dynamic = DynamicTree.parse({"hydra": DEFAULT_HYDRA_TREE, "eagle": DEFAULT_EAGLE_TREE}.get(method,
+                                                                                                 DEFAULT_MEDUSA_TREE))
         rows = DEFAULT_MAX_ROWS - 1 if sized else DEFAULT_TREE_ROWS  # the most rows a sized tree may take
         if config.lookup_branch or sized:
             dynamic = dataclasses.replace(dynamic, nodes=max(rows - config.lookup_branch, MIN_DYNAMIC_NODES))
     if method not in ("mcsd", *TREE_METHODS):
         return chain(config.gamma), dynamic
+    if method == "eagle":  # grown at every step; the widest static tree its checks need
+        return build_tree("x".join(["1"] * (num_heads or 1))), dynamic
     if tree is None and method in TREE_METHODS:  # the tree built for the heads (tree.json next to them)
         tree = heads_tree(heads_source) if not isinstance(heads_source, torch.nn.Module) else None
         if tree is None and num_heads is not None:  # none given or shipped: 3x2x2x1 cut to the heads
@@ -115,6 +119,11 @@ def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingCo
         return NoDrafter()
     if method == "lookup":
         return LookupDrafter(config.gamma, sizer=parts.sizer)
+    if method == "eagle":
+        from ..eagle import EagleDrafter
+
+        lookup = LookupDrafter(config.lookup_branch) if config.lookup_branch else None
+        return EagleDrafter(parts.heads, parts.dynamic, parts.vocab_size, lookup, sizer=parts.sizer)
     if method in TREE_METHODS:
         lookup = LookupDrafter(config.lookup_branch) if config.lookup_branch else None
         return MedusaDrafter(parts.heads, parts.tree, parts.vocab_size, lookup, dynamic=parts.dynamic,

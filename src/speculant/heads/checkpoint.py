@@ -33,7 +33,7 @@ from .projection import check_lm_head, layer_dtype, layer_shape
 from .sequential import SequentialHeads
 
 __all__ = ["ALT_WEIGHTS_NAMES", "CONFIG_NAME", "SHIPPED_TREE_NAME", "WEIGHTS_NAME", "heads_tree", "load_heads",
-           "make_heads", "save_heads", "shipped_heads"]
+           "make_heads", "save_heads", "shipped_heads", "write_checkpoint"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -50,19 +50,23 @@ def make_heads(config: HeadsConfig, model: nn.Module) -> "MedusaHeads | Sequenti
 
 def save_heads(heads: "MedusaHeads | SequentialHeads", path: str | Path) -> Path:
     """Write ``heads`` to the directory ``path`` (created) in the Medusa layout; returns it."""
+    return write_checkpoint(Path(path), heads.medusa_state_dict(), heads.config.to_json(), "the heads")
+
+
+def write_checkpoint(out: Path, state: dict[str, torch.Tensor], config: dict, what: str) -> Path:
+    """``state`` as WEIGHTS_NAME and ``config`` as CONFIG_NAME in the directory ``out`` (created),
+    both complete before either is in place, so a reader never sees half a checkpoint."""
     from safetensors.torch import save_file
 
-    out = Path(path)
     tmp = [out / f".{name}.{os.getpid()}.tmp" for name in (WEIGHTS_NAME, CONFIG_NAME)]
     try:
         out.mkdir(parents=True, exist_ok=True)
-        save_file(heads.medusa_state_dict(), str(tmp[0]), metadata={"format": "pt"})
-        tmp[1].write_text(json.dumps(heads.config.to_json(), indent=2) + "\n")
-        # both files complete before either is in place: a reader never sees half a checkpoint
+        save_file(state, str(tmp[0]), metadata={"format": "pt"})
+        tmp[1].write_text(json.dumps(config, indent=2) + "\n")
         os.replace(tmp[0], out / WEIGHTS_NAME)
         os.replace(tmp[1], out / CONFIG_NAME)
     except OSError as e:
-        raise ConfigError(f"cannot write the heads to {out}: {e.strerror or e}; choose a writable directory with "
+        raise ConfigError(f"cannot write {what} to {out}: {e.strerror or e}; choose a writable directory with "
                           "free space") from None
     finally:
         for t in tmp:

@@ -11,12 +11,12 @@ from torch import nn
 from ..errors import ConfigError, ModelLoadError
 from .config import HeadsConfig
 from .layers import ContextLayer, ResBlock
-from .projection import COARSE_EXTRA, check_lm_head, coarse_ranker, frozen_projection, shortlist_topk
+from .projection import DraftVocabulary, check_lm_head
 
 __all__ = ["SequentialHeads"]
 
 
-class SequentialHeads(nn.Module):
+class SequentialHeads(DraftVocabulary, nn.Module):
     """Sequentially dependent heads: each depth also reads the token it extends (after Hydra,
     Ankner et al. 2024; the recurrent state is EAGLE's feature extrapolation without its attention).
 
@@ -94,11 +94,6 @@ class SequentialHeads(nn.Module):
         """state (..., H), tokens (...,) long -> next state (..., H)."""
         return self.blocks(self.fc(torch.cat([state.to(self.dtype), self.embed(tokens)], -1)))
 
-    def project(self, state: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
-        """state (..., H) -> logits (..., V) through the target's frozen output layer (only the
-        columns ``vocab`` (V',), when given)."""
-        return frozen_projection(self._shared[0], state, vocab)
-
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None,
                 vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher-forced unroll: hidden (..., H), tokens (..., K') long with ``tokens[..., d]`` =
@@ -119,66 +114,6 @@ class SequentialHeads(nn.Module):
             s = self.step(s, tokens[..., d].clamp(min=0))
             states.append(s)
         return torch.stack(states)
-
-    def set_draft_vocab(self, ids: torch.Tensor) -> None:
-        """Store the draft vocabulary: ``config.draft_vocab`` distinct token ids < V."""
-        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
-        V = self.config.vocab_size
-        if self.draft_vocab is None or ids.numel() != self.draft_vocab.numel() or ids.unique().numel() != ids.numel() \
-                or int(ids.min()) < 0 or int(ids.max()) >= V:
-            raise ConfigError(f"the draft vocabulary must be {self.config.draft_vocab} distinct token ids in [0, {V})")
-        self.draft_vocab.copy_(ids.sort().values)
-        self._draft_rows = None
-
-    @torch.no_grad()
-    def draft_topk(self, state: torch.Tensor, k: int, limit: int | None = None,
-                   logprobs: bool = False):
-        """state (n, H) -> (n, k) long: the k best-ranked tokens (< ``limit``) of each state's
-        logits, over the draft vocabulary when there is one. Ties: ``topk`` order. ``logprobs``:
-        also return their log-probabilities (n, k) under the softmax over those tokens."""
-        layer = self._shared[0]
-        if self.draft_vocab is None:
-            logits = self.project(state)[..., :limit].float()
-            top = logits.topk(k, dim=-1, sorted=True)
-            if logprobs:
-                return top.indices, top.values - logits.logsumexp(-1, keepdim=True)
-            return top.indices
-        weight = getattr(layer, "weight", None)
-        # the draft vocabulary cut to `limit`, and (dense layer) its rows of the output layer: a cached
-        # copy, since slicing V' rows per call would cost as much as the product itself
-        key = (limit, self.draft_vocab.data_ptr(), id(layer) if weight is None else (weight.data_ptr(), weight.dtype),
-               self.coarse_ranking)
-        if self._draft_rows is None or self._draft_rows[0] != key:
-            vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
-            if weight is not None:
-                rows = weight.detach()[vocab].contiguous()
-            elif hasattr(layer, "dequantize_rows"):  # a quantized output layer: its draft-vocabulary rows,
-                rows = layer.dequantize_rows(vocab).contiguous()  # dequantized once (not all V per call)
-            else:
-                rows = None
-            self._draft_rows = (key, vocab, rows, coarse_ranker(rows) if self.coarse_ranking else None)
-        _, vocab, rows, coarse = self._draft_rows
-        if rows is None:  # a quantized output layer: project everything, then keep the draft vocabulary
-            logits = self.project(state)[..., vocab].float()
-        elif coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
-            idx, values, rough = shortlist_topk(coarse, rows, state, k)
-            if logprobs:  # normalised by the int4 logits' log-sum-exp
-                return vocab[idx], values - rough.logsumexp(-1, keepdim=True)
-            return vocab[idx]
-        else:
-            logits = F.linear(state.to(rows.dtype), rows).float()
-        top = logits.topk(k, dim=-1, sorted=True)
-        if logprobs:
-            return vocab[top.indices], top.values - logits.logsumexp(-1, keepdim=True)
-        return vocab[top.indices]
-
-    def mask_to_draft_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits (..., V) with every token outside the draft vocabulary at -inf (as drafting sees them)."""
-        if self.draft_vocab is None:
-            return logits
-        keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        keep[self.draft_vocab[self.draft_vocab < logits.shape[-1]]] = True
-        return logits.masked_fill(~keep, float("-inf"))
 
     def medusa_state_dict(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().contiguous().clone() for name, t in self.state_dict().items()}

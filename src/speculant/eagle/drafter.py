@@ -1,0 +1,182 @@
+"""The EAGLE drafter in the decoding loop (method ``eagle``): EAGLE-2's dynamic tree (the beam of
+``drafters.dynamic_tree``, sized per step by the cost model) grown by :class:`EagleModel`.
+
+State kept per sequence: an :class:`EagleCache` of the committed pairs (h_i, x_{i+1}) and the
+feature f of the next root (what the drafter predicts the target's hidden state there to be).
+Each step:
+
+- ``propose``: the root's children are the top-k of lm_head(f); every expanded node runs one
+  :meth:`EagleModel.tree_step` (its parent's feature and its own token, attending to the committed
+  pairs and to its ancestors' keys, kept for this step only), whose feature ranks its children.
+- ``observe``: the target's hidden states of the accepted path (``HiddenNeed.ALL``) and the
+  tokens after each node (the path's next node, then the target's own next token) are committed
+  as pairs; the last pair's feature is the next root's.
+
+Proposals are deterministic (``Draft.q`` is None): the target verifies every token, so the
+output is plain decoding's. Shapes: H hidden size, k children per expanded node, b nodes expanded
+at a depth, E nodes expanded so far in this step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import torch
+
+from ..backends.base import HiddenNeed
+from ..drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
+from ..drafters.lookup import LookupDrafter
+from ..drafters.sizing import TreeSizer
+from .model import EagleCache, EagleModel
+
+__all__ = ["EagleDrafter"]
+
+
+@dataclass(eq=False)
+class _TreeKV:
+    """The keys and values of the nodes expanded in this step, and which of them each one sees."""
+    k: torch.Tensor | None = None  # (Hkv, E, D)
+    v: torch.Tensor | None = None
+    sees: torch.Tensor | None = None  # (E, E) bool: row j = node j's ancestors and itself
+
+    def rows(self, slots: list[int]) -> torch.Tensor | None:
+        """What new children of the expanded nodes ``slots`` (-1: the root) see: (b, E) bool."""
+        if self.sees is None:
+            return None
+        E = self.sees.shape[0]
+        out = torch.zeros(len(slots), E, dtype=torch.bool)
+        for i, s in enumerate(slots):
+            if s >= 0:
+                out[i] = self.sees[s]
+        return out
+
+    def add(self, k: torch.Tensor, v: torch.Tensor, sees: torch.Tensor | None) -> list[int]:
+        """Append b expanded nodes (keys, values (Hkv, b, D); ``sees`` (b, E) or None); their slots."""
+        b, E = k.shape[1], 0 if self.k is None else self.k.shape[1]
+        new = torch.zeros(b, E + b, dtype=torch.bool)
+        if sees is not None:
+            new[:, :E] = sees
+        new[:, E:] = torch.eye(b, dtype=torch.bool)
+        if self.k is None:
+            self.k, self.v, self.sees = k, v, new
+        else:
+            grown = torch.zeros(E + b, E + b, dtype=torch.bool)
+            grown[:E, :E], grown[E:] = self.sees, new
+            self.k, self.v, self.sees = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1), grown
+        return list(range(E, E + b))
+
+
+@dataclass(frozen=True, eq=False)
+class EagleRootStep:
+    """The root's children: (the root's feature (1, H), tokens (1, k), log p (1, k))."""
+    drafter: "EagleDrafter"
+    feature: torch.Tensor  # (H,)
+
+    @property
+    def together(self) -> Hashable:
+        return ("eagle-root", id(self.drafter.model), self.drafter.dynamic.top_k, self.drafter.V)
+
+    @staticmethod
+    @torch.no_grad()
+    def run_together(jobs: Sequence["EagleRootStep"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        states = torch.stack([j.feature for j in jobs])  # (B, H)
+        tok, logp = jobs[0].drafter.children(states, 1)
+        return [(states[i:i + 1], tok[i:i + 1], logp[i:i + 1]) for i in range(len(jobs))]
+
+
+@dataclass(frozen=True, eq=False)
+class EagleExpandStep:
+    """b nodes of one sequence's tree at ``depth``: their features (b, H), their children's
+    tokens (b, k) and log p (b, k). Each sequence attends over its own cache, so several
+    sequences' steps run one after the other."""
+    drafter: "EagleDrafter"
+    state: torch.Tensor  # (f, H) the front's features
+    parents: torch.Tensor  # (b,) rows of state
+    tokens: torch.Tensor  # (b,)
+    depth: int
+
+    @property
+    def together(self) -> Hashable:
+        return ("eagle-expand", id(self.drafter.model))
+
+    @staticmethod
+    def run_together(jobs: Sequence["EagleExpandStep"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        return [j.drafter.expand(j.state, j.parents, j.tokens, j.depth) for j in jobs]
+
+
+class EagleDrafter(DynamicTreeDrafter):
+    """Drafts with an :class:`EagleModel` (module docstring). ``dynamic``, ``lookup`` and
+    ``sizer`` as for ``DynamicTreeDrafter`` (depth at most ``model.config.depth``)."""
+
+    def __init__(self, model: EagleModel, dynamic: DynamicTree, vocab_size: int, lookup: LookupDrafter | None = None,
+                 sizer: TreeSizer | None = None):
+        super().__init__(model, dynamic, vocab_size, lookup, sizer)
+        self.model = model
+        self.hidden_need = HiddenNeed.ALL
+        self.cache = EagleCache()
+        self._tree = _TreeKV()
+        self._front_slots: list[int] = [-1]
+        self._draft_tokens: torch.Tensor | None = None
+
+    # ---- the committed pairs ---------------------------------------------------------------
+    def _commit(self, hidden: torch.Tensor | None, tokens: torch.Tensor) -> None:
+        """Pairs (hidden (n, H), tokens (n,)); the last one's feature becomes the next root's. No
+        hidden states (a loop that does not pass them): the cache can no longer follow, and every
+        later step proposes the root alone (plain decoding)."""
+        if hidden is None or self.cache is None:
+            self.cache, self.hidden = None, None
+            return
+        if hidden.dim() != 2 or hidden.shape[0] != tokens.shape[0]:
+            raise ValueError(f"the EAGLE drafter needs the (n, H) target states of the {tokens.shape[0]} committed "
+                             f"positions, got {tuple(hidden.shape)}")
+        self.hidden = self.model.extend(self.cache, hidden, tokens)[-1]
+
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        """``hidden`` (T-1, H): the target's states at ``prompt[:-1]``, paired with ``prompt[1:]``."""
+        self.cache, self.hidden, self._draft_tokens = EagleCache(), None, None
+        if prompt.shape[0] > 1:
+            self._commit(hidden, prompt[1:])
+
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
+        """``hidden`` (len(path), H): the target's states at the accepted nodes, each paired with
+        the token after it (the path's next node, and ``next_token`` after the last)."""
+        drafted = self._draft_tokens
+        after = [int(drafted[i]) for i in path[1:]] if drafted is not None and len(path) > 1 else []
+        self._draft_tokens = None
+        self._commit(hidden, torch.tensor(after + [int(next_token)], dtype=torch.long))
+        if self.sizer is not None:
+            self.sizer.observe(path)
+
+    def propose_passes(self, context: torch.Tensor):
+        draft = yield from super().propose_passes(context)
+        self._draft_tokens = draft.tokens
+        return draft
+
+    # ---- the tree's steps ------------------------------------------------------------------
+    def _first_step(self, hidden: torch.Tensor, root: torch.Tensor) -> EagleRootStep:
+        self._tree, self._front_slots = _TreeKV(), [-1]
+        return EagleRootStep(self, hidden)
+
+    def _next_step(self, state: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+                   depth: int) -> EagleExpandStep:
+        return EagleExpandStep(self, state, parents, tokens, depth)
+
+    @torch.no_grad()
+    def expand(self, state: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+               depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run :meth:`EagleModel.tree_step` for b nodes of ``depth`` (>= 1) whose parents are rows
+        ``parents`` of the front ``state``; they become the next front."""
+        slots = [self._front_slots[int(p)] for p in parents]
+        sees = self._tree.rows(slots)
+        extra = None if self._tree.k is None else (self._tree.k, self._tree.v)
+        positions = torch.full((tokens.shape[0],), self.cache.length - 1 + depth, dtype=torch.long)
+        feats, k, v = self.model.tree_step(self.cache, extra, sees, state[parents], tokens, positions)
+        self._front_slots = self._tree.add(k, v, sees)
+        tok, logp = self.children(feats, depth + 1)
+        return feats, tok, logp
+
+    def children(self, features: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The candidates below nodes of ``depth - 1`` with these features (n, H): the top-k tokens
+        of lm_head(f) and their log-probabilities, (n, k) each."""
+        return self.model.draft_topk(features, self.dynamic.top_k, self.V, logprobs=True)

@@ -1,0 +1,265 @@
+"""The EAGLE drafter's network (after Li et al. 2024, EAGLE-1's layout): one decoder layer over
+the target's own features.
+
+Notation: x_0 .. x_L the tokens, h_i (H,) the target's final (normed) hidden state at position i,
+the one whose output layer predicts x_{i+1}. The drafter reads, at position i, the pair
+(h_i, x_{i+1}) and predicts the target's next feature:
+
+    u_i = fc([E[x_{i+1}] ; h_i])                       E: the target's frozen input embeddings
+    a_i = u_i + Attention(u_0 .. u_i)                   causal, RoPE at position i, GQA
+    f_{i+1} = a_i + MLP(RMSNorm(a_i))                   SwiGLU; f_{i+1} approximates h_{i+1}
+    logits = lm_head(f_{i+1})                           the target's frozen output layer: x_{i+2}
+
+so once the target has produced h_i and x_{i+1}, the drafter guesses x_{i+2}, and a guessed token
+y with the predicted f_{i+1} makes the next pair (f_{i+1}, y): a draft of any depth, each step
+attending to the committed pairs and to its own ancestors in the draft tree. There is no norm
+before the attention and none after the MLP (EAGLE's choice: the output is compared with h).
+
+Parameter names are those of EAGLE checkpoints (``fc.*``, ``layers.0.self_attn.{q,k,v,o}_proj.*``,
+``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.post_attention_layernorm.weight``), so a
+state dict is written in the layout EAGLE's loaders read. Shapes: H hidden size, Hq / Hkv query /
+key-value heads of D dims, n new pairs, P cached pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, ModelLoadError
+from ..heads.projection import DraftVocabulary, layer_shape
+
+__all__ = ["EagleCache", "EagleConfig", "EagleModel"]
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """The drafter's shape; the attention's geometry and RoPE follow the target's."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    attention_bias: bool = False  # q/k/v biases (Qwen2)
+    depth: int = 6  # the deepest draft it is trained and used for
+    draft_vocab: int = 0  # propose only these many tokens (a stored id list), 0 = all
+    base_model: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                     "depth"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"EAGLE drafter {name} must be an integer >= 1, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"{self.num_attention_heads} query heads do not split into {self.num_key_value_heads} "
+                              "key-value groups")
+        if not self.head_dim and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads: "
+                              "give head_dim")
+        if not isinstance(self.draft_vocab, int) or not 0 <= self.draft_vocab <= self.vocab_size:
+            raise ConfigError(f"draft_vocab must be an integer in [0, {self.vocab_size}], got {self.draft_vocab!r}")
+
+    @property
+    def dims(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def for_target(cls, cfg, intermediate_size: int | None = None, **options) -> "EagleConfig":
+        """The shape for a transformers config ``cfg`` of the target (Llama / Qwen2)."""
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        return cls(hidden_size=cfg.hidden_size, intermediate_size=intermediate_size or cfg.intermediate_size,
+                   num_attention_heads=cfg.num_attention_heads,
+                   num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+                   vocab_size=cfg.vocab_size, head_dim=getattr(cfg, "head_dim", 0) or 0,
+                   rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))),
+                   rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+                   attention_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+                   base_model=getattr(cfg, "_name_or_path", "") or "", **options)
+
+    def to_json(self) -> dict:
+        return {"speculant_eagle": asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EagleConfig":
+        raw = data.get("speculant_eagle")
+        if not isinstance(raw, dict):
+            raise ModelLoadError("not a speculant EAGLE drafter config (no 'speculant_eagle' entry)")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+class EagleCache:
+    """The keys and values of the committed pairs: (Hkv, P, D) each, in buffers that double when
+    full; ``length`` = P, also the position of the next pair."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def view(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.k is None:
+            return None, None
+        return self.k[:, :self.length], self.v[:, :self.length]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = self.length + k.shape[1]
+        if self.k is None or end > self.k.shape[1]:
+            cap = max(64, 2 * end)
+            grown = [t.new_empty(t.shape[0], cap, t.shape[2]) for t in (k, v)]
+            if self.k is not None:
+                grown[0][:, :self.length], grown[1][:, :self.length] = self.view()
+            self.k, self.v = grown
+        self.k[:, self.length:end], self.v[:, self.length:end] = k, v
+        self.length = end
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        D = c.dims
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * D, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * D, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * D, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_attention_heads * D, c.hidden_size, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+        self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+
+
+class EagleModel(DraftVocabulary, nn.Module):
+    """The drafter (module docstring), sharing the target's frozen output layer ``lm_head`` and
+    input embeddings ``embed`` (neither is a parameter nor saved)."""
+
+    conditioned = True
+    context = None
+
+    def __init__(self, config: EagleConfig, lm_head: nn.Module, embed: nn.Module):
+        super().__init__()
+        shape = layer_shape(lm_head)
+        if shape != (config.vocab_size, config.hidden_size):
+            raise ModelLoadError(f"the EAGLE drafter is shaped for a (V, H) = ({config.vocab_size}, "
+                                 f"{config.hidden_size}) output layer, the target's is {shape}: it was trained for "
+                                 f"another model ({config.base_model or 'unknown'})")
+        weight = getattr(embed, "weight", None)
+        if weight is None or tuple(weight.shape[-1:]) != (config.hidden_size,):
+            raise ModelLoadError(f"the EAGLE drafter needs the target's input embeddings (V, {config.hidden_size})")
+        self.config = config
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.layers = nn.ModuleList([_Layer(config)])
+        if config.draft_vocab:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+        self._shared: tuple[nn.Module, ...] = (lm_head, embed)
+        self._draft_rows: tuple | None = None
+        self.coarse_ranking = True
+        D = config.dims
+        self.register_buffer("inv_freq", config.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D),
+                             persistent=False)
+
+    @property
+    def num_heads(self) -> int:  # the deepest draft (the heads' interface: depth d uses "head" d-1)
+        return self.config.depth
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].post_attention_layernorm.weight.dtype
+
+    # ---- the pieces -------------------------------------------------------------------------
+    def _inputs(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """hidden (..., H), tokens (...,) long -> u = fc([E[tokens]; hidden]) (..., H)."""
+        e = F.embedding(tokens, self._shared[1].weight.detach()).to(self.dtype)
+        return self.fc(torch.cat([e, hidden.to(self.dtype)], -1))
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (..., n, D) rotated by positions (n,) (rotate-half)."""
+        ang = positions.to(torch.float32)[:, None] * self.inv_freq[None]  # (n, D/2)
+        cos, sin = (torch.cat([f(ang)] * 2, -1).to(x.dtype) for f in (torch.cos, torch.sin))
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+    def _qkv(self, u: torch.Tensor, positions: torch.Tensor):
+        """u (..., n, H) -> q (..., Hq, n, D), k and v (..., Hkv, n, D); q and k rotated."""
+        c, attn = self.config, self.layers[0].self_attn
+        D = c.dims
+        q = attn.q_proj(u).unflatten(-1, (c.num_attention_heads, D)).transpose(-3, -2)
+        k = attn.k_proj(u).unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
+        v = attn.v_proj(u).unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
+        return self._rope(q, positions), self._rope(k, positions), v
+
+    def _rest(self, u: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """u (..., n, H), attention output o (..., Hq, n, D) -> the features (..., n, H)."""
+        layer = self.layers[0]
+        a = u + layer.self_attn.o_proj(o.transpose(-3, -2).flatten(-2))
+        return a + layer.mlp(layer.post_attention_layernorm(a))
+
+    # ---- training: whole sequences ----------------------------------------------------------
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced: hidden (B, T, H) = h_0 .. h_{T-1}, tokens (B, T) = x_1 .. x_T ->
+        features (B, T, H), row i approximating h_{i+1} (right padding is harmless: causal)."""
+        u = self._inputs(hidden, tokens)
+        q, k, v = self._qkv(u, torch.arange(u.shape[-2], device=u.device))
+        return self._rest(u, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+    # ---- decoding ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def extend(self, cache: EagleCache, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Commit n pairs after ``cache.length``: hidden (n, H), tokens (n,) -> features (n, H)
+        (what :meth:`forward` gives those rows)."""
+        u = self._inputs(hidden, tokens)
+        n, P = u.shape[0], cache.length
+        q, k, v = self._qkv(u, torch.arange(P, P + n))
+        cache.append(k, v)
+        keys, values = cache.view()
+        mask = torch.ones(n, P + n, dtype=torch.bool).tril_(P)
+        return self._rest(u, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True))
+
+    @torch.no_grad()
+    def tree_step(self, cache: EagleCache, extra: tuple[torch.Tensor, torch.Tensor] | None, sees: torch.Tensor | None,
+                  state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor):
+        """b draft nodes at once: each node's pair (its parent's feature ``state`` (b, H), its token
+        ``tokens`` (b,)) at ``positions`` (b,), attending to every committed pair, to the E drafted
+        nodes of ``extra`` (keys, values (Hkv, E, D)) it ``sees`` ((b, E) bool: its ancestors), and
+        to itself. Returns (features (b, H), the nodes' keys and values (Hkv, b, D) each)."""
+        u = self._inputs(state, tokens)
+        b = u.shape[0]
+        q, k, v = self._qkv(u, positions)
+        parts_k, parts_v, masks = [], [], []
+        past_k, past_v = cache.view()
+        if past_k is not None:
+            parts_k.append(past_k), parts_v.append(past_v), masks.append(torch.ones(b, cache.length, dtype=torch.bool))
+        if extra is not None and extra[0].shape[1]:
+            parts_k.append(extra[0]), parts_v.append(extra[1]), masks.append(sees)
+        parts_k.append(k), parts_v.append(v), masks.append(torch.eye(b, dtype=torch.bool))
+        o = F.scaled_dot_product_attention(q, torch.cat(parts_k, 1), torch.cat(parts_v, 1),
+                                           attn_mask=torch.cat(masks, 1), enable_gqa=True)
+        return self._rest(u, o), k, v
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict(state)

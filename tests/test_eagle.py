@@ -1,0 +1,211 @@
+"""The EAGLE drafter (speculant.eagle): its network's decoding paths agree with its teacher-forced
+forward (committed pairs, chains and branching trees under the tree mask), and decoding with it
+is lossless: greedy output identical to plain decoding on both runtimes, with and without the
+lookup chain and the cost-sized tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speculant.backends.hf import HFBackend
+from speculant.backends.native import NativeBackend, NativeModel
+from speculant.costmodel import PassCost
+from speculant.drafters.base import NoDrafter
+from speculant.drafters.dynamic_tree import DynamicTree
+from speculant.drafters.lookup import LookupDrafter
+from speculant.drafters.sizing import TreeSizer
+from speculant.eagle import EagleCache, EagleConfig, EagleDrafter, EagleModel
+from speculant.errors import ConfigError, ModelLoadError
+
+from helpers import decode_to_end
+from tiny import fixed_prompts, tiny_qwen2
+
+V = 64
+
+
+def eagle_for(target, seed: int = 0, depth: int = 4, scale: float = 0.3, dtype=torch.float32) -> EagleModel:
+    """A drafter with random weights for ``target`` (a transformers model)."""
+    cfg = EagleConfig.for_target(target.config, intermediate_size=96, depth=depth)
+    model = EagleModel(cfg, target.get_output_embeddings(), target.get_input_embeddings())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g))
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_qwen2(seed=0, scale=4.0)
+
+
+def test_config_checks_and_round_trip(target):
+    cfg = EagleConfig.for_target(target.config, depth=5)
+    assert cfg.attention_bias and cfg.num_key_value_heads == 2 and cfg.rope_theta == 1e6 and cfg.depth == 5
+    assert EagleConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ConfigError, match="key-value groups"):
+        EagleConfig(64, 96, 4, 3, V)
+    with pytest.raises(ConfigError, match="depth must be an integer >= 1"):
+        EagleConfig(64, 96, 4, 2, V, depth=0)
+    with pytest.raises(ModelLoadError, match="not a speculant EAGLE drafter config"):
+        EagleConfig.from_json({"hidden_size": 64})
+    other = tiny_qwen2(seed=0, vocab=80)
+    with pytest.raises(ModelLoadError, match="trained for another model"):
+        EagleModel(cfg, other.get_output_embeddings(), other.get_input_embeddings())
+
+
+def test_parameter_names_are_eagle_checkpoint_names(target):
+    names = set(eagle_for(target).state_dict())
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.q_proj.bias",
+            "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.k_proj.bias", "layers.0.self_attn.v_proj.weight",
+            "layers.0.self_attn.v_proj.bias", "layers.0.self_attn.o_proj.weight",
+            "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} == names
+
+
+def test_committed_pairs_equal_the_teacher_forced_forward(target):
+    """extend, in chunks of any size, gives the rows forward gives for the whole sequence (in
+    float64: the same sums up to rounding)."""
+    model = eagle_for(target, dtype=torch.float64)
+    g = torch.Generator().manual_seed(1)
+    hidden, tokens = torch.randn(13, 64, generator=g, dtype=torch.float64), torch.randint(0, V, (13,), generator=g)
+    ref = model(hidden[None], tokens[None])[0]
+    cache = EagleCache()
+    out = torch.cat([model.extend(cache, hidden[a:b], tokens[a:b]) for a, b in ((0, 5), (5, 6), (6, 13))])
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    assert cache.length == 13
+
+
+def test_tree_steps_equal_each_path_committed(target):
+    """A tree drafted in steps (two children of the root, each expanded; siblings must not see
+    each other) gives every node the feature that committing its own path gives (float64)."""
+    model = eagle_for(target, dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    hidden, tokens = torch.randn(7, 64, generator=g, dtype=torch.float64), torch.randint(0, V, (7,), generator=g)
+    cache = EagleCache()
+    root = model.extend(cache, hidden, tokens)[-1]  # the root's feature
+    kids = torch.tensor([3, 9])  # depth 1
+    f1, k1, v1 = model.tree_step(cache, None, None, root.expand(2, -1), kids, torch.full((2,), 7))
+    grand = torch.tensor([11, 12, 13])  # depth 2: children of kid 0, kid 1, kid 1
+    parent = torch.tensor([0, 1, 1])
+    sees = torch.eye(2, dtype=torch.bool)[parent]
+    f2, _, _ = model.tree_step(cache, (k1, v1), sees, f1[parent], grand, torch.full((3,), 8))
+    for j in range(3):
+        p = int(parent[j])
+        alone = EagleCache()
+        model.extend(alone, hidden, tokens)
+        path = model.extend(alone, torch.stack([root, f1[p]]), torch.stack([kids[p], grand[j]]))
+        torch.testing.assert_close(path[0], f1[p], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(path[1], f2[j], rtol=1e-10, atol=1e-10)
+
+
+def _native(target, dtype=torch.float32):
+    return NativeBackend(NativeModel.from_hf(target.to(dtype)))
+
+
+@pytest.mark.parametrize("runtime", ["hf", "native"])
+def test_eagle_decoding_equals_plain_decoding(target, runtime):
+    backend = HFBackend(target) if runtime == "hf" else _native(target)
+    model = eagle_for(target)
+    sizer = TreeSizer(PassCost((1, 8, 16, 32), (10.0, 11.0, 12.0, 15.0)), max_rows=32)
+    drafters = [EagleDrafter(model, DynamicTree(nodes=10), V),
+                EagleDrafter(model, DynamicTree(nodes=6, depth=3, top_k=4, beam=2), V, LookupDrafter(3)),
+                EagleDrafter(model, DynamicTree(nodes=12), V, LookupDrafter(3), sizer=sizer)]
+    for prompt in fixed_prompts(V):
+        plain = decode_to_end(backend, NoDrafter(), prompt, n=30).generated
+        for drafter in drafters:
+            state = decode_to_end(backend, drafter, prompt, n=30)
+            assert state.generated == plain
+        assert drafters[0].cache is not None and drafters[0].cache.length == prompt.shape[0] + 29
+
+
+class _Oracle(EagleDrafter):
+    """Ranks first, below every node, the token plain decoding writes there (``truth``: prompt +
+    plain output), so that long paths are accepted and committed; the network still computes
+    every feature."""
+
+    def __init__(self, *args, truth: list[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.truth, self.length = truth, 0
+
+    def propose_passes(self, context):
+        self.length = int(context.shape[0])
+        return (yield from super().propose_passes(context))
+
+    def children(self, features, depth):
+        tok, logp = super().children(features, depth)
+        at = self.length - 1 + depth  # the position of a node of this depth
+        if at < len(self.truth):
+            tok, logp = tok.clone(), logp.clone()
+            want = self.truth[at]
+            for row in tok:
+                hit = (row == want).nonzero()
+                j = int(hit[0]) if hit.numel() else row.shape[0] - 1
+                row[j], row[0] = row[0].clone(), want
+            logp[:, 0] = 0.0
+        return tok, logp
+
+
+@pytest.mark.parametrize("runtime", ["hf", "native"])
+def test_accepted_paths_are_committed_and_decoding_stays_plain(target, runtime):
+    """Whole accepted paths (up to the depth) go through observe's commit: with proposals that
+    are right, every step accepts several tokens, and the output is still plain decoding's; the
+    drafter's cache holds one pair per position."""
+    backend = HFBackend(target) if runtime == "hf" else _native(target)
+    prompt = fixed_prompts(V)[0]
+    plain = decode_to_end(backend, NoDrafter(), prompt, n=30).generated
+    drafter = _Oracle(eagle_for(target), DynamicTree(nodes=6, depth=3, top_k=2, beam=1), V,
+                      truth=prompt.tolist() + plain)
+    state = decode_to_end(backend, drafter, prompt, n=30)
+    assert state.generated == plain
+    assert state.stats.tokens_per_call > 2.5
+    # one pair per position decoded (the last step's path may run past the 30 tokens kept)
+    assert prompt.shape[0] + 29 <= drafter.cache.length <= prompt.shape[0] + 29 + 3
+
+
+def test_saved_drafters_load_back_and_damaged_ones_are_named(target, tmp_path):
+    from speculant.eagle.checkpoint import load_eagle, save_eagle
+
+    model = eagle_for(target)
+    out = save_eagle(model, tmp_path / "eagle")
+    loaded = load_eagle(out, target)
+    g = torch.Generator().manual_seed(3)
+    hidden, tokens = torch.randn(5, 64, generator=g), torch.randint(0, V, (5,), generator=g)
+    assert torch.equal(loaded(hidden[None], tokens[None]), model(hidden[None], tokens[None]))
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no temporary left
+    with pytest.raises(ModelLoadError, match="no EAGLE drafter at"):
+        load_eagle(tmp_path / "nothing", target)
+    (out / "model.safetensors").write_bytes(b"\x00" * 12)
+    with pytest.raises(ModelLoadError, match="model.safetensors is corrupt"):
+        load_eagle(out, target)
+    save_eagle(model, out)
+    (out / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="config.json is corrupt"):
+        load_eagle(out, target)
+    other = tiny_qwen2(seed=0, vocab=80)
+    save_eagle(model, out)
+    with pytest.raises(ModelLoadError, match="trained for another model"):
+        load_eagle(out, other)
+
+
+def test_the_api_decodes_with_a_saved_drafter(tmp_path):
+    """SpeculativeDecoder(method="eagle", heads=DIR), with and without the lookup branch: the
+    output of plain decoding; a heads directory of another kind is refused with the method to use."""
+    from transformers import AutoModelForCausalLM
+
+    from speculant.api import SpeculativeDecoder
+    from speculant.eagle.checkpoint import save_eagle
+    from speculant.errors import ConfigError as Refused
+    from tiny import tiny_model_dir
+
+    target_dir = tiny_model_dir(tmp_path / "target")
+    hf = AutoModelForCausalLM.from_pretrained(target_dir)
+    eagle_dir = save_eagle(eagle_for(hf), tmp_path / "eagle")
+    plain = SpeculativeDecoder(target_dir, method="ar", dtype="float32").generate("w1 w2 w3 w1 w2", 20)
+    flat = PassCost((1, 64), (100.0, 100.0))  # a pass costs the same at any width: no measuring in tests
+    for options in ({"tree_budget": flat}, {"lookup_branch": 4, "tree_budget": flat}, {"tree": "dynamic:6:3", "tree_budget": "fixed"}):
+        dec = SpeculativeDecoder(target_dir, method="eagle", heads=eagle_dir, dtype="float32", **options)
+        assert dec.generate("w1 w2 w3 w1 w2", 20).token_ids == plain.token_ids
+    with pytest.raises(Refused, match="is an EAGLE drafter: use --method eagle"):
+        SpeculativeDecoder(target_dir, method="hydra", heads=eagle_dir, dtype="float32")
