@@ -1,4 +1,5 @@
-"""The training commands of the CLI: ``speculant train-heads`` and ``speculant build-tree``."""
+"""The training commands of the CLI: ``speculant train-heads``, ``build-tree``, ``export-heads`` and
+``make-corpus``."""
 
 from __future__ import annotations
 
@@ -116,6 +117,33 @@ def add_training_parsers(sub) -> None:
                          "projection written out); vllm: the draft model of vLLM's Medusa speculation")
     ex.add_argument("--out", required=True, help="a new directory to write")
     ex.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+
+    mc = sub.add_parser("make-corpus", help="a drafter's training corpus: the target's own answers to non-eval prompts")
+    mc.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    mc.add_argument("--out", required=True, help="directory of corpus.jsonl and manifest.json (resumed if present)")
+    mc.add_argument("--tokens", type=int, default=1_000_000, help="answer tokens to reach (default: %(default)s)")
+    mc.add_argument("--batch", type=int, default=16, help="prompts answered together (default: %(default)s)")
+    mc.add_argument("--max-new-tokens", type=int, default=512, help="longest answer (default: %(default)s)")
+    mc.add_argument("--method", default="auto", help="the (lossless) decoding method (default: %(default)s)")
+
+
+def cmd_make_corpus(args) -> int:
+    from .api import SpeculativeDecoder
+    from .errors import ConfigError
+    from .training.corpus import make_corpus
+
+    for name in ("tokens", "batch", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    dec = SpeculativeDecoder(args.target, method=args.method, chat=True)
+    describe = {"method": args.method, "runtime": f"{dec.config.backend}:{dec.config.target_quant}",
+                "max_new_tokens": args.max_new_tokens, "batch": args.batch,
+                "command": f"speculant make-corpus --target {args.target} --out DIR --tokens {args.tokens} "
+                           f"--batch {args.batch} --max-new-tokens {args.max_new_tokens} --method {args.method}"}
+    manifest = make_corpus(dec, args.out, args.tokens, batch_size=args.batch, max_new_tokens=args.max_new_tokens,
+                           describe=describe)
+    print(json.dumps({k: manifest[k] for k in ("answer_tokens", "records", "by_family", "cpu_hours")}, indent=2))
+    return 0
 
 
 def cmd_train_heads(args) -> int:

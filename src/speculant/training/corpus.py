@@ -1,0 +1,190 @@
+"""A drafter's training corpus made here: the target's own greedy answers to prompts that are not
+the evaluation set, in the families the drafters are used for, up to a number of answer tokens.
+
+Families (:func:`corpus_families`; deterministic for a Python version and ``seed``):
+
+* ``chat``        blog posts, emails, stories, explanations, role play, short questions
+                  (``prompts.english_prompt_families``, both of its disjoint parts);
+* ``code``        coding instructions from Python standard-library docstrings (``data.stdlib_prompts``);
+* ``code-edit``   editing code: a standard-library function's source to annotate, refactor, test
+                  or explain (:func:`code_edit_prompts`);
+* ``en-de``       MCSD's English→German WMT prompts minus Spec-Bench's sentences (``data.wmt_prompts``);
+* ``de-en``       German→English translation of the target's own German answers to ``en-de``
+                  (added as those answers are made, so no evaluation sentence is used);
+* ``docs``        summarizing a passage of the Python reference manual, or answering from it (RAG);
+* ``math``        templated multi-step arithmetic word problems with fresh numbers.
+
+:func:`make_corpus` answers the families interleaved (so that any prefix is balanced) with a
+decoder, through ``data.distill`` (speculant's batched engine on the native runtime, one target
+pass per step for a whole batch; resumable: prompts already answered are skipped), until the
+answers hold ``tokens`` tokens, and keeps ``manifest.json`` beside ``corpus.jsonl`` (tokens and
+records by family, the model, the machine, the time it took, the sources and their licences).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import platform
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+from .data import STDLIB_MODULES, _public, distill, german_answers, load_records, stdlib_prompts, wmt_prompts
+from .prompts import english_prompt_families
+
+__all__ = ["CORPUS_NAME", "MANIFEST_NAME", "SOURCES", "code_edit_prompts", "corpus_families", "make_corpus"]
+
+CORPUS_NAME, MANIFEST_NAME = "corpus.jsonl", "manifest.json"
+SOURCES = {
+    "chat": "prompts written for speculant (speculant.training.prompts), Apache-2.0 like the project",
+    "code": "first paragraphs of CPython standard-library docstrings (PSF License v2)",
+    "code-edit": "CPython standard-library function sources (PSF License v2)",
+    "en-de": "MCSD's WMT English→German prompts (NJUNLP/MCSD, MIT), Spec-Bench's sentences removed",
+    "de-en": "the target's own German answers to the en-de prompts",
+    "docs": "passages of the Python reference manual, pydoc_data.topics (PSF License v2)",
+    "math": "templated word problems written for speculant, seeded numbers",
+}
+EDIT_TASKS = (
+    "Add type hints and a docstring to this Python function, changing nothing else:\n\n```python\n{src}```",
+    "Rewrite this Python function to be easier to read, keeping its behaviour:\n\n```python\n{src}```",
+    "Write pytest unit tests for this Python function:\n\n```python\n{src}```",
+    "Explain what this Python function does, step by step:\n\n```python\n{src}```",
+)
+
+
+def code_edit_prompts(modules: Sequence[str] = STDLIB_MODULES, min_lines: int = 4, max_lines: int = 30) -> list[str]:
+    """Code-editing tasks on the sources of the public functions of ``modules`` (``min_lines`` to
+    ``max_lines`` lines each), the tasks rotated. Modules that cannot be imported are skipped."""
+    import importlib
+
+    out: list[str] = []
+    seen: set[str] = set()
+    for module in modules:
+        try:
+            mod = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - e.g. a module missing from a minimal Python build
+            continue
+        for _, obj in _public(module, mod):
+            if not inspect.isfunction(obj):
+                continue
+            try:
+                src = inspect.getsource(obj)
+            except (OSError, TypeError):
+                continue
+            if not min_lines <= src.count("\n") <= max_lines or src in seen:
+                continue
+            seen.add(src)
+            out.append(EDIT_TASKS[len(out) % len(EDIT_TASKS)].format(src=src))
+    return out
+
+
+def corpus_families(german: Sequence[str] = (), seed: int = 0, math_sets: int = 5) -> dict[str, list[str]]:
+    """Every family's prompts by name (module docstring); ``german``: the German sentences of the
+    ``de-en`` family; ``math_sets``: sets of 120 word problems per part, each with other numbers
+    (0: only the ``de-en`` family, which costs nothing to make)."""
+    if not math_sets:
+        return {"de-en": [f"Translate German to English: {g.strip()}" for g in german if g.strip()]}
+    parts = [english_prompt_families((), seed, part) for part in (0, 1)]
+    math = [p for s in range(math_sets) for part in (0, 1) for p in english_prompt_families((), seed + s, part)["math"]]
+    return {
+        "chat": [p for f in parts for k in ("write", "explain", "role", "qa") for p in f[k]],
+        "code": stdlib_prompts(),
+        "code-edit": code_edit_prompts(),
+        "en-de": wmt_prompts(),
+        "de-en": [f"Translate German to English: {g.strip()}" for g in german if g.strip()],
+        "docs": [p for f in parts for k in ("summarize", "rag") for p in f[k]],
+        "math": list(dict.fromkeys(math)),
+    }
+
+
+def interleave(families: dict[str, list[str]], block: int) -> list[tuple[str, str]]:
+    """(family, prompt) pairs, ``block`` prompts of each family in turn; duplicates dropped."""
+    out, seen = [], set()
+    for i in range(0, max((len(v) for v in families.values()), default=0), block):
+        for name, prompts in families.items():
+            for p in prompts[i:i + block]:
+                if p not in seen:
+                    seen.add(p)
+                    out.append((name, p))
+    return out
+
+
+def _answer_tokens(records: list[dict]) -> int:
+    return sum(len(r["ids"]) - r["prompt_len"] for r in records)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int = 16, max_new_tokens: int = 512,
+                seed: int = 0, progress: bool = True, describe: dict | None = None) -> dict:
+    """Answer the families' prompts with ``decoder`` (a ``SpeculativeDecoder`` with
+    ``chat=True``; greedy) into ``out/corpus.jsonl`` until the answers hold ``tokens`` tokens (or the
+    prompts run out); resumable. ``describe``: what to record about the model and the command.
+    Returns the manifest (also written to ``out/manifest.json`` after every batch)."""
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    path, manifest_path = directory / CORPUS_NAME, directory / MANIFEST_NAME
+    old = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    seconds_before = float(old.get("seconds", 0.0))
+    start = time.perf_counter()
+    started = old.get("started") or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    families = corpus_families((), seed)  # de-en grows with the en-de answers, below
+    while True:
+        records = load_records(path)
+        german = german_answers(path, decoder.tokenizer) if records else []
+        families["de-en"] = corpus_families(german, seed, math_sets=0)["de-en"] if german else []
+        order = interleave(families, batch_size)
+        family = dict((p, f) for f, p in order)
+        done = {r["prompt"] for r in records}
+        todo = [p for _, p in order if p not in done]
+        have = _answer_tokens(records)
+        manifest = _manifest(records, family, tokens, started, seconds_before + time.perf_counter() - start,
+                             describe or {}, decoder)
+        _write_json(manifest_path, manifest)
+        if have >= tokens or not todo:
+            return manifest
+        distill(decoder, todo[:batch_size], max_new_tokens, path, progress=progress, batch_size=batch_size)
+
+
+def _manifest(records: list[dict], family: dict[str, str], goal: int, started: str, seconds: float, describe: dict,
+              decoder) -> dict:
+    by = {}
+    for r in records:
+        f = family.get(r["prompt"], "other")
+        n, t = by.get(f, (0, 0))
+        by[f] = (n + 1, t + len(r["ids"]) - r["prompt_len"])
+    return {
+        "goal_answer_tokens": goal,
+        "answer_tokens": _answer_tokens(records),
+        "records": len(records),
+        "by_family": {f: {"records": n, "answer_tokens": t} for f, (n, t) in sorted(by.items())},
+        "target": getattr(decoder.target, "name", ""),
+        "greedy": True,
+        **describe,
+        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "started": started,
+        "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1),
+        "cpu_hours": round(seconds * (os.cpu_count() or 1) / 3600, 3),
+        "sources": SOURCES,
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

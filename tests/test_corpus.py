@@ -1,0 +1,61 @@
+"""The drafter's training corpus (speculant.training.corpus): every family present, none from
+Spec-Bench, interleaved so that any prefix is balanced, made up to a token goal with speculant's
+batched engine, resumable, with a manifest that counts it."""
+
+from __future__ import annotations
+
+import json
+
+from speculant.training.corpus import CORPUS_NAME, MANIFEST_NAME, code_edit_prompts, corpus_families, interleave, \
+    make_corpus
+from speculant.training.data import load_records
+
+from tiny import tiny_model_dir
+
+V = 64
+
+
+def test_families_are_large_and_not_the_evaluation_set():
+    from speculant.training.data import _norm, _spec_bench_text
+
+    families = corpus_families(["Guten Morgen.", " "])
+    assert families["de-en"] == ["Translate German to English: Guten Morgen."]
+    sizes = {k: len(v) for k, v in families.items()}
+    assert all(n >= 300 for k, n in sizes.items() if k != "de-en"), sizes
+    assert sum(sizes.values()) > 5000  # with ~200-token answers: over a million tokens
+    spec = _spec_bench_text()
+    for name, prompts in families.items():
+        assert not any(len(_norm(p)) > 40 and _norm(p) in spec for p in prompts), name
+    edits = code_edit_prompts(["json"])
+    assert edits and all("```python\ndef " in p for p in edits)
+    order = interleave({"a": ["1", "2", "3"], "b": ["4"], "c": ["1", "5"]}, 2)
+    assert order == [("a", "1"), ("a", "2"), ("b", "4"), ("c", "5"), ("a", "3")]  # duplicates dropped
+
+
+def test_corpus_reaches_its_goal_resumes_and_counts(tmp_path):
+    import speculant
+
+    model_dir = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)
+    dec = speculant.SpeculativeDecoder(str(model_dir), method="ar", chat=True, dtype="float32", backend="native")
+    out = tmp_path / "corpus"
+    first = make_corpus(dec, out, 150, batch_size=4, max_new_tokens=6, progress=False, describe={"command": "test"})
+    recs = load_records(out / CORPUS_NAME)
+    assert first["answer_tokens"] >= 150 and first["records"] == len(recs) and first["command"] == "test"
+    assert first["answer_tokens"] - 4 * 6 < 150  # stops at the first batch past the goal
+    assert {"chat", "code", "code-edit", "en-de", "docs", "math"} <= set(first["by_family"])
+    assert sum(f["answer_tokens"] for f in first["by_family"].values()) == first["answer_tokens"]
+    assert json.loads((out / MANIFEST_NAME).read_text())["records"] == len(recs)
+    more = make_corpus(dec, out, 300, batch_size=4, max_new_tokens=6, progress=False)
+    again = load_records(out / CORPUS_NAME)
+    assert again[:len(recs)] == recs  # resumed: nothing made twice
+    assert more["answer_tokens"] >= 300 and "de-en" in more["by_family"]  # German of its own en-de answers
+    assert more["started"] == first["started"] and more["seconds"] >= first["seconds"]
+    assert make_corpus(dec, out, 300, batch_size=4, max_new_tokens=6, progress=False)["records"] == len(again)
+
+
+def test_cli_refuses_a_goal_of_nothing(tmp_path, capsys):
+    from speculant.cli import main
+
+    assert main(["make-corpus", "--out", str(tmp_path / "c"), "--tokens", "0"]) == 2
+    assert "--tokens must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
