@@ -59,3 +59,25 @@ def test_cli_refuses_a_goal_of_nothing(tmp_path, capsys):
     assert main(["make-corpus", "--out", str(tmp_path / "c"), "--tokens", "0"]) == 2
     assert "--tokens must be >= 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
+    """make-corpus, then train-eagle on it, then generate --method eagle with the drafter: the
+    same text as plain decoding."""
+    from speculant.cli import main
+
+    target = str(tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V))
+    corpus, drafter = tmp_path / "corpus", tmp_path / "eagle"
+    assert main(["make-corpus", "--target", target, "--out", str(corpus), "--tokens", "300", "--batch", "4",
+                 "--max-new-tokens", "12", "--method", "ar"]) == 0
+    assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out", str(drafter),
+                 "--steps", "20", "--batch-size", "2", "--seq-len", "32", "--depth", "3", "--intermediate-size", "64",
+                 "--draft-vocab", "40", "--held-out", "2"]) == 0
+    report = json.loads((drafter / "training_report.json").read_text())
+    assert report["steps"] == 20 and len(report["depth_accuracy"]) == 5
+    capsys.readouterr()
+    args = ["generate", "--target", target, "--max-new-tokens", "16", "--json", "w1 w2 w3 w1 w2"]
+    assert main(args + ["--method", "ar"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(args + ["--method", "eagle", "--heads", str(drafter)]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]

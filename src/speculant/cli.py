@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .cli_training import add_training_parsers, cmd_build_tree, cmd_export_heads, cmd_make_corpus, cmd_train_heads
+from .cli_training import add_training_parsers, cmd_build_tree, cmd_export_heads, cmd_make_corpus, cmd_train_eagle, cmd_train_heads
 from .config import DEFAULT_LOOKUP_BRANCH, METHODS
 from .errors import SpeculantError
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -396,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                     "bench-report": cmd_bench_report, "bench-serve": lambda a: cmd_bench_serve(a, argv),
                     "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree,
-                    "export-heads": cmd_export_heads, "make-corpus": cmd_make_corpus}
+                    "export-heads": cmd_export_heads, "make-corpus": cmd_make_corpus,
+                    "train-eagle": cmd_train_eagle}
         return commands[args.command](args)
     except SpeculantError as e:
         print(f"speculant: error: {e}", file=sys.stderr)

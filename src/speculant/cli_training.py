@@ -1,5 +1,5 @@
-"""The training commands of the CLI: ``speculant train-heads``, ``build-tree``, ``export-heads`` and
-``make-corpus``."""
+"""The training commands of the CLI: ``speculant train-heads``, ``build-tree``, ``export-heads``,
+``make-corpus`` and ``train-eagle``."""
 
 from __future__ import annotations
 
@@ -126,6 +126,21 @@ def add_training_parsers(sub) -> None:
     mc.add_argument("--max-new-tokens", type=int, default=512, help="longest answer (default: %(default)s)")
     mc.add_argument("--method", default="auto", help="the (lossless) decoding method (default: %(default)s)")
 
+    te = sub.add_parser("train-eagle", help="train an EAGLE drafter (--method eagle) on a corpus (make-corpus)")
+    te.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    te.add_argument("--data", nargs="+", required=True, help="corpus JSONL file(s) (make-corpus's corpus.jsonl)")
+    te.add_argument("--out", required=True, help="output directory: the drafter, its report, checkpoints, features")
+    te.add_argument("--steps", type=int, default=1000)
+    te.add_argument("--batch-size", type=int, default=8, help="windows per step (default: %(default)s)")
+    te.add_argument("--seq-len", type=int, default=512, help="pairs per window (default: %(default)s)")
+    te.add_argument("--lr", type=float, default=3e-4)
+    te.add_argument("--depth", type=int, default=6, help="the deepest draft (default: %(default)s)")
+    te.add_argument("--intermediate-size", type=int, default=0,
+                    help="the drafter's MLP width (default 0: the target's)")
+    te.add_argument("--draft-vocab", type=int, default=32768,
+                    help="propose only the N most frequent answer tokens (FR-Spec; 0 = all) (default: %(default)s)")
+    te.add_argument("--held-out", type=int, default=16, help="records kept for the held-out accuracy")
+
 
 def cmd_make_corpus(args) -> int:
     from .api import SpeculativeDecoder
@@ -143,6 +158,44 @@ def cmd_make_corpus(args) -> int:
     manifest = make_corpus(dec, args.out, args.tokens, batch_size=args.batch, max_new_tokens=args.max_new_tokens,
                            describe=describe)
     print(json.dumps({k: manifest[k] for k in ("answer_tokens", "records", "by_family", "cpu_hours")}, indent=2))
+    return 0
+
+
+def cmd_train_eagle(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .api import SpeculativeDecoder
+    from .eagle import EagleConfig, EagleModel
+    from .eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle
+    from .errors import ConfigError
+    from .training.data import load_records
+    from .training.setup import draft_vocabulary
+
+    records = [r for path in args.data for r in load_records(path)]
+    if not records:
+        raise ConfigError(f"no records in {', '.join(args.data)}: make a corpus with speculant make-corpus")
+    cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                           held_out=args.held_out)
+    dec = SpeculativeDecoder(args.target, method="ar")  # the runtime the drafter will read hidden states from
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    feats = out / "features.safetensors"
+    try:
+        features = load_features(feats, records)
+    except (ConfigError, OSError, KeyError):
+        features = load_features(compute_features(dec.target_backend, records, feats), records)
+    target = dec.target.model
+    V = dec.target.logits_dim
+    ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None, depth=args.depth,
+                                  draft_vocab=min(args.draft_vocab, V))
+    ecfg = EagleConfig(**{**ecfg.__dict__, "vocab_size": V, "base_model": dec.target.name})
+    model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
+    if ecfg.draft_vocab:
+        model.set_draft_vocab(draft_vocabulary(records, ecfg.draft_vocab, V))
+    report = train_eagle(model.to(torch.float32), records, features, out, cfg)
+    print(json.dumps({k: report[k] for k in ("steps", "depth_accuracy", "answer_tokens")}, indent=2))
     return 0
 
 

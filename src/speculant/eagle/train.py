@@ -1,0 +1,253 @@
+"""Training the EAGLE drafter on a corpus of the target's own answers (``make-corpus``).
+
+1. Features, once: the target's final hidden states at every position of every record
+   (:func:`compute_features`; any Backend with ``HiddenNeed.ALL``), kept in one safetensors file
+   (``hidden`` (N, H) bf16, ``starts`` (R + 1,): record r's rows are ``starts[r] .. starts[r+1]-1``).
+2. The drafter learns, at every pair (h_i, x_{i+1}) of a window of a record, to predict the
+   target's next feature h_{i+1} (smooth L1, EAGLE's regression) and the token after it x_{i+2}
+   (cross-entropy through the target's frozen output layer, over the draft vocabulary when there is
+   one): ``feature_weight`` * L1 + ``token_weight`` * CE, on the pairs whose x_{i+2} is an answer
+   token. The pairs before them (the prompt) are context.
+3. Held out: per-depth accuracy, the share of answer positions where the drafter's greedy chain
+   of its own features guesses the next d tokens all right (what a chain of depth d would accept).
+
+Runs under ``accelerate`` (one process, or several: each takes its share of every batch);
+checkpoints every ``checkpoint_every`` steps (accelerate's state: drafter, optimizer, scheduler, and
+the step), and a run started again over the same output directory resumes from the latest.
+Shapes: B windows of T pairs, H hidden size, V' drafted tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..backends.base import Backend, HiddenNeed
+from ..errors import ConfigError
+from .model import EagleCache, EagleModel
+
+__all__ = ["EagleTrainConfig", "compute_features", "depth_accuracy", "load_features", "train_eagle"]
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    steps: int = 1000
+    batch_size: int = 8  # windows per optimizer step (over all processes)
+    seq_len: int = 512  # pairs per window
+    lr: float = 3e-4
+    warmup: int = 50
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
+    held_out: int = 16  # records kept for the held-out accuracy
+    eval_depth: int = 5
+    checkpoint_every: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "eval_depth", "checkpoint_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"EAGLE training {name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not (self.lr > 0 and self.feature_weight >= 0 and self.token_weight >= 0 and self.held_out >= 0):
+            raise ConfigError("EAGLE training needs lr > 0 and non-negative weights and held_out")
+
+
+@torch.no_grad()
+def compute_features(backend: Backend, records: Sequence[dict], path: str | os.PathLike, progress: bool = True) -> Path:
+    """The target's final hidden states at every position of ``records`` (their ``ids``) through
+    ``backend`` into the safetensors file ``path`` (written whole, then moved in place)."""
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    rows, starts = [], [0]
+    for rec in tqdm(records, desc="target features", unit="record", disable=not progress):
+        backend.reset()
+        out = backend.forward(torch.tensor(rec["ids"], dtype=torch.long), rows=torch.empty(0, dtype=torch.long),
+                              want_hidden=HiddenNeed.ALL)
+        rows.append(out.hidden.to(torch.bfloat16))
+        starts.append(starts[-1] + out.hidden.shape[0])
+    out_path = Path(path)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    save_file({"hidden": torch.cat(rows).contiguous(), "starts": torch.tensor(starts, dtype=torch.long)}, str(tmp))
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def load_features(path: str | os.PathLike, records: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden (N, H), starts (R + 1,)) of :func:`compute_features`, checked against ``records``."""
+    from safetensors.torch import load_file
+
+    t = load_file(str(path))
+    hidden, starts = t["hidden"], t["starts"]
+    lengths = (starts[1:] - starts[:-1]).tolist()
+    if lengths != [len(r["ids"]) for r in records]:
+        raise ConfigError(f"{path} was computed for other records: compute the features again")
+    return hidden, starts
+
+
+def _windows(records: Sequence[dict], seq_len: int) -> list[tuple[int, int, int]]:
+    """(record, first pair, pairs) windows of at most ``seq_len`` pairs that hold answer targets."""
+    out = []
+    for r, rec in enumerate(records):
+        pairs = len(rec["ids"]) - 1  # pair i = (h_i, x_{i+1}), i < L - 1
+        for a in range(0, pairs, seq_len):
+            n = min(seq_len, pairs - a)
+            if a + n + 1 > rec["prompt_len"]:  # some x_{i+2} in the answer
+                out.append((r, a, n))
+    return out
+
+
+def _batch(windows, records, hidden, starts, vocab_index):
+    """Padded tensors of ``windows``: inputs (B, T, H), tokens (B, T), target features (B, T, H),
+    target token indices into the drafted vocabulary (B, T) (-1: no loss), feature mask (B, T)."""
+    T, H = max(n for *_, n in windows), hidden.shape[1]
+    B = len(windows)
+    h_in, h_out = torch.zeros(B, T, H, dtype=hidden.dtype), torch.zeros(B, T, H, dtype=hidden.dtype)
+    tok, tgt = torch.zeros(B, T, dtype=torch.long), torch.full((B, T), -1, dtype=torch.long)
+    feat_mask = torch.zeros(B, T, dtype=torch.bool)
+    for b, (r, a, n) in enumerate(windows):
+        ids, s, P = records[r]["ids"], int(starts[r]), records[r]["prompt_len"]
+        h_in[b, :n] = hidden[s + a:s + a + n]
+        h_out[b, :n] = hidden[s + a + 1:s + a + n + 1]
+        tok[b, :n] = torch.tensor(ids[a + 1:a + n + 1], dtype=torch.long)
+        nxt = torch.tensor(ids[a + 2:a + n + 2], dtype=torch.long)  # x_{i+2}, one shorter at the end
+        pos = torch.arange(a + 2, a + 2 + nxt.shape[0])
+        idx = vocab_index[nxt]
+        tgt[b, :nxt.shape[0]] = torch.where(pos >= P, idx, torch.full_like(idx, -1))
+        feat_mask[b, :n] = torch.arange(a + 1, a + n + 1) >= P - 1  # h_{i+1} of the answer's positions
+    return h_in, tok, h_out, tgt, feat_mask
+
+
+def _loss(model: EagleModel, rows: torch.Tensor, batch, cfg: EagleTrainConfig) -> torch.Tensor:
+    h_in, tok, h_out, tgt, feat_mask = batch
+    f = model(h_in, tok)  # (B, T, H)
+    m = feat_mask.unsqueeze(-1).to(f.dtype)
+    reg = (F.smooth_l1_loss(f.float(), h_out.float(), reduction="none") * m).sum() / (m.sum() * f.shape[-1]).clamp(min=1)
+    logits = F.linear(f, rows.to(f.dtype)).float()  # (B, T, V')
+    ce = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=-1) if (tgt >= 0).any() else f.sum() * 0
+    return cfg.feature_weight * reg + cfg.token_weight * ce
+
+
+def _drafted_rows(model: EagleModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output layer's rows the drafter proposes from (V', H) and each token's index among
+    them (V,) (-1 outside)."""
+    layer = model._shared[0]
+    V = model.config.vocab_size
+    vocab = model.draft_vocab if model.draft_vocab is not None else torch.arange(V)
+    weight = getattr(layer, "weight", None)
+    rows = weight.detach()[vocab] if weight is not None else layer.dequantize_rows(vocab)
+    index = torch.full((V,), -1, dtype=torch.long)
+    index[vocab] = torch.arange(vocab.numel())
+    return rows, index
+
+
+@torch.no_grad()
+def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Tensor, starts: torch.Tensor,
+                   depth: int, per_record: int = 16, seed: int = 0) -> list[float]:
+    """acc[d-1]: the share of sampled answer positions where the drafter's greedy chain (its own
+    features after the first step) guesses the next d tokens all right."""
+    rng = random.Random(seed)
+    hits, total = [0] * depth, 0
+    for r, rec in enumerate(records):
+        ids, s, P, L = rec["ids"], int(starts[r]), rec["prompt_len"], len(rec["ids"])
+        cache = EagleCache()
+        feats = model.extend(cache, hidden[s:s + L - 1], torch.tensor(ids[1:L]))  # f at pairs 0 .. L-2
+        spots = [i for i in range(max(P - 2, 0), L - 2)]
+        for i in rng.sample(spots, min(per_record, len(spots))):
+            total += 1
+            cache.length = i + 1  # the pairs up to i committed
+            state, extra, ok = feats[i], None, True
+            for d in range(depth):
+                at = i + 2 + d  # the token this step guesses
+                guess = int(model.draft_topk(state[None], 1, None)[0, 0])
+                if at >= L or guess != ids[at]:
+                    break
+                hits[d] += 1
+                if d + 1 < depth:
+                    sees = torch.ones(1, 0 if extra is None else extra[0].shape[1], dtype=torch.bool)
+                    out, k, v = model.tree_step(cache, extra, sees, state[None], torch.tensor([guess]),
+                                                torch.tensor([i + 1 + d]))
+                    extra = (k, v) if extra is None else (torch.cat([extra[0], k], 1), torch.cat([extra[1], v], 1))
+                    state = out[0]
+        cache.length = L - 1
+    return [h / total if total else 0.0 for h in hits]
+
+
+def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torch.Tensor, torch.Tensor],
+                out: str | os.PathLike, cfg: EagleTrainConfig, progress: bool = True) -> dict:
+    """Train ``model`` (in place) on ``records`` with their ``features`` (:func:`load_features`);
+    checkpoints and the report go to ``out``. Returns the report (also ``out/training_report.json``)."""
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+
+    from .checkpoint import save_eagle
+
+    hidden, starts = features
+    out_dir = Path(out)
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(cfg.seed)
+    held = list(range(min(cfg.held_out, max(len(records) - 1, 0))))
+    train_ids = [r for r in range(len(records)) if r not in held]
+    wins = [w for w in _windows(records, cfg.seq_len) if w[0] in set(train_ids)]
+    if not wins:
+        raise ConfigError("no training windows: the corpus needs records with answers beyond the held-out ones")
+    rows, index = _drafted_rows(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
+    model, opt, sched = acc.prepare(model, opt, sched)
+    core = acc.unwrap_model(model)
+    ckpts = out_dir / "checkpoints"
+    step = 0
+    done = sorted((p for p in ckpts.glob("step-*") if (p / "step.json").is_file()), key=lambda p: int(p.name[5:]))
+    if done:
+        acc.load_state(str(done[-1]))
+        step = json.loads((done[-1] / "step.json").read_text())["step"]
+    initial = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held),
+                             cfg.eval_depth) if held and step == 0 else None
+    per_proc = max(1, cfg.batch_size // acc.num_processes)
+    losses = []
+    bar = tqdm(total=cfg.steps, initial=step, desc="training the EAGLE drafter", disable=not progress)
+    while step < cfg.steps:
+        g = random.Random(cfg.seed * 1_000_003 + step)
+        chosen = [wins[g.randrange(len(wins))] for _ in range(per_proc * acc.num_processes)]
+        mine = chosen[acc.process_index * per_proc:(acc.process_index + 1) * per_proc]
+        model.train()
+        loss = _loss(core, rows, _batch(mine, records, hidden, starts, index), cfg)
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        step += 1
+        losses.append(float(loss.detach()))
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            target = ckpts / f"step-{step}"
+            acc.save_state(str(target))
+            if acc.is_main_process:
+                (target / "step.json").write_text(json.dumps({"step": step}))
+    bar.close()
+    model.eval()
+    final = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held), cfg.eval_depth) \
+        if held else []
+    report = {"config": asdict(cfg), "steps": step, "train_loss_last": losses[-10:], "held_out_records": len(held),
+              "depth_accuracy_before": initial, "depth_accuracy": final,
+              "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records)}
+    if acc.is_main_process:
+        save_eagle(core, out_dir)
+        (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _held_starts(starts: torch.Tensor, held: list[int]) -> torch.Tensor:
+    """``starts`` restricted to the records ``held`` (the first ones), as depth_accuracy reads it."""
+    return starts[:len(held) + 1]
