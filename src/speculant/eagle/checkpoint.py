@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
-from ..heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, write_checkpoint
+from ..heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_checked, write_checkpoint
 from ..heads.projection import layer_dtype
 from .model import EagleConfig, EagleModel
 
@@ -62,18 +62,7 @@ def load_eagle(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
         raise ModelLoadError(f"{directory / WEIGHTS_NAME} is corrupt ({e}); re-save the drafter") from None
     with torch.device("meta"):
         model = EagleModel(config, target_model.get_output_embeddings(), target_model.get_input_embeddings())
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ModelLoadError(f"{directory} does not match its config: "
-                             + (f"missing tensors {missing[:4]}" if missing else "")
-                             + ("; " if missing and unexpected else "")
-                             + (f"unexpected tensors {unexpected[:4]}" if unexpected else ""))
-    for name, t in expected.items():
-        if state[name].shape != t.shape:
-            raise ModelLoadError(f"tensor {name} in {directory} has shape {tuple(state[name].shape)}, expected "
-                                 f"{tuple(t.shape)} from its config: the drafter is corrupt")
-    model.load_state_dict(state, assign=True)
+    load_checked(model, state, directory, f"an EAGLE drafter of hidden size {config.hidden_size}")
     D = config.dims  # the RoPE frequencies are not saved: made again, off the meta device
     model.inv_freq = config.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
     if config.draft_vocab:

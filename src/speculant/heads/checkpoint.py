@@ -149,12 +149,24 @@ def load_heads(path: str | Path, target_model: nn.Module,
         else:
             heads = MedusaHeads(config, lm_head if shared else None)
             module = heads.heads
+    what = (f"{K} heads x {n} blocks, {'shared' if shared else 'per-head'} projection" if kind == "medusa"
+            else f"sequential heads of depth {K}, {n} blocks")
+    load_checked(module, state, directory, what)
+    if kind == "sequential" and config.draft_vocab:
+        try:
+            heads.set_draft_vocab(heads.draft_vocab.clone())
+        except ConfigError as e:
+            raise ModelLoadError(f"{directory}: {e}: the checkpoint is corrupt") from None
+    return heads.to(dtype or layer_dtype(lm_head)).eval()
+
+
+def load_checked(module: nn.Module, state: dict[str, torch.Tensor], directory: Path, what: str) -> None:
+    """Load ``state`` into ``module`` (built on the meta device from the checkpoint's config,
+    ``what`` in words) after checking that it holds exactly the module's tensors in their shapes."""
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        what = (f"{K} heads x {n} blocks, {'shared' if shared else 'per-head'} projection" if kind == "medusa"
-                else f"sequential heads of depth {K}, {n} blocks")
         raise ModelLoadError(
             f"{directory} does not match its config ({what}): "
             + (f"missing tensors {missing[:4]}{' ...' if len(missing) > 4 else ''}" if missing else "")
@@ -165,12 +177,6 @@ def load_heads(path: str | Path, target_model: nn.Module,
             raise ModelLoadError(f"tensor {name} in {directory} has shape {tuple(state[name].shape)}, "
                                  f"expected {tuple(t.shape)} from its config: the checkpoint is corrupt")
     module.load_state_dict(state, assign=True)
-    if kind == "sequential" and config.draft_vocab:
-        try:
-            heads.set_draft_vocab(heads.draft_vocab.clone())
-        except ConfigError as e:
-            raise ModelLoadError(f"{directory}: {e}: the checkpoint is corrupt") from None
-    return heads.to(dtype or layer_dtype(lm_head)).eval()
 
 
 SHIPPED_TREE_NAME = "tree.json"  # the default sparse tree shipped next to a heads checkpoint

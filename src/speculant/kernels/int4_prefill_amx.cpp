@@ -28,6 +28,7 @@
 #include <memory>
 
 #include "amx_bf16_pair.h"
+#include "int4_args.h"
 
 namespace {
 
@@ -69,20 +70,11 @@ void widen_block(const uint8_t* qb, const uint16_t* sb, int64_t K, int64_t gsize
 torch::Tensor int4_prefill_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias,
                               bool out_fp32) {
   TORCH_CHECK(speculant_amx::permitted(), "int4_prefill_mm needs AMX (the kernel refused the tile-data permission)");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
-  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
-              "qpack must be (N/16, K/8, 64) uint8");
-  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
-              scales.size(0) == qpack.size(0) && scales.size(2) == 2 && scales.size(3) == 16,
-              "scales must be (N/16, G, 2, 16) bf16");
-  const int64_t M = x.size(0), K = x.size(1), NB = qpack.size(0), N = NB * 16, G = scales.size(1);
-  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
+  const speculant_int4::Int4Shape shape = speculant_int4::check_int4_args(x, qpack, scales, bias);
+  const int64_t M = shape.M, K = shape.K, N = shape.N, NB = N / 16, G = shape.G;
+  const bool has_bias = shape.has_bias;
   TORCH_CHECK(K % 32 == 0, "int4_prefill_mm needs a multiple of 32 inputs, got ", K);
-  TORCH_CHECK(G > 0 && K % G == 0 && (K / G) % 8 == 0, "groups of ", K / std::max<int64_t>(G, 1),
-              " inputs: need a multiple of 8");
-  const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
-              "bias must be (N,) float32");
+  TORCH_CHECK((K / G) % 8 == 0, "groups of ", K / G, " inputs: need a multiple of 8");
   const int64_t gsize = K / G;
   auto y = torch::empty({M, N}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
   const at::BFloat16* xp = x.data_ptr<at::BFloat16>();

@@ -36,6 +36,7 @@
 #include <cstring>
 #include <utility>
 
+#include "int4_args.h"
 #include "int4_problem.h"
 
 namespace speculant_int4 {
@@ -313,19 +314,10 @@ Isa best_isa() {
 // for groups other than 64 inputs). Returns (M, N).
 torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
                         int64_t isa) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
-  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
-              "qpack must be (N/16, K/8, 64) uint8");
-  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
-              scales.size(0) == qpack.size(0) && scales.size(2) == 2 && scales.size(3) == 16,
-              "scales must be (N/16, G, 2, 16) bf16");
-  const int64_t M = x.size(0), K = x.size(1), NB = qpack.size(0), N = NB * 16, G = scales.size(1);
-  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
-  TORCH_CHECK(G > 0 && K % G == 0 && (K / G == 32 || K / G == 64 || K / G == 128), "groups of ",
-              K / std::max<int64_t>(G, 1), " inputs: need 32, 64 or 128");
-  const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
-              "bias must be (N,) float32");
+  const Int4Shape shape = check_int4_args(x, qpack, scales, bias);
+  const int64_t M = shape.M, K = shape.K, N = shape.N, NB = N / 16, G = shape.G;
+  const bool has_bias = shape.has_bias;
+  TORCH_CHECK(K / G == 32 || K / G == 64 || K / G == 128, "groups of ", K / G, " inputs: need 32, 64 or 128");
   Isa use = isa == kAuto ? best_isa() : (Isa)isa;
   TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);

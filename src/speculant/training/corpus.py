@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from .data import STDLIB_MODULES, _public, distill, german_answers, load_records, stdlib_prompts, wmt_prompts
+from .data import STDLIB_MODULES, _public, distill, german_answers, importable, load_records, stdlib_prompts, wmt_prompts
 from .prompts import english_prompt_families
 
 __all__ = ["CORPUS_NAME", "MANIFEST_NAME", "SOURCES", "code_edit_prompts", "corpus_families", "make_corpus"]
@@ -59,15 +59,9 @@ EDIT_TASKS = (
 def code_edit_prompts(modules: Sequence[str] = STDLIB_MODULES, min_lines: int = 4, max_lines: int = 30) -> list[str]:
     """Code-editing tasks on the sources of the public functions of ``modules`` (``min_lines`` to
     ``max_lines`` lines each), the tasks rotated. Modules that cannot be imported are skipped."""
-    import importlib
-
     out: list[str] = []
     seen: set[str] = set()
-    for module in modules:
-        try:
-            mod = importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - e.g. a module missing from a minimal Python build
-            continue
+    for module, mod in importable(modules):
         for _, obj in _public(module, mod):
             if not inspect.isfunction(obj):
                 continue

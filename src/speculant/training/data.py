@@ -100,6 +100,15 @@ def _public(module: str, owner) -> list[tuple[str, object]]:
     return out
 
 
+def importable(modules: Sequence[str]):
+    """(name, module) of ``modules`` in order, skipping those this Python cannot import."""
+    for module in modules:
+        try:
+            yield module, importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - e.g. a module missing from a minimal Python build
+            continue
+
+
 def stdlib_prompts(modules: Sequence[str] = STDLIB_MODULES, limit: int | None = None) -> list[str]:
     """Instructions from stdlib docstrings: module functions, classes and their public methods.
 
@@ -120,11 +129,7 @@ def stdlib_prompts(modules: Sequence[str] = STDLIB_MODULES, limit: int | None = 
         kind = "class" if inspect.isclass(obj) else "function"
         prompts.append(template.format(qual=qual, name=name, module=module, doc=doc, kind=kind))
 
-    for module in modules:
-        try:
-            mod = importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - e.g. a module missing from a minimal Python build
-            continue
+    for module, mod in importable(modules):
         for name, obj in _public(module, mod):
             add(module, f"{module}.{name}", name, obj)
             if inspect.isclass(obj):  # and the methods its body defines
