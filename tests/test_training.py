@@ -514,4 +514,6 @@ def test_batched_distill_equals_one_at_a_time(tmp_path, backend):
     one = distill(dec, prompts, 7, progress=False)
     batched = distill(dec, prompts, 7, tmp_path / "b.jsonl", progress=False, batch_size=3)
     assert batched == one
+    if backend == "native":  # 2 at a time out of a group of 4: the batch refills as answers end
+        assert distill(dec, prompts, 7, tmp_path / "g.jsonl", progress=False, batch_size=2, group=4) == one
     assert [r["prompt"] for r in load_records(tmp_path / "b.jsonl")] == prompts

@@ -147,7 +147,9 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         _write_json(manifest_path, manifest)
         if have >= tokens or not todo:
             return manifest
-        distill(decoder, todo[:batch_size], max_new_tokens, path, progress=progress, batch_size=batch_size)
+        # a group of 4 batches per call: the batch refills as answers end (records written per group)
+        distill(decoder, todo[:4 * batch_size], max_new_tokens, path, progress=progress, batch_size=batch_size,
+                group=4 * batch_size)
 
 
 def _manifest(records: list[dict], family: dict[str, str], goal: int, started: str, seconds: float, describe: dict,

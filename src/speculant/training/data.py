@@ -252,21 +252,26 @@ def _answer_batch(decoder, prompts: Sequence[str], max_new_tokens: int) -> list[
     return recs
 
 
-def _answer_together(decoder, prompts: Sequence[str], max_new_tokens: int) -> list[dict]:
+def _answer_together(decoder, prompts: Sequence[str], max_new_tokens: int, max_batch: int | None = None) -> list[dict]:
     """Greedy answers for several prompts with speculant's batched engine: one target pass per
-    step for all of them, each answer exactly what one-prompt decoding gives."""
-    results = decoder.generate_batch(list(prompts), max_new_tokens)
+    step for up to ``max_batch`` of them (the next joins as one ends), each answer exactly what
+    one-prompt decoding gives."""
+    results = decoder.generate_batch(list(prompts), max_new_tokens, max_batch=max_batch)
     return [{"prompt": p, "prompt_len": r.prompt_tokens, "ids": decoder.encode(p).tolist() + list(r.token_ids),
              "finish_reason": r.finish_reason} for p, r in zip(prompts, results)]
 
 
 def distill(decoder, prompts: Sequence[str], max_new_tokens: int, path: str | os.PathLike | None = None,
-            *, progress: bool = True, batch_size: int = 1) -> list[list[int]]:
+            *, progress: bool = True, batch_size: int = 1, group: int | None = None) -> list[list[int]]:
     """Answer ``prompts`` greedily with ``decoder`` (a ``speculant.SpeculativeDecoder``, e.g.
     ``method="lookup"`` or ``"ar"``, ``chat=True``); return one token-id list per prompt (prompt
     ids + answer ids, in ``prompts`` order). ``batch_size > 1`` answers that many prompts at once:
     on the native runtime with speculant's batched engine (``generate_batch``: each answer the one
     decoding it alone gives), on transformers with its batched ``generate`` (``_answer_batch``).
+
+    ``group`` (> ``batch_size``, speculant's engine only): hand it this many prompts per call, of
+    which ``batch_size`` decode at a time and the next joins as one ends, so the batch stays full
+    while answers end at different lengths (records are written per group).
 
     With ``path``, records are appended to that JSONL file as they are made and prompts already in
     it are not generated again (resume after an interruption).
@@ -285,10 +290,12 @@ def distill(decoder, prompts: Sequence[str], max_new_tokens: int, path: str | os
     f = out_path.open("a", encoding="utf-8") if out_path is not None else None
     try:
         bar = tqdm(total=len(todo), desc="distilling", unit="prompt", disable=not progress or not todo)
-        for a in range(0, len(todo), batch_size):
-            chunk = todo[a:a + batch_size]
-            if batch_size > 1 and hasattr(type(decoder.target_backend), "forward_many"):
-                recs = _answer_together(decoder, chunk, max_new_tokens)
+        together = batch_size > 1 and hasattr(type(decoder.target_backend), "forward_many")
+        step = max(group or batch_size, batch_size) if together else batch_size
+        for a in range(0, len(todo), step):
+            chunk = todo[a:a + step]
+            if together:
+                recs = _answer_together(decoder, chunk, max_new_tokens, max_batch=batch_size)
             elif batch_size > 1:
                 recs = _answer_batch(decoder, chunk, max_new_tokens)
             else:
