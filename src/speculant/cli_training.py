@@ -162,6 +162,7 @@ def cmd_make_corpus(args) -> int:
 
 
 def cmd_train_eagle(args) -> int:
+    import dataclasses
     from pathlib import Path
 
     import torch
@@ -190,7 +191,7 @@ def cmd_train_eagle(args) -> int:
     V = dec.target.logits_dim
     ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None, depth=args.depth,
                                   draft_vocab=min(args.draft_vocab, V))
-    ecfg = EagleConfig(**{**ecfg.__dict__, "vocab_size": V, "base_model": dec.target.name})
+    ecfg = dataclasses.replace(ecfg, vocab_size=V, base_model=dec.target.name)
     model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
     if ecfg.draft_vocab:
         model.set_draft_vocab(draft_vocabulary(records, ecfg.draft_vocab, V))

@@ -119,13 +119,12 @@ def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingCo
         return NoDrafter()
     if method == "lookup":
         return LookupDrafter(config.gamma, sizer=parts.sizer)
-    if method == "eagle":
-        from ..eagle import EagleDrafter
-
-        lookup = LookupDrafter(config.lookup_branch) if config.lookup_branch else None
-        return EagleDrafter(parts.heads, parts.dynamic, parts.vocab_size, lookup, sizer=parts.sizer)
     if method in TREE_METHODS:
         lookup = LookupDrafter(config.lookup_branch) if config.lookup_branch else None
+        if method == "eagle":
+            from ..eagle import EagleDrafter
+
+            return EagleDrafter(parts.heads, parts.dynamic, parts.vocab_size, lookup, sizer=parts.sizer)
         return MedusaDrafter(parts.heads, parts.tree, parts.vocab_size, lookup, dynamic=parts.dynamic,
                              sizer=parts.sizer)
     if method == "bpd":

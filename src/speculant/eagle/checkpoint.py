@@ -63,8 +63,7 @@ def load_eagle(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
     with torch.device("meta"):
         model = EagleModel(config, target_model.get_output_embeddings(), target_model.get_input_embeddings())
     load_checked(model, state, directory, f"an EAGLE drafter of hidden size {config.hidden_size}")
-    D = config.dims  # the RoPE frequencies are not saved: made again, off the meta device
-    model.inv_freq = config.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
+    model.inv_freq = config.rope_frequencies()  # not saved: made again, off the meta device
     if config.draft_vocab:
         try:
             model.set_draft_vocab(model.draft_vocab.clone())

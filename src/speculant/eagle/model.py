@@ -71,6 +71,10 @@ class EagleConfig:
     def dims(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
+    def rope_frequencies(self) -> torch.Tensor:
+        """RoPE's inverse frequencies (D/2,) float32."""
+        return self.rope_theta ** (-torch.arange(0, self.dims, 2, dtype=torch.float32) / self.dims)
+
     @classmethod
     def for_target(cls, cfg, intermediate_size: int | None = None, **options) -> "EagleConfig":
         """The shape for a transformers config ``cfg`` of the target (Llama / Qwen2)."""
@@ -179,9 +183,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         self._shared: tuple[nn.Module, ...] = (lm_head, embed)
         self._draft_rows: tuple | None = None
         self.coarse_ranking = True
-        D = config.dims
-        self.register_buffer("inv_freq", config.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D),
-                             persistent=False)
+        self.register_buffer("inv_freq", config.rope_frequencies(), persistent=False)
 
     @property
     def num_heads(self) -> int:  # the deepest draft (the heads' interface: depth d uses "head" d-1)

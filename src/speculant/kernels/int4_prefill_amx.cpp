@@ -29,6 +29,7 @@
 
 #include "amx_bf16_pair.h"
 #include "int4_args.h"
+#include "int4_problem.h"
 
 namespace {
 
@@ -40,12 +41,10 @@ void widen_block(const uint8_t* qb, const uint16_t* sb, int64_t K, int64_t gsize
   alignas(64) uint16_t order[32];
   for (int c = 0; c < 16; ++c) order[2 * c] = c, order[2 * c + 1] = 32 + c;
   const __m512i interleave = _mm512_load_si512((const void*)order);
-  auto widen16 = [](const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-  };
   for (int64_t o = 0; o < K / 8; ++o) {  // octet o: inputs 8 o .. 8 o + 7, 4 bytes per channel
     const int64_t g = 8 * o / gsize;
-    const __m512 s = widen16(sb + g * 32), off = widen16(sb + g * 32 + 16);
+    const __m512 s = speculant_int4::load16_bf16_avx512(sb + g * 32);
+    const __m512 off = speculant_int4::load16_bf16_avx512(sb + g * 32 + 16);
     const __m512i w = _mm512_loadu_si512((const void*)(qb + 64 * o));
     const __m512i half[2] = {_mm512_and_si512(w, nib), _mm512_and_si512(_mm512_srli_epi16(w, 4), nib)};
     __m256bh v[8];  // input 8 o + j for the 16 channels

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .data import STDLIB_MODULES, _public, distill, german_answers, importable, load_records, stdlib_prompts, wmt_prompts
-from .prompts import english_prompt_families
+from .prompts import de_en_prompts, english_prompt_families
 
 __all__ = ["CORPUS_NAME", "MANIFEST_NAME", "SOURCES", "code_edit_prompts", "corpus_families", "make_corpus"]
 
@@ -78,10 +78,7 @@ def code_edit_prompts(modules: Sequence[str] = STDLIB_MODULES, min_lines: int = 
 
 def corpus_families(german: Sequence[str] = (), seed: int = 0, math_sets: int = 5) -> dict[str, list[str]]:
     """Every family's prompts by name (module docstring); ``german``: the German sentences of the
-    ``de-en`` family; ``math_sets``: sets of 120 word problems per part, each with other numbers
-    (0: only the ``de-en`` family, which costs nothing to make)."""
-    if not math_sets:
-        return {"de-en": [f"Translate German to English: {g.strip()}" for g in german if g.strip()]}
+    ``de-en`` family; ``math_sets``: sets of 120 word problems per part, each with other numbers."""
     parts = [english_prompt_families((), seed, part) for part in (0, 1)]
     math = [p for s in range(math_sets) for part in (0, 1) for p in english_prompt_families((), seed + s, part)["math"]]
     return {
@@ -89,7 +86,7 @@ def corpus_families(german: Sequence[str] = (), seed: int = 0, math_sets: int = 
         "code": stdlib_prompts(),
         "code-edit": code_edit_prompts(),
         "en-de": wmt_prompts(),
-        "de-en": [f"Translate German to English: {g.strip()}" for g in german if g.strip()],
+        "de-en": de_en_prompts(german),
         "docs": [p for f in parts for k in ("summarize", "rag") for p in f[k]],
         "math": list(dict.fromkeys(math)),
     }
@@ -136,7 +133,7 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     while True:
         records = load_records(path)
         german = german_answers(path, decoder.tokenizer) if records else []
-        families["de-en"] = corpus_families(german, seed, math_sets=0)["de-en"] if german else []
+        families["de-en"] = de_en_prompts(german)
         order = interleave(families, batch_size)
         family = dict((p, f) for f, p in order)
         done = {r["prompt"] for r in records}

@@ -24,7 +24,7 @@ import random
 import re
 from typing import Sequence
 
-__all__ = ["english_prompt_families", "english_prompts", "manual_passages"]
+__all__ = ["de_en_prompts", "english_prompt_families", "english_prompts", "manual_passages"]
 
 TOPICS = (
     "learning a second language as an adult", "working from home", "a weekend trip to the mountains",
@@ -178,6 +178,11 @@ def manual_passages(min_words: int = 80, max_words: int = 220, limit: int | None
     return out[:limit]
 
 
+def de_en_prompts(german: Sequence[str]) -> list[str]:
+    """German→English translation prompts of the non-empty ``german`` sentences."""
+    return [f"Translate German to English: {g.strip()}" for g in german if g.strip()]
+
+
 def english_prompt_families(german: Sequence[str] = (), seed: int = 0, part: int = 0) -> dict[str, list[str]]:
     """Every prompt family (see the module docstring) by name; deterministic for ``seed``.
 
@@ -208,7 +213,7 @@ def english_prompt_families(german: Sequence[str] = (), seed: int = 0, part: int
         "summarize": [f"Summarize: {p}" for _, p in summ],
         "rag": [f"{p}\n\nBased on the passage above, what does it say about {topic.replace('-', ' ')}, and why is "
                 "it important?" for topic, p in rag],
-        "de-en": [f"Translate German to English: {g.strip()}" for g in german if g.strip()],
+        "de-en": de_en_prompts(german),
     }
 
 
