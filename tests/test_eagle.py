@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speculant.backends.base import HiddenNeed
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend, NativeModel
 from speculant.costmodel import PassCost
@@ -225,9 +226,10 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
         prompt = torch.randint(0, V, (6,), generator=g)
         answer = decode_to_end(backend, NoDrafter(), prompt, n=40).generated
         records.append({"prompt": "", "prompt_len": 6, "ids": prompt.tolist() + answer})
-    feats_path = compute_features(backend, records, tmp_path / "features.safetensors", progress=False)
+    feats_path = compute_features(backend, records, tmp_path / "features", shard_records=10, progress=False)
     feats = load_features(feats_path, records)
     assert feats[0].shape == (sum(len(r["ids"]) for r in records), 64)
+    assert sorted(p.name for p in feats_path.iterdir()) == [f"shard-{a:07d}.safetensors" for a in (0, 10, 20)]
     model = eagle_for(target, scale=0.05)
     cfg = EagleTrainConfig(steps=150, batch_size=4, seq_len=32, lr=3e-3, warmup=5, held_out=4, eval_depth=3,
                            checkpoint_every=100, token_weight=1.0)
@@ -244,3 +246,38 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     plain = decode_to_end(backend, NoDrafter(), prompt, n=30)
     state = decode_to_end(backend, EagleDrafter(shipped, DynamicTree(nodes=8, depth=3), V), prompt, n=30)
     assert state.generated == plain.generated
+
+
+def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):
+    """Features are written in shards, each moved in place whole: a second run computes only the
+    shards that are missing or were made for other records, and loading features made for other
+    records is refused."""
+    from speculant.eagle.train import compute_features, load_features
+
+    backend = HFBackend(target)
+    g = torch.Generator().manual_seed(9)
+    records = [{"prompt": "", "prompt_len": 3, "ids": torch.randint(0, V, (5 + i % 4,), generator=g).tolist()}
+               for i in range(7)]
+    out = compute_features(backend, records, tmp_path / "f", shard_records=3, progress=False)
+    hidden, starts = load_features(out, records)
+    shards = sorted(out.iterdir())
+    assert [p.name for p in shards] == ["shard-0000000.safetensors", "shard-0000003.safetensors",
+                                        "shard-0000006.safetensors"]
+    backend.reset()
+    alone = backend.forward(torch.tensor(records[4]["ids"]), want_hidden=HiddenNeed.ALL).hidden
+    torch.testing.assert_close(hidden[starts[4]:starts[5]], alone.to(torch.bfloat16))
+    changed = [dict(r) for r in records]
+    changed[4]["ids"] = [1] + changed[4]["ids"][1:] if changed[4]["ids"][0] != 1 else [2] + changed[4]["ids"][1:]
+    with pytest.raises(ConfigError, match="shard-0000003.safetensors was computed for other records"):
+        load_features(out, changed)
+    before = {p.name: p.stat().st_mtime_ns for p in shards}
+    shards[2].unlink()
+    compute_features(backend, changed, out, shard_records=3, progress=False)
+    after = {p.name: p.stat().st_mtime_ns for p in sorted(out.iterdir())}
+    assert after["shard-0000000.safetensors"] == before["shard-0000000.safetensors"]  # reused
+    assert after["shard-0000003.safetensors"] != before["shard-0000003.safetensors"]  # other records: again
+    assert "shard-0000006.safetensors" in after  # missing: made
+    h2, s2 = load_features(out, changed)
+    assert torch.equal(h2[:starts[3]], hidden[:starts[3]]) and torch.equal(s2, starts)
+    with pytest.raises(ConfigError, match="no features from record 0"):
+        load_features(tmp_path / "empty", records)

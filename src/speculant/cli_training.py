@@ -1,5 +1,5 @@
 """The training commands of the CLI: ``speculant train-heads``, ``build-tree``, ``export-heads``,
-``make-corpus`` and ``train-eagle``."""
+``make-corpus``, ``train-eagle`` and ``export-eagle``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .presets import DEFAULT_TARGET
 
 
 def add_training_parsers(sub) -> None:
-    """Add train-heads and build-tree to the CLI's subcommands ``sub``."""
+    """Add the training commands (module docstring) to the CLI's subcommands ``sub``."""
     t = sub.add_parser("train-heads", help="self-distil the target on non-eval prompts and train Medusa heads")
     t.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     t.add_argument("--out", required=True, help="output directory: heads (Medusa layout), report, checkpoints")
@@ -140,6 +140,23 @@ def add_training_parsers(sub) -> None:
     te.add_argument("--draft-vocab", type=int, default=32768,
                     help="propose only the N most frequent answer tokens (FR-Spec; 0 = all) (default: %(default)s)")
     te.add_argument("--held-out", type=int, default=16, help="records kept for the held-out accuracy")
+    te.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                    help="bfloat16: train under CPU autocast, several times faster on AMX / AVX512-BF16 CPUs "
+                         "(default: %(default)s)")
+    te.add_argument("--features-only", action="store_true",
+                    help="compute the target's features (resumable) and stop before training")
+
+    ee = sub.add_parser("export-eagle", help="write an EAGLE drafter as the EAGLE draft model of vLLM or SGLang")
+    ee.add_argument("--drafter", required=True, help="EAGLE drafter directory (train-eagle's --out)")
+    ee.add_argument("--format", required=True, choices=["vllm", "sglang", "eagle3"],
+                    help="vllm: the draft model of vLLM's method \"eagle\" (EagleLlamaForCausalLM); sglang: the "
+                         "draft model of SGLang's --speculative-algorithm EAGLE (LlamaForCausalLMEagle); eagle3 "
+                         "is refused (the drafter reads one feature layer, EAGLE-3 readers three)")
+    ee.add_argument("--out", required=True, help="a new directory to write")
+    ee.add_argument("--target", default=None,
+                    help="the model the drafter is for, recorded for the engine and read for its context length "
+                         "(default: the target recorded in the drafter)")
+    ee.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
 
 
 def cmd_make_corpus(args) -> int:
@@ -178,15 +195,18 @@ def cmd_train_eagle(args) -> int:
     if not records:
         raise ConfigError(f"no records in {', '.join(args.data)}: make a corpus with speculant make-corpus")
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-                           held_out=args.held_out)
+                           held_out=args.held_out, precision=args.precision)
     dec = SpeculativeDecoder(args.target, method="ar")  # the runtime the drafter will read hidden states from
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    feats = out / "features.safetensors"
+    feats = out / "features"
     try:
         features = load_features(feats, records)
     except (ConfigError, OSError, KeyError):
         features = load_features(compute_features(dec.target_backend, records, feats), records)
+    if args.features_only:
+        print(json.dumps({"features": str(feats), "records": len(records), "rows": int(features[1][-1])}))
+        return 0
     target = dec.target.model
     V = dec.target.logits_dim
     ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None, depth=args.depth,
@@ -287,4 +307,29 @@ def cmd_export_heads(args) -> int:
     c = heads.config
     print(json.dumps({"format": args.format, "out": str(out), "heads": c.num_heads, "layers": c.num_layers,
                       "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "base_model": str(target.path)}))
+    return 0
+
+
+def cmd_export_eagle(args) -> int:
+    import torch
+
+    from .eagle.export import export_eagle, load_for_export
+    from .errors import ModelLoadError
+    from .models import resolve
+
+    model = load_for_export(args.drafter)
+    spec = args.target or model.config.base_model
+    base = ""
+    if spec:
+        try:
+            base = str(resolve(spec))
+        except ModelLoadError:
+            if args.target:
+                raise
+            base = spec  # the recorded name, as it is: no such model here
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
+    out = export_eagle(model, args.out, args.format, base_model=base, dtype=dtype)
+    c = model.config
+    print(json.dumps({"format": args.format, "out": str(out), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+                      "depth": c.depth, "draft_vocab": c.draft_vocab, "base_model": base}))
     return 0

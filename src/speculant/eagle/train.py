@@ -1,8 +1,8 @@
 """Training the EAGLE drafter on a corpus of the target's own answers (``make-corpus``).
 
 1. Features, once: the target's final hidden states at every position of every record
-   (:func:`compute_features`; any Backend with ``HiddenNeed.ALL``), kept in one safetensors file
-   (``hidden`` (N, H) bf16, ``starts`` (R + 1,): record r's rows are ``starts[r] .. starts[r+1]-1``).
+   (:func:`compute_features`; any Backend with ``HiddenNeed.ALL``), kept as bf16 in safetensors
+   shards of a few hundred records, so a long computation resumes where it stopped.
 2. The drafter learns, at every pair (h_i, x_{i+1}) of a window of a record, to predict the
    target's next feature h_{i+1} (smooth L1, EAGLE's regression) and the token after it x_{i+2}
    (cross-entropy through the target's frozen output layer, over the draft vocabulary when there is
@@ -19,6 +19,7 @@ Shapes: B windows of T pairs, H hidden size, V' drafted tokens.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -30,7 +31,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..backends.base import Backend, HiddenNeed
+from ..backends.base import Backend, ForwardRequest, HiddenNeed, forward_batch
 from ..errors import ConfigError
 from .model import EagleCache, EagleModel
 
@@ -50,6 +51,9 @@ class EagleTrainConfig:
     eval_depth: int = 5
     checkpoint_every: int = 100
     seed: int = 0
+    # "bfloat16": the forward and backward passes under CPU autocast (AMX / AVX512-BF16 CPUs run
+    # them several times faster); the weights and the optimizer stay float32
+    precision: str = "float32"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "eval_depth", "checkpoint_every"):
@@ -57,38 +61,88 @@ class EagleTrainConfig:
                 raise ConfigError(f"EAGLE training {name} must be an integer >= 1, got {getattr(self, name)!r}")
         if not (self.lr > 0 and self.feature_weight >= 0 and self.token_weight >= 0 and self.held_out >= 0):
             raise ConfigError("EAGLE training needs lr > 0 and non-negative weights and held_out")
+        if self.precision not in ("float32", "bfloat16"):
+            raise ConfigError(f"EAGLE training precision must be 'float32' or 'bfloat16', got {self.precision!r}")
+
+
+def _fingerprint(records: Sequence[dict]) -> str:
+    """A digest of the records' token ids: a feature shard is reused only for the records it was
+    computed for."""
+    h = hashlib.sha256()
+    for rec in records:
+        h.update(len(rec["ids"]).to_bytes(4, "little"))
+        h.update(torch.tensor(rec["ids"], dtype=torch.int32).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _shards(n: int, shard_records: int) -> list[tuple[int, int]]:
+    return [(a, min(a + shard_records, n)) for a in range(0, n, shard_records)]
 
 
 @torch.no_grad()
-def compute_features(backend: Backend, records: Sequence[dict], path: str | os.PathLike, progress: bool = True) -> Path:
+def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | os.PathLike,
+                     shard_records: int = 256, progress: bool = True) -> Path:
     """The target's final hidden states at every position of ``records`` (their ``ids``) through
-    ``backend`` into the safetensors file ``path`` (written whole, then moved in place)."""
+    ``backend`` (each record one prompt pass: a runtime may take its prefill kernels), into
+    safetensors shards of ``shard_records`` records under ``out_dir``. Each shard is written whole
+    and moved in place, so a stopped run resumes at the first shard missing; a shard computed for
+    other records is computed again."""
+    from safetensors import safe_open
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    rows, starts = [], [0]
-    for rec in tqdm(records, desc="target features", unit="record", disable=not progress):
-        backend.reset()
-        out = backend.forward(torch.tensor(rec["ids"], dtype=torch.long), rows=torch.empty(0, dtype=torch.long),
-                              want_hidden=HiddenNeed.ALL)
-        rows.append(out.hidden.to(torch.bfloat16))
-        starts.append(starts[-1] + out.hidden.shape[0])
-    out_path = Path(path)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-    save_file({"hidden": torch.cat(rows).contiguous(), "starts": torch.tensor(starts, dtype=torch.long)}, str(tmp))
-    os.replace(tmp, out_path)
-    return out_path
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spans = _shards(len(records), shard_records)
+    bar = tqdm(total=len(records), desc="target features", unit="record", disable=not progress)
+    for a, b in spans:
+        path, mark = out / f"shard-{a:07d}.safetensors", _fingerprint(records[a:b])
+        if path.is_file():
+            with safe_open(str(path), "pt") as f:
+                if (f.metadata() or {}).get("records") == mark and (f.metadata() or {}).get("count") == str(b - a):
+                    bar.update(b - a)
+                    continue
+        rows = []
+        for rec in records[a:b]:
+            backend.reset()
+            req = ForwardRequest(torch.tensor(rec["ids"], dtype=torch.long), rows=torch.empty(0, dtype=torch.long),
+                                 want_hidden=HiddenNeed.ALL, prefill=True)
+            rows.append(forward_batch([backend], [req])[0].hidden.to(torch.bfloat16))
+            bar.update(1)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        save_file({"hidden": torch.cat(rows).contiguous()}, str(tmp), metadata={"records": mark, "count": str(b - a)})
+        os.replace(tmp, path)
+    bar.close()
+    backend.reset()
+    return out
 
 
-def load_features(path: str | os.PathLike, records: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden (N, H), starts (R + 1,)) of :func:`compute_features`, checked against ``records``."""
-    from safetensors.torch import load_file
+def load_features(out_dir: str | os.PathLike, records: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden (N, H) bf16, starts (R + 1,)) of :func:`compute_features` over ``records``: record r's
+    rows are ``starts[r] .. starts[r+1]-1``. Raises ConfigError when a shard is missing or was
+    computed for other records."""
+    from safetensors import safe_open
 
-    t = load_file(str(path))
-    hidden, starts = t["hidden"], t["starts"]
-    lengths = (starts[1:] - starts[:-1]).tolist()
-    if lengths != [len(r["ids"]) for r in records]:
-        raise ConfigError(f"{path} was computed for other records: compute the features again")
+    out = Path(out_dir)
+    lengths = torch.tensor([len(r["ids"]) for r in records], dtype=torch.long)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    hidden, a = None, 0
+    while a < len(records):
+        path = out / f"shard-{a:07d}.safetensors"
+        if not path.is_file():
+            raise ConfigError(f"{out} has no features from record {a} on: compute the features (again)")
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            b = a + int(meta.get("count", 0))
+            if b <= a or b > len(records) or meta.get("records") != _fingerprint(records[a:b]):
+                raise ConfigError(f"{path} was computed for other records: compute the features again")
+            part = f.get_tensor("hidden")
+        if hidden is None:
+            hidden = torch.empty(int(starts[-1]), part.shape[1], dtype=part.dtype)
+        hidden[starts[a]:starts[b]] = part
+        a = b
+    if hidden is None:
+        raise ConfigError(f"{out} holds no features: compute them first")
     return hidden, starts
 
 
@@ -127,11 +181,17 @@ def _batch(windows, records, hidden, starts, vocab_index):
 
 def _loss(model: EagleModel, rows: torch.Tensor, batch, cfg: EagleTrainConfig) -> torch.Tensor:
     h_in, tok, h_out, tgt, feat_mask = batch
-    f = model(h_in, tok)  # (B, T, H)
-    m = feat_mask.unsqueeze(-1).to(f.dtype)
-    reg = (F.smooth_l1_loss(f.float(), h_out.float(), reduction="none") * m).sum() / (m.sum() * f.shape[-1]).clamp(min=1)
-    logits = F.linear(f, rows.to(f.dtype)).float()  # (B, T, V')
-    ce = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=-1) if (tgt >= 0).any() else f.sum() * 0
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16"):
+        f = model(h_in, tok)  # (B, T, H)
+        m = feat_mask.unsqueeze(-1).to(torch.float32)
+        reg = (F.smooth_l1_loss(f.float(), h_out.float(), reduction="none") * m).sum() \
+            / (m.sum() * f.shape[-1]).clamp(min=1)
+        scored = tgt >= 0  # the output layer only where a token is scored (answers, not prompts)
+        if scored.any():
+            logits = F.linear(f[scored], rows.to(f.dtype)).float()  # (n, V')
+            ce = F.cross_entropy(logits, tgt[scored])
+        else:
+            ce = f.sum() * 0
     return cfg.feature_weight * reg + cfg.token_weight * ce
 
 
