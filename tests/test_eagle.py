@@ -258,7 +258,7 @@ def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):
     g = torch.Generator().manual_seed(9)
     records = [{"prompt": "", "prompt_len": 3, "ids": torch.randint(0, V, (5 + i % 4,), generator=g).tolist()}
                for i in range(7)]
-    out = compute_features(backend, records, tmp_path / "f", shard_records=3, progress=False)
+    out = compute_features(backend, records, tmp_path / "f", shard_records=3, rows_per_pass=14, progress=False)
     hidden, starts = load_features(out, records)
     shards = sorted(out.iterdir())
     assert [p.name for p in shards] == ["shard-0000000.safetensors", "shard-0000003.safetensors",
@@ -281,3 +281,20 @@ def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):
     assert torch.equal(h2[:starts[3]], hidden[:starts[3]]) and torch.equal(s2, starts)
     with pytest.raises(ConfigError, match="no features from record 0"):
         load_features(tmp_path / "empty", records)
+
+
+def test_features_in_batched_passes_equal_one_record_passes(target, tmp_path):
+    """The native runtime's feature passes of several records at once give each record the same
+    rows as a pass of its own (prompt rows long enough for the prefill kernels included)."""
+    from speculant.eagle.train import compute_features, load_features
+
+    backend = NativeBackend(NativeModel.from_hf(target.to(torch.bfloat16)))
+    g = torch.Generator().manual_seed(4)
+    records = [{"prompt": "", "prompt_len": 4, "ids": torch.randint(0, V, (n,), generator=g).tolist()}
+               for n in (120, 7, 130, 20, 101)]
+    together = load_features(compute_features(backend, records, tmp_path / "a", rows_per_pass=400, progress=False),
+                             records)
+    alone = load_features(compute_features(backend, records, tmp_path / "b", rows_per_pass=1, progress=False),
+                          records)
+    assert torch.equal(together[0], alone[0]) and torch.equal(together[1], alone[1])
+    target.to(torch.float32)

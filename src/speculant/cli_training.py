@@ -143,6 +143,10 @@ def add_training_parsers(sub) -> None:
     te.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                     help="bfloat16: train under CPU autocast, several times faster on AMX / AVX512-BF16 CPUs "
                          "(default: %(default)s)")
+    te.add_argument("--feature-noise", type=float, default=0.03,
+                    help="add uniform noise U(-a, a) x the row's RMS to the input features while training, EAGLE's "
+                         "augmentation for drafting from its own features; 0.03 is about EAGLE's U(-0.1, 0.1) on "
+                         "features of RMS ~4 (default: %(default)s)")
     te.add_argument("--features-only", action="store_true",
                     help="compute the target's features (resumable) and stop before training")
 
@@ -195,7 +199,8 @@ def cmd_train_eagle(args) -> int:
     if not records:
         raise ConfigError(f"no records in {', '.join(args.data)}: make a corpus with speculant make-corpus")
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-                           held_out=args.held_out, precision=args.precision)
+                           held_out=args.held_out, precision=args.precision,
+                           feature_noise=args.feature_noise)
     dec = SpeculativeDecoder(args.target, method="ar")  # the runtime the drafter will read hidden states from
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

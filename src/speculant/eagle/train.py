@@ -54,12 +54,16 @@ class EagleTrainConfig:
     # "bfloat16": the forward and backward passes under CPU autocast (AMX / AVX512-BF16 CPUs run
     # them several times faster); the weights and the optimizer stay float32
     precision: str = "float32"
+    # uniform noise U(-a, a) x each row's RMS added to the input features (EAGLE's augmentation: at
+    # drafting time the drafter reads its own, imperfect features after the first step)
+    feature_noise: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "eval_depth", "checkpoint_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"EAGLE training {name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if not (self.lr > 0 and self.feature_weight >= 0 and self.token_weight >= 0 and self.held_out >= 0):
+        if not (self.lr > 0 and self.feature_weight >= 0 and self.token_weight >= 0 and self.held_out >= 0
+                and self.feature_noise >= 0):
             raise ConfigError("EAGLE training needs lr > 0 and non-negative weights and held_out")
         if self.precision not in ("float32", "bfloat16"):
             raise ConfigError(f"EAGLE training precision must be 'float32' or 'bfloat16', got {self.precision!r}")
@@ -81,9 +85,10 @@ def _shards(n: int, shard_records: int) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | os.PathLike,
-                     shard_records: int = 256, progress: bool = True) -> Path:
+                     shard_records: int = 256, rows_per_pass: int = 1024, progress: bool = True) -> Path:
     """The target's final hidden states at every position of ``records`` (their ``ids``) through
-    ``backend`` (each record one prompt pass: a runtime may take its prefill kernels), into
+    ``backend`` (prompt passes of several records, up to ``rows_per_pass`` rows, on siblings of
+    ``backend``: a runtime may take its prefill kernels), into
     safetensors shards of ``shard_records`` records under ``out_dir``. Each shard is written whole
     and moved in place, so a stopped run resumes at the first shard missing; a shard computed for
     other records is computed again."""
@@ -95,6 +100,7 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
     out.mkdir(parents=True, exist_ok=True)
     spans = _shards(len(records), shard_records)
     bar = tqdm(total=len(records), desc="target features", unit="record", disable=not progress)
+    pool: list[Backend] = [backend]
     for a, b in spans:
         path, mark = out / f"shard-{a:07d}.safetensors", _fingerprint(records[a:b])
         if path.is_file():
@@ -102,18 +108,26 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
                 if (f.metadata() or {}).get("records") == mark and (f.metadata() or {}).get("count") == str(b - a):
                     bar.update(b - a)
                     continue
-        rows = []
-        for rec in records[a:b]:
-            backend.reset()
-            req = ForwardRequest(torch.tensor(rec["ids"], dtype=torch.long), rows=torch.empty(0, dtype=torch.long),
-                                 want_hidden=HiddenNeed.ALL, prefill=True)
-            rows.append(forward_batch([backend], [req])[0].hidden.to(torch.bfloat16))
-            bar.update(1)
+        rows, group = [], []
+        for j, rec in enumerate(records[a:b]):  # passes of several records, up to rows_per_pass rows
+            group.append(rec)
+            if j + 1 < b - a and sum(len(r["ids"]) for r in group) + len(records[a + j + 1]["ids"]) <= rows_per_pass:
+                continue
+            while len(pool) < len(group):
+                pool.append(backend.sibling())
+            for be in pool:
+                be.reset()
+            reqs = [ForwardRequest(torch.tensor(r["ids"], dtype=torch.long), rows=torch.empty(0, dtype=torch.long),
+                                   want_hidden=HiddenNeed.ALL, prefill=True) for r in group]
+            rows += [o.hidden.to(torch.bfloat16) for o in forward_batch(pool[:len(group)], reqs)]
+            bar.update(len(group))
+            group = []
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         save_file({"hidden": torch.cat(rows).contiguous()}, str(tmp), metadata={"records": mark, "count": str(b - a)})
         os.replace(tmp, path)
     bar.close()
-    backend.reset()
+    for be in pool:
+        be.reset()
     return out
 
 
@@ -181,6 +195,10 @@ def _batch(windows, records, hidden, starts, vocab_index):
 
 def _loss(model: EagleModel, rows: torch.Tensor, batch, cfg: EagleTrainConfig) -> torch.Tensor:
     h_in, tok, h_out, tgt, feat_mask = batch
+    if cfg.feature_noise:
+        h_in = h_in.float()
+        rms = h_in.pow(2).mean(-1, keepdim=True).sqrt()
+        h_in = h_in + (torch.rand(h_in.shape) * 2 - 1) * cfg.feature_noise * rms
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16"):
         f = model(h_in, tok)  # (B, T, H)
         m = feat_mask.unsqueeze(-1).to(torch.float32)
