@@ -298,3 +298,39 @@ def test_features_in_batched_passes_equal_one_record_passes(target, tmp_path):
                           records)
     assert torch.equal(together[0], alone[0]) and torch.equal(together[1], alone[1])
     target.to(torch.float32)
+
+
+def test_training_time_test_steps_are_the_drafting_chain(target):
+    """Step s of the unrolled training pass at row p is what drafting computes at depth s after
+    committing pairs 0 .. p and drafting the true tokens: the chain of tree_steps on its own
+    features."""
+    model = eagle_for(target, seed=3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(11)
+    T, S = 9, 3
+    hidden = torch.randn(T, 64, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, V, (T + S - 1,), generator=g)
+    feats = model.unrolled(hidden[None], tokens[None], S)
+    torch.testing.assert_close(feats[0][0], model(hidden[None], tokens[None, :T])[0], rtol=1e-10, atol=1e-10)
+    for p in (0, 4, T - 1):
+        cache = EagleCache()
+        state = model.extend(cache, hidden[:p + 1], tokens[:p + 1])[-1]  # f^1_p
+        torch.testing.assert_close(feats[0][0, p], state, rtol=1e-10, atol=1e-10)
+        extra = None
+        for s in range(2, S + 1):
+            sees = torch.ones(1, 0 if extra is None else extra[0].shape[1], dtype=torch.bool)
+            out, k, v = model.tree_step(cache, extra, sees, state[None], tokens[p + s - 1:p + s], torch.tensor([p + s - 1]))
+            extra = (k, v) if extra is None else (torch.cat([extra[0], k], 1), torch.cat([extra[1], v], 1))
+            state = out[0]
+            torch.testing.assert_close(feats[s - 1][0, p], state, rtol=1e-10, atol=1e-10)
+
+
+def test_init_for_training_starts_at_the_feature_plus_a_token_term(target):
+    model = eagle_for(target, seed=1)
+    model.init_for_training(feature_rms=4.0, seed=0)
+    g = torch.Generator().manual_seed(2)
+    hidden, tokens = torch.randn(1, 6, 64, generator=g), torch.randint(0, V, (1, 6), generator=g)
+    token_term = model(hidden, tokens) - hidden
+    e = target.get_input_embeddings().weight[tokens].detach()
+    torch.testing.assert_close(token_term, e @ model.fc.weight[:, :64].T, rtol=1e-5, atol=1e-5)
+    rms = float(token_term.detach().pow(2).mean().sqrt())
+    assert 2.0 < rms < 8.0, rms  # the token counts as much as the feature does

@@ -147,6 +147,9 @@ def add_training_parsers(sub) -> None:
                     help="add uniform noise U(-a, a) x the row's RMS to the input features while training, EAGLE's "
                          "augmentation for drafting from its own features; 0.03 is about EAGLE's U(-0.1, 0.1) on "
                          "features of RMS ~4 (default: %(default)s)")
+    te.add_argument("--draft-steps", type=int, default=3,
+                    help="training-time test: unroll each window this many draft steps on the drafter's own "
+                         "features (EAGLE-3), so deeper drafts are trained as they run (default: %(default)s)")
     te.add_argument("--features-only", action="store_true",
                     help="compute the target's features (resumable) and stop before training")
 
@@ -200,7 +203,7 @@ def cmd_train_eagle(args) -> int:
         raise ConfigError(f"no records in {', '.join(args.data)}: make a corpus with speculant make-corpus")
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                            held_out=args.held_out, precision=args.precision,
-                           feature_noise=args.feature_noise)
+                           feature_noise=args.feature_noise, draft_steps=args.draft_steps)
     dec = SpeculativeDecoder(args.target, method="ar")  # the runtime the drafter will read hidden states from
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -220,7 +223,9 @@ def cmd_train_eagle(args) -> int:
     model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
     if ecfg.draft_vocab:
         model.set_draft_vocab(draft_vocabulary(records, ecfg.draft_vocab, V))
-    report = train_eagle(model.to(torch.float32), records, features, out, cfg)
+    model = model.to(torch.float32)
+    model.init_for_training(float(features[0][:65536].float().pow(2).mean().sqrt()), seed=cfg.seed)
+    report = train_eagle(model, records, features, out, cfg)
     print(json.dumps({k: report[k] for k in ("steps", "depth_accuracy", "answer_tokens")}, indent=2))
     return 0
 

@@ -147,10 +147,11 @@ def find_heads(config: DecoderConfig, target_name: str):
     if config.heads is not None:
         return config.heads
     kind = heads_kind(config.method)
-    if kind == "eagle":  # no EAGLE drafter ships yet
-        raise ConfigError(f"method 'eagle' needs an EAGLE drafter and none ships for {target_name!r}: pass "
-                          "heads=DIR (--heads DIR), a directory written by speculant's EAGLE training")
     found = shipped_heads(target_name, kind)
+    if found is None and kind == "eagle":
+        raise ConfigError(f"method 'eagle' needs an EAGLE drafter and none ships for {target_name!r}: pass "
+                          "heads=DIR (--heads DIR), a directory written by speculant's EAGLE training "
+                          "(speculant train-eagle)")
     if found is None:
         raise ConfigError(f"method {config.method!r} needs {kind} heads and none ship for {target_name!r}: pass "
                           "heads=DIR (--heads DIR), a heads directory (train some with `speculant "

@@ -229,6 +229,31 @@ class EagleModel(DraftVocabulary, nn.Module):
         q, k, v = self._qkv(u, torch.arange(u.shape[-2], device=u.device))
         return self._rest(u, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
 
+    def unrolled(self, hidden: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time test (after EAGLE-3): the teacher-forced pass, then ``steps`` - 1 passes
+        that read the drafter's own features as drafting does. hidden (B, T, H) = h_0 .. h_{T-1};
+        tokens (B, T + steps - 1) = x_1 .. x_{T+steps-1}. Returns [f^1, .., f^steps], each (B, T, H):
+        f^s at row p is the s-th draft step from the committed pairs 0 .. p, its pair
+        (f^{s-1}_p, x_{p+s}) at position p + s - 1 attending to the committed pairs 0 .. p, to its
+        own earlier steps' pairs and to itself; f^s_p approximates h_{p+s} and predicts x_{p+s+1}.
+        ``steps`` = 1 is :meth:`forward`."""
+        T = hidden.shape[-2]
+        pos = torch.arange(T, device=hidden.device)
+        u = self._inputs(hidden, tokens[..., :T])
+        q, k, v = self._qkv(u, pos)
+        feats = [self._rest(u, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))]
+        keys, values = [k], [v]
+        causal, eye = torch.ones(T, T, dtype=torch.bool).tril_(), torch.eye(T, dtype=torch.bool)
+        for s in range(2, steps + 1):
+            u = self._inputs(feats[-1], tokens[..., s - 1:s - 1 + T])
+            q, k, v = self._qkv(u, pos + s - 1)
+            keys.append(k), values.append(v)
+            mask = torch.cat([causal] + [eye] * (s - 1), 1)  # (T, s T)
+            o = F.scaled_dot_product_attention(q, torch.cat(keys, -2), torch.cat(values, -2), attn_mask=mask,
+                                               enable_gqa=True)
+            feats.append(self._rest(u, o))
+        return feats
+
     # ---- decoding ---------------------------------------------------------------------------
     @torch.no_grad()
     def extend(self, cache: EagleCache, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -262,6 +287,22 @@ class EagleModel(DraftVocabulary, nn.Module):
         o = F.scaled_dot_product_attention(q, torch.cat(parts_k, 1), torch.cat(parts_v, 1),
                                            attn_mask=torch.cat(masks, 1), enable_gqa=True)
         return self._rest(u, o), k, v
+
+    @torch.no_grad()
+    def init_for_training(self, feature_rms: float, seed: int = 0) -> None:
+        """Start as "the next feature is this one, plus the token": fc = [W_e, I] with W_e random at
+        a scale that gives E[x] W_e the features' RMS (the embeddings are ~100x smaller than the
+        features, so at the default scale the token would hardly count), zero bias, and the
+        attention's and MLP's output projections zero (the layer starts as the identity)."""
+        H = self.config.hidden_size
+        g = torch.Generator().manual_seed(seed)
+        e_rms = float(self._shared[1].weight.detach().float().pow(2).mean().sqrt())
+        self.fc.weight.zero_()
+        self.fc.bias.zero_()
+        self.fc.weight[:, H:] = torch.eye(H, dtype=self.fc.weight.dtype)
+        self.fc.weight[:, :H] = torch.randn(H, H, generator=g) * (feature_rms / (max(e_rms, 1e-12) * H ** 0.5))
+        self.layers[0].self_attn.o_proj.weight.zero_()
+        self.layers[0].mlp.down_proj.weight.zero_()
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         self.load_state_dict(state)

@@ -57,13 +57,17 @@ class EagleTrainConfig:
     # uniform noise U(-a, a) x each row's RMS added to the input features (EAGLE's augmentation: at
     # drafting time the drafter reads its own, imperfect features after the first step)
     feature_noise: float = 0.0
+    # training-time test (EAGLE-3): each window also unrolled for draft steps 2 .. draft_steps on
+    # the drafter's own features, step s's loss weighted step_decay^(s-1)
+    draft_steps: int = 1
+    step_decay: float = 0.8
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "seq_len", "eval_depth", "checkpoint_every"):
+        for name in ("steps", "batch_size", "seq_len", "eval_depth", "checkpoint_every", "draft_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"EAGLE training {name} must be an integer >= 1, got {getattr(self, name)!r}")
         if not (self.lr > 0 and self.feature_weight >= 0 and self.token_weight >= 0 and self.held_out >= 0
-                and self.feature_noise >= 0):
+                and self.feature_noise >= 0 and 0 < self.step_decay <= 1):
             raise ConfigError("EAGLE training needs lr > 0 and non-negative weights and held_out")
         if self.precision not in ("float32", "bfloat16"):
             raise ConfigError(f"EAGLE training precision must be 'float32' or 'bfloat16', got {self.precision!r}")
@@ -172,45 +176,58 @@ def _windows(records: Sequence[dict], seq_len: int) -> list[tuple[int, int, int]
     return out
 
 
-def _batch(windows, records, hidden, starts, vocab_index):
-    """Padded tensors of ``windows``: inputs (B, T, H), tokens (B, T), target features (B, T, H),
-    target token indices into the drafted vocabulary (B, T) (-1: no loss), feature mask (B, T)."""
+def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1):
+    """Padded tensors of ``windows`` for ``steps`` draft steps (T pairs each, S = ``steps``):
+    input features (B, T, H) = h_{a+p}, tokens (B, T + S - 1) = x_{a+p+1}, target features
+    (B, T + S - 1, H) = h_{a+p+1}, target token indices into the drafted vocabulary
+    (B, T + S - 1) = x_{a+p+2} (-1: no loss: prompt or past the record), feature mask
+    (B, T + S - 1) (h_{a+p+1} exists and is an answer's, or the last prompt position's), and which
+    rows hold a pair of the window (B, T) (the others are padding: no loss at any step)."""
     T, H = max(n for *_, n in windows), hidden.shape[1]
-    B = len(windows)
-    h_in, h_out = torch.zeros(B, T, H, dtype=hidden.dtype), torch.zeros(B, T, H, dtype=hidden.dtype)
-    tok, tgt = torch.zeros(B, T, dtype=torch.long), torch.full((B, T), -1, dtype=torch.long)
-    feat_mask = torch.zeros(B, T, dtype=torch.bool)
+    B, S = len(windows), steps
+    h_in, h_out = torch.zeros(B, T, H, dtype=hidden.dtype), torch.zeros(B, T + S - 1, H, dtype=hidden.dtype)
+    tok, tgt = torch.zeros(B, T + S - 1, dtype=torch.long), torch.full((B, T + S - 1), -1, dtype=torch.long)
+    feat_mask = torch.zeros(B, T + S - 1, dtype=torch.bool)
+    real = torch.zeros(B, T, dtype=torch.bool)
     for b, (r, a, n) in enumerate(windows):
+        real[b, :n] = True
         ids, s, P = records[r]["ids"], int(starts[r]), records[r]["prompt_len"]
+        m = min(n + S - 1, len(ids) - 1 - a)  # pairs of the window and the steps' lookahead in the record
         h_in[b, :n] = hidden[s + a:s + a + n]
-        h_out[b, :n] = hidden[s + a + 1:s + a + n + 1]
-        tok[b, :n] = torch.tensor(ids[a + 1:a + n + 1], dtype=torch.long)
-        nxt = torch.tensor(ids[a + 2:a + n + 2], dtype=torch.long)  # x_{i+2}, one shorter at the end
+        h_out[b, :m] = hidden[s + a + 1:s + a + m + 1]
+        tok[b, :m] = torch.tensor(ids[a + 1:a + m + 1], dtype=torch.long)
+        nxt = torch.tensor(ids[a + 2:a + m + 2], dtype=torch.long)  # x_{i+2}, one shorter at the record's end
         pos = torch.arange(a + 2, a + 2 + nxt.shape[0])
         idx = vocab_index[nxt]
         tgt[b, :nxt.shape[0]] = torch.where(pos >= P, idx, torch.full_like(idx, -1))
-        feat_mask[b, :n] = torch.arange(a + 1, a + n + 1) >= P - 1  # h_{i+1} of the answer's positions
-    return h_in, tok, h_out, tgt, feat_mask
+        feat_mask[b, :m] = torch.arange(a + 1, a + m + 1) >= P - 1  # h_{i+1} of the answer's positions
+    return h_in, tok, h_out, tgt, feat_mask, real
 
 
 def _loss(model: EagleModel, rows: torch.Tensor, batch, cfg: EagleTrainConfig) -> torch.Tensor:
-    h_in, tok, h_out, tgt, feat_mask = batch
+    """Σ over draft steps s of ``step_decay``^(s-1) x (feature_weight x smooth L1 + token_weight x
+    CE), each step's terms averaged over its scored positions."""
+    h_in, tok, h_out, tgt, feat_mask, real = batch
+    T, S = h_in.shape[1], cfg.draft_steps
     if cfg.feature_noise:
         h_in = h_in.float()
         rms = h_in.pow(2).mean(-1, keepdim=True).sqrt()
         h_in = h_in + (torch.rand(h_in.shape) * 2 - 1) * cfg.feature_noise * rms
+    total = h_in.new_zeros((), dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16"):
-        f = model(h_in, tok)  # (B, T, H)
-        m = feat_mask.unsqueeze(-1).to(torch.float32)
-        reg = (F.smooth_l1_loss(f.float(), h_out.float(), reduction="none") * m).sum() \
-            / (m.sum() * f.shape[-1]).clamp(min=1)
-        scored = tgt >= 0  # the output layer only where a token is scored (answers, not prompts)
-        if scored.any():
-            logits = F.linear(f[scored], rows.to(f.dtype)).float()  # (n, V')
-            ce = F.cross_entropy(logits, tgt[scored])
-        else:
-            ce = f.sum() * 0
-    return cfg.feature_weight * reg + cfg.token_weight * ce
+        for s, f in enumerate(model.unrolled(h_in, tok, S)):  # f: (B, T, H), step s + 1
+            m = (feat_mask[:, s:s + T] & real).unsqueeze(-1).to(torch.float32)
+            reg = (F.smooth_l1_loss(f.float(), h_out[:, s:s + T].float(), reduction="none") * m).sum() \
+                / (m.sum() * f.shape[-1]).clamp(min=1)
+            want = tgt[:, s:s + T]
+            scored = (want >= 0) & real  # the output layer only where a token is scored (answers, not prompts)
+            if scored.any():
+                logits = F.linear(f[scored], rows.to(f.dtype)).float()  # (n, V')
+                ce = F.cross_entropy(logits, want[scored])
+            else:
+                ce = f.sum() * 0
+            total = total + cfg.step_decay ** s * (cfg.feature_weight * reg + cfg.token_weight * ce)
+    return total
 
 
 def _drafted_rows(model: EagleModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +316,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         chosen = [wins[g.randrange(len(wins))] for _ in range(per_proc * acc.num_processes)]
         mine = chosen[acc.process_index * per_proc:(acc.process_index + 1) * per_proc]
         model.train()
-        loss = _loss(core, rows, _batch(mine, records, hidden, starts, index), cfg)
+        loss = _loss(core, rows, _batch(mine, records, hidden, starts, index, cfg.draft_steps), cfg)
         acc.backward(loss)
         opt.step()
         sched.step()

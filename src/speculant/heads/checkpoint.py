@@ -184,11 +184,12 @@ SHIPPED_TREE_NAME = "tree.json"  # the default sparse tree shipped next to a hea
 
 def shipped_heads(target_name: str, kind: str = "medusa") -> Path | None:
     """The heads directory shipped in the package for a preset target, or None: ``data/heads/<preset>``
-    (Medusa heads) or ``data/heads/<preset>/sequential`` (``kind="sequential"``)."""
+    (Medusa heads), ``data/heads/<preset>/sequential`` (``kind="sequential"``) or
+    ``data/heads/<preset>/eagle`` (``kind="eagle"``, an EAGLE drafter)."""
     from importlib import resources
 
     d = Path(str(resources.files("speculant").joinpath("data", "heads", target_name)))
-    d = d / "sequential" if kind == "sequential" else d
+    d = d / kind if kind in ("sequential", "eagle") else d
     return d if (d / CONFIG_NAME).is_file() else None
 
 
