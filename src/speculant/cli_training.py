@@ -133,7 +133,7 @@ def add_training_parsers(sub) -> None:
     te.add_argument("--steps", type=int, default=1000)
     te.add_argument("--batch-size", type=int, default=8, help="windows per step (default: %(default)s)")
     te.add_argument("--seq-len", type=int, default=512, help="pairs per window (default: %(default)s)")
-    te.add_argument("--lr", type=float, default=3e-4)
+    te.add_argument("--lr", type=float, default=1e-3)
     te.add_argument("--depth", type=int, default=6, help="the deepest draft (default: %(default)s)")
     te.add_argument("--intermediate-size", type=int, default=0,
                     help="the drafter's MLP width (default 0: the target's)")
@@ -143,10 +143,10 @@ def add_training_parsers(sub) -> None:
     te.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                     help="bfloat16: train under CPU autocast, several times faster on AMX / AVX512-BF16 CPUs "
                          "(default: %(default)s)")
-    te.add_argument("--feature-noise", type=float, default=0.03,
+    te.add_argument("--feature-noise", type=float, default=0.0,
                     help="add uniform noise U(-a, a) x the row's RMS to the input features while training, EAGLE's "
                          "augmentation for drafting from its own features; 0.03 is about EAGLE's U(-0.1, 0.1) on "
-                         "features of RMS ~4 (default: %(default)s)")
+                         "features of RMS ~4 (default: %(default)s: --draft-steps trains on its own features)")
     te.add_argument("--draft-steps", type=int, default=3,
                     help="training-time test: unroll each window this many draft steps on the drafter's own "
                          "features (EAGLE-3), so deeper drafts are trained as they run (default: %(default)s)")

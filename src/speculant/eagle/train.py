@@ -61,13 +61,14 @@ class EagleTrainConfig:
     # the drafter's own features, step s's loss weighted step_decay^(s-1)
     draft_steps: int = 1
     step_decay: float = 0.8
+    max_grad_norm: float = 0.5  # gradient clipping (0: none); the features' outliers make spikes otherwise
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "eval_depth", "checkpoint_every", "draft_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"EAGLE training {name} must be an integer >= 1, got {getattr(self, name)!r}")
         if not (self.lr > 0 and self.feature_weight >= 0 and self.token_weight >= 0 and self.held_out >= 0
-                and self.feature_noise >= 0 and 0 < self.step_decay <= 1):
+                and self.feature_noise >= 0 and 0 < self.step_decay <= 1 and self.max_grad_norm >= 0):
             raise ConfigError("EAGLE training needs lr > 0 and non-negative weights and held_out")
         if self.precision not in ("float32", "bfloat16"):
             raise ConfigError(f"EAGLE training precision must be 'float32' or 'bfloat16', got {self.precision!r}")
@@ -295,7 +296,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         raise ConfigError("no training windows: the corpus needs records with answers beyond the held-out ones")
     rows, index = _drafted_rows(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
     model, opt, sched = acc.prepare(model, opt, sched)
@@ -318,6 +319,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         model.train()
         loss = _loss(core, rows, _batch(mine, records, hidden, starts, index, cfg.draft_steps), cfg)
         acc.backward(loss)
+        if cfg.max_grad_norm:
+            acc.clip_grad_norm_(params, cfg.max_grad_norm)
         opt.step()
         sched.step()
         opt.zero_grad()
