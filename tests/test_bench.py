@@ -62,6 +62,14 @@ def test_method_spec_options(tmp_path):
     assert _row_settings(parse_method("hydra+lookup@fixed"), cfg)["lookup_branch"] == 8
     assert _row_settings(parse_method("hydra+lookup@fixed"), cfg)["tree_budget"] == "fixed"
     assert _row_settings(parse_method("mcsd"), cfg)["tree"] == "2x1x1x1"
+    # --heads naming an EAGLE drafter goes to the eagle rows only (auto keeps the shipped heads)
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text('{"speculant_eagle": {}}')
+    ecfg = BenchConfig("t", "d", methods=("ar",), heads=str(drafter))
+    assert _row_settings(parse_method("eagle+lookup"), ecfg)["heads"] == str(drafter)
+    assert _row_settings(parse_method("auto"), ecfg)["heads"] is None
+    assert _row_settings(parse_method("medusa"), BenchConfig("t", "d", methods=("ar",), heads="/m"))["heads"] == "/m"
     assert _row_settings(parse_method("sd@gamma=2"), cfg)["gamma"] == 2
     tree = tmp_path / "tree.json"
     tree.write_text("[[0], [1], [0, 0]]")

@@ -49,6 +49,7 @@ import torch
 from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH
 from ..defaults import choose_runtime
+from ..eagle.checkpoint import is_eagle_dir
 from ..errors import ConfigError
 from ..loading import load_adapted
 from ..lora import check_adapter_dir
@@ -393,7 +394,14 @@ def _row_settings(spec, cfg: BenchConfig) -> dict:
         tree = read_tree(o["tree"])
     else:
         tree = cfg.medusa_tree if spec.base == "medusa" else cfg.tree if spec.name == "mcsd" else None
-    heads = o.get("heads") or (cfg.hydra_heads if spec.base == "hydra" else cfg.heads)
+    if o.get("heads"):
+        heads = o["heads"]
+    elif spec.base == "hydra":
+        heads = cfg.hydra_heads
+    elif spec.base != "eagle" and cfg.heads is not None and is_eagle_dir(cfg.heads):
+        heads = None  # an EAGLE drafter (--heads) is for the eagle rows; auto and medusa keep their own
+    else:
+        heads = cfg.heads
     gamma = spec.int_option("gamma") or cfg.gamma
     lookup = (spec.int_option("lookup") or cfg.lookup_branch) if spec.lookup else 0
     return {"tree": tree, "heads": heads, "gamma": gamma, "lookup_branch": lookup,
