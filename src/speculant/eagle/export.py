@@ -39,15 +39,13 @@ and is refused. The directory is written under a temporary name and renamed when
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
+from ..heads.export import write_export_dir
 from .checkpoint import is_eagle_dir, load_eagle
 from .model import EagleConfig, EagleModel
 
@@ -167,23 +165,15 @@ def export_eagle(model: EagleModel, out: str | Path, fmt: str = "vllm", base_mod
     positions = max_position_embeddings or _target_facts(base_model, c) or DEFAULT_MAX_POSITIONS
     tensors = _tensors(model, fmt, dtype)
     token_map = fmt == "sglang" and model.draft_vocab is not None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(_config(c, fmt, base_model, dtype, positions), indent=2) + "\n")
         (tmp / "README.md").write_text(_readme(c, fmt, base_model, token_map))
         if token_map:
             torch.save(model.draft_vocab.tolist(), tmp / TOKEN_MAP_NAME)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.rename(tmp, out)
-    except OSError as e:
-        raise ConfigError(f"cannot write the export to {out}: {e.strerror or e}; choose a writable directory "
-                          "with free space") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    return write_export_dir(out, write)
 
 
 class _SharedLayers:

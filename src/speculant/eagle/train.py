@@ -88,6 +88,19 @@ def _shards(n: int, shard_records: int) -> list[tuple[int, int]]:
     return [(a, min(a + shard_records, n)) for a in range(0, n, shard_records)]
 
 
+def _passes(records: Sequence[dict], rows_per_pass: int):
+    """``records`` in order, in groups of up to ``rows_per_pass`` tokens (a longer record alone)."""
+    group, rows = [], 0
+    for rec in records:
+        if group and rows + len(rec["ids"]) > rows_per_pass:
+            yield group
+            group, rows = [], 0
+        group.append(rec)
+        rows += len(rec["ids"])
+    if group:
+        yield group
+
+
 @torch.no_grad()
 def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | os.PathLike,
                      shard_records: int = 256, rows_per_pass: int = 1024, progress: bool = True) -> Path:
@@ -110,14 +123,12 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
         path, mark = out / f"shard-{a:07d}.safetensors", _fingerprint(records[a:b])
         if path.is_file():
             with safe_open(str(path), "pt") as f:
-                if (f.metadata() or {}).get("records") == mark and (f.metadata() or {}).get("count") == str(b - a):
-                    bar.update(b - a)
-                    continue
-        rows, group = [], []
-        for j, rec in enumerate(records[a:b]):  # passes of several records, up to rows_per_pass rows
-            group.append(rec)
-            if j + 1 < b - a and sum(len(r["ids"]) for r in group) + len(records[a + j + 1]["ids"]) <= rows_per_pass:
+                meta = f.metadata() or {}
+            if meta.get("records") == mark and meta.get("count") == str(b - a):
+                bar.update(b - a)
                 continue
+        rows = []
+        for group in _passes(records[a:b], rows_per_pass):
             while len(pool) < len(group):
                 pool.append(backend.sibling())
             for be in pool:
@@ -126,7 +137,6 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
                                    want_hidden=HiddenNeed.ALL, prefill=True) for r in group]
             rows += [o.hidden.to(torch.bfloat16) for o in forward_batch(pool[:len(group)], reqs)]
             bar.update(len(group))
-            group = []
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         save_file({"hidden": torch.cat(rows).contiguous()}, str(tmp), metadata={"records": mark, "count": str(b - a)})
         os.replace(tmp, path)

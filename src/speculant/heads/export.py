@@ -31,13 +31,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..errors import ConfigError
 from .medusa import MedusaHeads
 
-__all__ = ["EXPORT_FORMATS", "export_heads"]
+__all__ = ["EXPORT_FORMATS", "export_heads", "write_export_dir"]
 
 EXPORT_FORMATS = ("medusa", "vllm")
 
@@ -96,13 +97,22 @@ def export_heads(heads, out: str | Path, fmt: str, base_model: str, dtype: torch
                   "truncated_vocab_size": V, "max_paths": 64, "topk": 10,
                   "torch_dtype": str(dtype).removeprefix("torch."), "base_model_name_or_path": base_model}
         weights_name = "model.safetensors"
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / weights_name), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    return write_export_dir(out, write)
+
+
+def write_export_dir(out: Path, write: Callable[[Path], None]) -> Path:
+    """Make the export directory ``out`` (absent or empty) whole: ``write`` fills a temporary
+    directory beside it, which is then renamed to ``out``, so nobody sees half an export."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(tensors, str(tmp / weights_name), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write(tmp)
         if out.exists():
-            out.rmdir()  # empty (checked above)
+            out.rmdir()  # empty (the callers check)
         os.rename(tmp, out)
     except OSError as e:
         raise ConfigError(f"cannot write the export to {out}: {e.strerror or e}; choose a writable directory "
