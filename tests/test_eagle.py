@@ -25,9 +25,10 @@ from tiny import fixed_prompts, tiny_qwen2
 V = 64
 
 
-def eagle_for(target, seed: int = 0, depth: int = 4, scale: float = 0.3, dtype=torch.float32) -> EagleModel:
+def eagle_for(target, seed: int = 0, depth: int = 4, scale: float = 0.3, dtype=torch.float32,
+              **options) -> EagleModel:
     """A drafter with random weights for ``target`` (a transformers model)."""
-    cfg = EagleConfig.for_target(target.config, intermediate_size=96, depth=depth)
+    cfg = EagleConfig.for_target(target.config, intermediate_size=96, depth=depth, **options)
     model = EagleModel(cfg, target.get_output_embeddings(), target.get_input_embeddings())
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -237,6 +238,8 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     assert report["steps"] == 150 and len(report["depth_accuracy"]) == 3
     assert report["depth_accuracy"][0] > report["depth_accuracy_before"][0] + 0.2, report
     assert report["depth_accuracy"][0] >= report["depth_accuracy"][1] >= report["depth_accuracy"][2]
+    top4 = report["depth_accuracy_top4"]
+    assert len(top4) == 3 and all(a >= b for a, b in zip(top4, report["depth_accuracy"])), report
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-100", "step-150"]
     again = train_eagle(eagle_for(target, scale=0.05), records, feats, tmp_path / "run",
                         EagleTrainConfig(**{**cfg.__dict__, "steps": 160}), progress=False)
@@ -324,13 +327,22 @@ def test_training_time_test_steps_are_the_drafting_chain(target):
             torch.testing.assert_close(feats[s - 1][0, p], state, rtol=1e-10, atol=1e-10)
 
 
-def test_init_for_training_starts_at_the_feature_plus_a_token_term(target):
-    model = eagle_for(target, seed=1)
-    model.init_for_training(feature_rms=4.0, seed=0)
+@pytest.mark.parametrize("input_scale", [False, True])
+def test_init_for_training_starts_at_the_feature_plus_a_token_term(target, input_scale):
+    model = eagle_for(target, seed=1, input_scale=input_scale)
     g = torch.Generator().manual_seed(2)
-    hidden, tokens = torch.randn(1, 6, 64, generator=g), torch.randint(0, V, (1, 6), generator=g)
+    unit = torch.ones(64)
+    unit[3] = 40.0  # an outlier unit, as real features have
+    sample = torch.randn(4000, 64, generator=g) * unit * 3.0
+    model.init_for_training(sample, seed=0)
+    hidden, tokens = torch.randn(1, 6, 64, generator=g) * unit * 3.0, torch.randint(0, V, (1, 6), generator=g)
     token_term = model(hidden, tokens) - hidden
     e = target.get_input_embeddings().weight[tokens].detach()
-    torch.testing.assert_close(token_term, e @ model.fc.weight[:, :64].T, rtol=1e-5, atol=1e-5)
+    if input_scale:  # the stored scale standardizes both inputs unit by unit
+        torch.testing.assert_close(model.input_scale[64:], 1 / sample.pow(2).mean(0).sqrt())
+        e = e * model.input_scale[:64]
+        assert torch.allclose(model.fc.weight[:, 64:] * model.input_scale[64:], torch.eye(64), atol=1e-5)
+    torch.testing.assert_close(token_term, e @ model.fc.weight[:, :64].T, rtol=1e-4, atol=1e-4)
     rms = float(token_term.detach().pow(2).mean().sqrt())
-    assert 2.0 < rms < 8.0, rms  # the token counts as much as the feature does
+    feature_rms = float(sample.pow(2).mean().sqrt())
+    assert feature_rms / 2 < rms < feature_rms * 2, (rms, feature_rms)  # the token counts as much as the feature

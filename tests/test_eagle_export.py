@@ -113,14 +113,18 @@ def target(request):
     return request.param, TARGETS[request.param]().eval()
 
 
-def drafter(target, draft_vocab: int = 0, seed: int = 0) -> EagleModel:
-    """A drafter with random weights (fc bias included) for the transformers model ``target``."""
-    cfg = EagleConfig.for_target(target.config, intermediate_size=96, depth=5, draft_vocab=draft_vocab)
+def drafter(target, draft_vocab: int = 0, seed: int = 0, input_scale: bool = False) -> EagleModel:
+    """A drafter with random weights (fc bias included; a random input scale with ``input_scale``)
+    for the transformers model ``target``."""
+    cfg = EagleConfig.for_target(target.config, intermediate_size=96, depth=5, draft_vocab=draft_vocab,
+                                 input_scale=input_scale)
     model = EagleModel(cfg, target.get_output_embeddings(), target.get_input_embeddings())
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        if input_scale:
+            model.input_scale.copy_(torch.rand(model.input_scale.shape, generator=g) * 4 + 0.1)
     if draft_vocab:
         model.set_draft_vocab(torch.randperm(cfg.vocab_size, generator=g)[:draft_vocab])
     return model.eval()
@@ -132,10 +136,11 @@ def _inputs(target, T=11, seed=1):
     return torch.randn(T, H, generator=g), torch.randint(0, V, (T,), generator=g)
 
 
+@pytest.mark.parametrize("input_scale", [False, True])
 @pytest.mark.parametrize("fmt", ["vllm", "sglang"])
-def test_the_engines_drafter_computes_speculants_features(target, tmp_path, fmt):
+def test_the_engines_drafter_computes_speculants_features(target, tmp_path, fmt, input_scale):
     name, lm = target
-    model = drafter(lm)
+    model = drafter(lm, input_scale=input_scale)
     assert model.fc.bias.abs().max() > 0.1  # a bias vLLM's fc cannot hold: the export folds it
     hidden, tokens = _inputs(lm)
     with torch.no_grad():

@@ -218,15 +218,15 @@ def cmd_train_eagle(args) -> int:
     target = dec.target.model
     V = dec.target.logits_dim
     ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None, depth=args.depth,
-                                  draft_vocab=min(args.draft_vocab, V))
+                                  draft_vocab=min(args.draft_vocab, V), input_scale=True)
     ecfg = dataclasses.replace(ecfg, vocab_size=V, base_model=dec.target.name)
     model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
     if ecfg.draft_vocab:
         model.set_draft_vocab(draft_vocabulary(records, ecfg.draft_vocab, V))
     model = model.to(torch.float32)
-    model.init_for_training(float(features[0][:65536].float().pow(2).mean().sqrt()), seed=cfg.seed)
+    model.init_for_training(features[0][:65536], seed=cfg.seed)
     report = train_eagle(model, records, features, out, cfg)
-    print(json.dumps({k: report[k] for k in ("steps", "depth_accuracy", "answer_tokens")}, indent=2))
+    print(json.dumps({k: report[k] for k in ("steps", "depth_accuracy", "depth_accuracy_top4", "answer_tokens")}, indent=2))
     return 0
 
 

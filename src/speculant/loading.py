@@ -186,7 +186,12 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
         if method != "eagle":
             raise ConfigError(f"{source if not isinstance(source, nn.Module) else 'these heads'} is an EAGLE "
                               "drafter: use --method eagle")
-        return source if isinstance(source, EagleModel) else load_eagle(source, target_model)
+        if isinstance(source, EagleModel):
+            return source
+        drafter = load_eagle(source, target_model)
+        if not int4_heads(drafter):  # the layer's linears as the heads' (bf16 packed: ~1.7x faster a step)
+            pack_linears(drafter)
+        return drafter
     if method == "eagle":
         raise ConfigError(f"method 'eagle' needs an EAGLE drafter; {source} holds heads (use --method "
                           "hydra or medusa for them)")

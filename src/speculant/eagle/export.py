@@ -64,6 +64,8 @@ def _tensors(model: EagleModel, fmt: str, dtype: torch.dtype) -> dict[str, torch
     """The drafter's tensors in ``fmt``'s layout (module docstring), folded in float64."""
     c = model.config
     state = {k: t.detach().to("cpu", torch.float64) for k, t in model.state_dict().items() if k != "draft_vocab"}
+    if "input_scale" in state:  # fc(x * s) = (W diag(s)) x + b: the scale folded into fc, exactly
+        state["fc.weight"] = state["fc.weight"] * state.pop("input_scale")[None]
     if fmt == "vllm" or c.attention_bias:
         for p in "qkv":
             weight = state[f"{_ATTN}{p}_proj.weight"]

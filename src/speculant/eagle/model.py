@@ -50,6 +50,12 @@ class EagleConfig:
     attention_bias: bool = False  # q/k/v biases (Qwen2)
     depth: int = 6  # the deepest draft it is trained and used for
     draft_vocab: int = 0  # propose only these many tokens (a stored id list), 0 = all
+    # fc reads its inputs standardized unit by unit (a stored, frozen (2H,) scale: 1 / each unit's
+    # RMS over the embeddings and over the training features). The function is the same as with
+    # the scale folded into fc (what the export does); the training is not: with Adam every weight
+    # moves about the same amount, so raw inputs let the features' outlier units (RMS up to ~50
+    # against a median of ~3) take the largest steps
+    input_scale: bool = False
     base_model: str = ""
 
     def __post_init__(self) -> None:
@@ -180,6 +186,10 @@ class EagleModel(DraftVocabulary, nn.Module):
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab, dtype=torch.long))
         else:
             self.draft_vocab = None
+        if config.input_scale:
+            self.register_buffer("input_scale", torch.ones(2 * H))
+        else:
+            self.input_scale = None
         self._shared: tuple[nn.Module, ...] = (lm_head, embed)
         self._draft_rows: tuple | None = None
         self.coarse_ranking = True
@@ -197,7 +207,8 @@ class EagleModel(DraftVocabulary, nn.Module):
     def _inputs(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """hidden (..., H), tokens (...,) long -> u = fc([E[tokens]; hidden]) (..., H)."""
         e = F.embedding(tokens, self._shared[1].weight.detach()).to(self.dtype)
-        return self.fc(torch.cat([e, hidden.to(self.dtype)], -1))
+        x = torch.cat([e, hidden.to(self.dtype)], -1)
+        return self.fc(x if self.input_scale is None else x * self.input_scale.to(x.dtype))
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (..., n, D) rotated by positions (n,) (rotate-half)."""
@@ -289,18 +300,30 @@ class EagleModel(DraftVocabulary, nn.Module):
         return self._rest(u, o), k, v
 
     @torch.no_grad()
-    def init_for_training(self, feature_rms: float, seed: int = 0) -> None:
-        """Start as "the next feature is this one, plus the token": fc = [W_e, I] with W_e random at
-        a scale that gives E[x] W_e the features' RMS (the embeddings are ~100x smaller than the
-        features, so at the default scale the token would hardly count), zero bias, and the
-        attention's and MLP's output projections zero (the layer starts as the identity)."""
+    def init_for_training(self, features: torch.Tensor, seed: int = 0) -> None:
+        """Start as "the next feature is this one, plus the token", given a sample of the target's
+        features (n, H): fc = [W_e, I] with W_e random at a scale that gives the token term the
+        features' RMS (the embeddings are ~100x smaller than the features, so at the default scale
+        the token would hardly count), zero bias, and the attention's and MLP's output projections
+        zero (the layer starts as the identity). With ``config.input_scale`` the stored scale is
+        set from the embeddings and ``features`` and fc's identity block undoes the features'."""
         H = self.config.hidden_size
         g = torch.Generator().manual_seed(seed)
-        e_rms = float(self._shared[1].weight.detach().float().pow(2).mean().sqrt())
+        feats = features.detach().float()
+        feature_rms = float(feats.pow(2).mean().sqrt())
+        embed = self._shared[1].weight.detach().float()
         self.fc.weight.zero_()
         self.fc.bias.zero_()
-        self.fc.weight[:, H:] = torch.eye(H, dtype=self.fc.weight.dtype)
-        self.fc.weight[:, :H] = torch.randn(H, H, generator=g) * (feature_rms / (max(e_rms, 1e-12) * H ** 0.5))
+        if self.input_scale is not None:
+            unit_h = feats.pow(2).mean(0).sqrt().clamp(min=1e-3)  # (H,)
+            unit_e = embed.pow(2).mean(0).sqrt().clamp(min=1e-6)
+            self.input_scale.copy_(torch.cat([1 / unit_e, 1 / unit_h]))
+            self.fc.weight[:, H:] = torch.diag(unit_h)
+            self.fc.weight[:, :H] = torch.randn(H, H, generator=g) * (feature_rms / H ** 0.5)
+        else:
+            e_rms = float(embed.pow(2).mean().sqrt())
+            self.fc.weight[:, H:] = torch.eye(H, dtype=self.fc.weight.dtype)
+            self.fc.weight[:, :H] = torch.randn(H, H, generator=g) * (feature_rms / (max(e_rms, 1e-12) * H ** 0.5))
         self.layers[0].self_attn.o_proj.weight.zero_()
         self.layers[0].mlp.down_proj.weight.zero_()
 

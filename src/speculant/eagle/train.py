@@ -256,9 +256,11 @@ def _drafted_rows(model: EagleModel) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Tensor, starts: torch.Tensor,
-                   depth: int, per_record: int = 16, seed: int = 0) -> list[float]:
-    """acc[d-1]: the share of sampled answer positions where the drafter's greedy chain (its own
-    features after the first step) guesses the next d tokens all right."""
+                   depth: int, per_record: int = 16, seed: int = 0, top_k: int = 1) -> list[float]:
+    """acc[d-1]: the share of sampled answer positions where the target's next d tokens are each
+    among the drafter's top ``top_k`` guesses, the drafter following that path on its own features
+    after the first step. ``top_k`` = 1: what a greedy chain of depth d accepts; larger: what a
+    tree with ``top_k`` children under every node of the path would."""
     rng = random.Random(seed)
     hits, total = [0] * depth, 0
     for r, rec in enumerate(records):
@@ -269,16 +271,15 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
         for i in rng.sample(spots, min(per_record, len(spots))):
             total += 1
             cache.length = i + 1  # the pairs up to i committed
-            state, extra, ok = feats[i], None, True
+            state, extra = feats[i], None
             for d in range(depth):
                 at = i + 2 + d  # the token this step guesses
-                guess = int(model.draft_topk(state[None], 1, None)[0, 0])
-                if at >= L or guess != ids[at]:
+                if at >= L or ids[at] not in model.draft_topk(state[None], top_k, None)[0].tolist():
                     break
                 hits[d] += 1
                 if d + 1 < depth:
                     sees = torch.ones(1, 0 if extra is None else extra[0].shape[1], dtype=torch.bool)
-                    out, k, v = model.tree_step(cache, extra, sees, state[None], torch.tensor([guess]),
+                    out, k, v = model.tree_step(cache, extra, sees, state[None], torch.tensor([ids[at]]),
                                                 torch.tensor([i + 1 + d]))
                     extra = (k, v) if extra is None else (torch.cat([extra[0], k], 1), torch.cat([extra[1], v], 1))
                     state = out[0]
@@ -347,8 +348,11 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     model.eval()
     final = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held), cfg.eval_depth) \
         if held else []
+    final_top4 = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held), cfg.eval_depth,
+                                top_k=4) if held else []
     report = {"config": asdict(cfg), "steps": step, "train_loss_last": losses[-10:], "held_out_records": len(held),
               "depth_accuracy_before": initial, "depth_accuracy": final,
+              "depth_accuracy_top4": final_top4,
               "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records)}
     if acc.is_main_process:
         save_eagle(core, out_dir)
