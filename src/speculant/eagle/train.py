@@ -256,13 +256,14 @@ def _drafted_rows(model: EagleModel) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Tensor, starts: torch.Tensor,
-                   depth: int, per_record: int = 16, seed: int = 0, top_k: int = 1) -> list[float]:
-    """acc[d-1]: the share of sampled answer positions where the target's next d tokens are each
-    among the drafter's top ``top_k`` guesses, the drafter following that path on its own features
-    after the first step. ``top_k`` = 1: what a greedy chain of depth d accepts; larger: what a
-    tree with ``top_k`` children under every node of the path would."""
+                   depth: int, per_record: int = 16, seed: int = 0, top_k: Sequence[int] = (1,)) -> dict[int, list[float]]:
+    """For each k of ``top_k``: acc[d-1], the share of sampled answer positions where the target's
+    next d tokens are each among the drafter's top k guesses, the drafter following that path on
+    its own features after the first step (one walk serves every k). k = 1: what a greedy chain of
+    depth d accepts; larger: what a tree with k children under every node of the path would."""
     rng = random.Random(seed)
-    hits, total = [0] * depth, 0
+    widest = max(top_k)
+    hits, total = {k: [0] * depth for k in top_k}, 0
     for r, rec in enumerate(records):
         ids, s, P, L = rec["ids"], int(starts[r]), rec["prompt_len"], len(rec["ids"])
         cache = EagleCache()
@@ -271,20 +272,23 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
         for i in rng.sample(spots, min(per_record, len(spots))):
             total += 1
             cache.length = i + 1  # the pairs up to i committed
-            state, extra = feats[i], None
+            state, extra, within = feats[i], None, set(top_k)  # the k whose path is still whole
             for d in range(depth):
                 at = i + 2 + d  # the token this step guesses
-                if at >= L or ids[at] not in model.draft_topk(state[None], top_k, None)[0].tolist():
+                ranked = model.draft_topk(state[None], widest, None)[0].tolist() if at < L else []
+                within = {k for k in within if ids[at] in ranked[:k]} if ranked else set()
+                if not within:
                     break
-                hits[d] += 1
+                for k in within:
+                    hits[k][d] += 1
                 if d + 1 < depth:
                     sees = torch.ones(1, 0 if extra is None else extra[0].shape[1], dtype=torch.bool)
-                    out, k, v = model.tree_step(cache, extra, sees, state[None], torch.tensor([ids[at]]),
-                                                torch.tensor([i + 1 + d]))
-                    extra = (k, v) if extra is None else (torch.cat([extra[0], k], 1), torch.cat([extra[1], v], 1))
+                    out, kk, vv = model.tree_step(cache, extra, sees, state[None], torch.tensor([ids[at]]),
+                                                  torch.tensor([i + 1 + d]))
+                    extra = (kk, vv) if extra is None else (torch.cat([extra[0], kk], 1), torch.cat([extra[1], vv], 1))
                     state = out[0]
         cache.length = L - 1
-    return [h / total if total else 0.0 for h in hits]
+    return {k: [h / total if total else 0.0 for h in hits[k]] for k in top_k}
 
 
 def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torch.Tensor, torch.Tensor],
@@ -319,7 +323,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         acc.load_state(str(done[-1]))
         step = json.loads((done[-1] / "step.json").read_text())["step"]
     initial = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held),
-                             cfg.eval_depth) if held and step == 0 else None
+                             cfg.eval_depth)[1] if held and step == 0 else None
     per_proc = max(1, cfg.batch_size // acc.num_processes)
     losses = []
     bar = tqdm(total=cfg.steps, initial=step, desc="training the EAGLE drafter", disable=not progress)
@@ -346,13 +350,11 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
                 (target / "step.json").write_text(json.dumps({"step": step}))
     bar.close()
     model.eval()
-    final = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held), cfg.eval_depth) \
-        if held else []
-    final_top4 = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held), cfg.eval_depth,
-                                top_k=4) if held else []
+    final = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held), cfg.eval_depth,
+                           top_k=(1, 4)) if held else {1: [], 4: []}
     report = {"config": asdict(cfg), "steps": step, "train_loss_last": losses[-10:], "held_out_records": len(held),
-              "depth_accuracy_before": initial, "depth_accuracy": final,
-              "depth_accuracy_top4": final_top4,
+              "depth_accuracy_before": initial, "depth_accuracy": final[1],
+              "depth_accuracy_top4": final[4],
               "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records)}
     if acc.is_main_process:
         save_eagle(core, out_dir)
