@@ -185,6 +185,32 @@ def test_estimates_follow_what_is_accepted():
     assert sizer.overhead_ms == pytest.approx(12.0)
 
 
+def test_a_depth_is_drafted_only_while_its_nodes_can_pay_for_it():
+    sizer = TreeSizer(FLAT)  # a token is worth at most one single-row pass: 100 ms
+    confident = [math.log(0.5)] * 4  # the next depth returns at most 4 x 0.5 = 2 tokens: 200 ms
+    assert sizer.worth_deeper(confident, depth_ms=150.0)
+    assert not sizer.worth_deeper(confident, depth_ms=250.0)
+    assert not sizer.worth_deeper([math.log(0.001)] * 4, depth_ms=1.0)
+    sizer.heads_pred, sizer.heads_seen = 100.0, 30.0  # heads overconfident: kappa ~ 0.31
+    assert not sizer.worth_deeper(confident, depth_ms=150.0)
+    sizer.share(rows=7, tokens=3.0)  # the pass is wider: a token is worth cost(8) rows
+    assert sizer.worth_deeper(confident, depth_ms=60.0)
+
+
+def test_the_dynamic_tree_stops_deepening_when_a_depth_costs_more_than_it_can_return(seq_heads_random):
+    root, hidden = torch.tensor([3]), torch.randn(H)
+    drafter = MedusaDrafter(seq_heads_random, build_tree("2"), V, dynamic=DynamicTree(nodes=40, depth=3),
+                            sizer=TreeSizer(FLAT))
+    full, _ = drafter.grow(hidden, root)
+    assert max(len(p) for p in full) == 3 and drafter.depth_ms > 0  # the first step measures a depth
+    drafter.depth_ms = 1e9  # a depth now costs more than any node could return
+    shallow, _ = drafter.grow(hidden, root)
+    assert max(len(p) for p in shallow) == 1 and len(shallow) == drafter.dynamic.top_k
+    no_sizer = MedusaDrafter(seq_heads_random, build_tree("2"), V, dynamic=DynamicTree(nodes=40, depth=3))
+    no_sizer.depth_ms = 1e9  # without a cost model every step drafts every depth
+    assert max(len(p) for p in no_sizer.grow(hidden, root)[0]) == 3
+
+
 # ---- lossless whatever the curve -----------------------------------------------------------------
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@ Size: without a cost model every step verifies ``nodes`` heads' nodes plus the l
 length (one verification cost; the rows the chain does not need go to the heads' next-best
 nodes). With one (``sizer``, :class:`~speculant.drafters.sizing.TreeSizer`) every step takes the
 split of heads' nodes and chain rows with the most expected tokens per millisecond on this
-machine. How the heads get their state, and the lookup chain's merge: ``head_eval``,
+machine, and (sequential heads) a depth is drafted only while the nodes it would expand can pay
+for its measured time (:meth:`TreeSizer.worth_deeper`; docs/design-notes.md#depth-drafted-only-while-it-can-pay).
+How the heads get their state, and the lookup chain's merge: ``head_eval``,
 ``lookup_branch``. Shapes: H hidden size, K heads.
 """
 
@@ -89,6 +91,9 @@ class DynamicTreeDrafter(HeadsDrafter):
                               f"use depth <= {K} (0 = {K})")
         self.dynamic, self.lookup, self.sizer = dynamic, lookup, sizer
         self.depth = dynamic.depth or K  # heads drafting: 0 .. depth-1
+        # the measured time of one more depth (EMA, ms): with a sizer, a depth is drafted only
+        # while its nodes can pay for it (TreeSizer.worth_deeper)
+        self.depth_ms = 0.0
         # the widest tree a step may draft from the heads, for the checks against the vocabularies
         self.evaluator.check_tree(compile_paths([(r,) for r in range(dynamic.top_k)]
                                                 + [(0,) * d for d in range(2, self.depth + 1)]))
@@ -133,7 +138,13 @@ class DynamicTreeDrafter(HeadsDrafter):
                 break
             flat = sc.flatten()
             best = flat.topk(min(cfg.beam, flat.numel())).indices  # (b,) expanded at the next depth
+            if self.sizer is not None and self.depth_ms and not self.sizer.worth_deeper(flat[best].tolist(),
+                                                                                       self.depth_ms):
+                break  # the next depth would cost more than its nodes can return
+            t = time.perf_counter()
             state, tok, logp = yield self._next_step(state, best // k, tok.flatten()[best], d)
+            ms = (time.perf_counter() - t) * 1e3
+            self.depth_ms = 0.8 * self.depth_ms + 0.2 * ms if self.depth_ms else ms
             front_paths = [front_paths[i // k] + (i % k,) for i in best.tolist()]
             front_score = flat[best]
         score = torch.cat(scores).tolist()

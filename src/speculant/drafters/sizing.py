@@ -74,6 +74,14 @@ class TreeSizer:
         w = self.prior_weight
         return min(max((self.heads_seen + w) / (self.heads_pred + w), 0.2), 2.0)
 
+    def worth_deeper(self, front_scores: list[float], depth_ms: float, context: int | None = None) -> bool:
+        """Whether drafting one more depth below nodes of these log-scores can pay for its
+        ``depth_ms``: their children's expected accepted tokens are at most Σ exp(score) (a
+        node's children together are accepted no more often than it is), calibrated by
+        ``kappa``, and a token is worth at most one single-row pass (what plain decoding pays)."""
+        gain = self.kappa * sum(math.exp(min(s, 0.0)) for s in front_scores)
+        return gain * self.cost(1 + self.others_rows, context) > depth_ms
+
     def chain_rates(self, n: int) -> list[float]:
         """r_1..r_n: the chance that the chain's first j tokens are all accepted (non-increasing)."""
         out, low = [], 1.0
