@@ -238,6 +238,7 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     assert report["steps"] == 150 and len(report["depth_accuracy"]) == 3
     assert report["depth_accuracy"][0] > report["depth_accuracy_before"][0] + 0.2, report
     assert report["depth_accuracy"][0] >= report["depth_accuracy"][1] >= report["depth_accuracy"][2]
+    assert len(report["depth_accuracy_train_records"]) == 3
     top4 = report["depth_accuracy_top4"]
     assert len(top4) == 3 and all(a >= b for a, b in zip(top4, report["depth_accuracy"])), report
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-100", "step-150"]
@@ -249,6 +250,15 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     plain = decode_to_end(backend, NoDrafter(), prompt, n=30)
     state = decode_to_end(backend, EagleDrafter(shipped, DynamicTree(nodes=8, depth=3), V), prompt, n=30)
     assert state.generated == plain.generated
+
+
+def test_held_out_records_are_spread_over_the_corpus():
+    from speculant.eagle.train import spread
+
+    assert spread(4272, 16)[:3] == [133, 400, 667] and len(spread(4272, 16)) == 16
+    assert spread(24, 4) == [3, 9, 15, 21]
+    assert spread(5, 5) == [0, 1, 2, 3, 4] and spread(5, 0) == []
+    assert all(len(set(spread(n, k))) == k and max(spread(n, k)) < n for n in range(1, 40) for k in range(1, n + 1))
 
 
 def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):

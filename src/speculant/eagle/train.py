@@ -260,7 +260,8 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
     """For each k of ``top_k``: acc[d-1], the share of sampled answer positions where the target's
     next d tokens are each among the drafter's top k guesses, the drafter following that path on
     its own features after the first step (one walk serves every k). k = 1: what a greedy chain of
-    depth d accepts; larger: what a tree with k children under every node of the path would."""
+    depth d accepts; larger: what a tree with k children under every node of the path would.
+    ``starts[r]``: the first row of ``records[r]`` in ``hidden``."""
     rng = random.Random(seed)
     widest = max(top_k)
     hits, total = {k: [0] * depth for k in top_k}, 0
@@ -304,8 +305,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     out_dir = Path(out)
     acc = Accelerator(cpu=True)
     torch.manual_seed(cfg.seed)
-    held = list(range(min(cfg.held_out, max(len(records) - 1, 0))))
-    train_ids = [r for r in range(len(records)) if r not in held]
+    held = spread(len(records), min(cfg.held_out, max(len(records) - 1, 0)))
+    train_ids = [r for r in range(len(records)) if r not in set(held)]
     wins = [w for w in _windows(records, cfg.seq_len) if w[0] in set(train_ids)]
     if not wins:
         raise ConfigError("no training windows: the corpus needs records with answers beyond the held-out ones")
@@ -322,7 +323,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     if done:
         acc.load_state(str(done[-1]))
         step = json.loads((done[-1] / "step.json").read_text())["step"]
-    initial = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held),
+    initial = depth_accuracy(core, [records[r] for r in held], hidden, starts[held],
                              cfg.eval_depth)[1] if held and step == 0 else None
     per_proc = max(1, cfg.batch_size // acc.num_processes)
     losses = []
@@ -350,11 +351,15 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
                 (target / "step.json").write_text(json.dumps({"step": step}))
     bar.close()
     model.eval()
-    final = depth_accuracy(core, [records[r] for r in held], hidden, _held_starts(starts, held), cfg.eval_depth,
+    final = depth_accuracy(core, [records[r] for r in held], hidden, starts[held], cfg.eval_depth,
                            top_k=(1, 4)) if held else {1: [], 4: []}
+    # the same measure on as many training records (spread the same way): the gap to the held-out
+    # accuracy is what the drafter memorised
+    seen = [train_ids[i] for i in spread(len(train_ids), len(held))]
+    on_train = depth_accuracy(core, [records[r] for r in seen], hidden, starts[seen], cfg.eval_depth)[1] if held else []
     report = {"config": asdict(cfg), "steps": step, "train_loss_last": losses[-10:], "held_out_records": len(held),
               "depth_accuracy_before": initial, "depth_accuracy": final[1],
-              "depth_accuracy_top4": final[4],
+              "depth_accuracy_top4": final[4], "depth_accuracy_train_records": on_train,
               "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records)}
     if acc.is_main_process:
         save_eagle(core, out_dir)
@@ -362,6 +367,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     return report
 
 
-def _held_starts(starts: torch.Tensor, held: list[int]) -> torch.Tensor:
-    """``starts`` restricted to the records ``held`` (the first ones), as depth_accuracy reads it."""
-    return starts[:len(held) + 1]
+def spread(n: int, k: int) -> list[int]:
+    """k of the indices 0 .. n-1, evenly spread (a corpus is written family by family, so the
+    first records would all be of one kind)."""
+    return sorted({min(int((j + 0.5) * n / k), n - 1) for j in range(k)}) if k > 0 else []
