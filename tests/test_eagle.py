@@ -213,6 +213,32 @@ def test_the_api_decodes_with_a_saved_drafter(tmp_path):
         SpeculativeDecoder(target_dir, method="hydra", heads=eagle_dir, dtype="float32")
 
 
+def test_a_loaded_bf16_drafter_drafts_in_int4_and_decodes_as_plain_decoding(tmp_path):
+    """A drafter loaded for a bf16 target has its linears in int4 wherever speculant's x86 kernel
+    runs (bf16 packed elsewhere, see loading.int4_heads): decoding is still plain decoding's."""
+    from transformers import AutoModelForCausalLM
+
+    from speculant.api import SpeculativeDecoder
+    from speculant.eagle.checkpoint import save_eagle
+    from speculant.kernels import x86_kernels
+    from speculant.quant import Int4Linear
+    from tiny import tiny_llama, tiny_model_dir
+
+    # hidden size 64: the kernel takes linears of a multiple of 64 inputs and of 16 outputs
+    target_dir = tiny_model_dir(tmp_path / "target", base=tiny_llama(0, hidden=64, scale=4.0))
+    eagle_dir = save_eagle(eagle_for(AutoModelForCausalLM.from_pretrained(target_dir)), tmp_path / "eagle")
+    plain = SpeculativeDecoder(target_dir, method="ar", dtype="bfloat16").generate("w1 w2 w3 w1 w2", 20)
+    dec = SpeculativeDecoder(target_dir, method="eagle", heads=eagle_dir, dtype="bfloat16", lookup_branch=4,
+                             tree_budget=PassCost((1, 64), (100.0, 100.0)))
+    assert dec.generate("w1 w2 w3 w1 w2", 20).token_ids == plain.token_ids
+    int4 = [n for n, m in dec.heads.named_modules() if isinstance(m, Int4Linear)]
+    if x86_kernels() is None:
+        assert not int4
+        pytest.skip("no x86 int4 kernel on this machine: the drafter stays bf16")
+    # every linear whose shape the kernel takes (the MLP's down projection reads 96 inputs: not a group multiple)
+    assert {"fc", "layers.0.self_attn.q_proj", "layers.0.mlp.gate_proj"} <= set(int4), int4
+
+
 def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     """On the target's own greedy answers: the features computed once, a few hundred steps lower
     the loss and raise the held-out depth-1 accuracy; a second run over the same directory resumes

@@ -159,17 +159,18 @@ def find_heads(config: DecoderConfig, target_name: str):
     return found
 
 
-def int4_heads(heads: nn.Module) -> bool:
+def int4_heads(heads: nn.Module, always: bool = False) -> bool:
     """On a CPU without a fast bf16 matmul (no AVX-512 / AVX-NE-CONVERT bf16: oneDNN's packed bf16
     linear does not run, PyTorch's costs ~1 ms per row and layer) bf16 heads' linear layers become
     int4 through speculant's x86 kernel, in place (8-15x faster per call at 1-16 rows). Drafts
     only: the target verifies every token, so the output is the same. Returns whether it did.
-    Why: docs/design-notes.md#int4-heads-on-avx2"""
+    ``always``: on every CPU the kernel runs on (a drafter too big to be cheap in bf16 even packed:
+    a drafting step reads all its weights for a handful of rows). Why: docs/design-notes.md#int4-heads-on-avx2"""
     from .kernels import GROUP, x86_kernels
     from .packing import available, swap_modules
     from .quant import Int4Linear
 
-    if available() or x86_kernels() is None or getattr(heads, "dtype", None) != torch.bfloat16:
+    if (available() and not always) or x86_kernels() is None or getattr(heads, "dtype", None) != torch.bfloat16:
         return False
     return swap_modules(heads, nn.Linear, lambda linear: Int4Linear(linear, keep_dense=False),
                         want=lambda linear: linear.in_features % GROUP == 0 and linear.out_features % 16 == 0) > 0
@@ -189,7 +190,9 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
         if isinstance(source, EagleModel):
             return source
         drafter = load_eagle(source, target_model)
-        if not int4_heads(drafter):  # the layer's linears as the heads' (bf16 packed: ~1.7x faster a step)
+        # int4 wherever speculant's kernel runs: ~33M weights read for a handful of rows per depth
+        # (Why: docs/design-notes.md#eagle-drafter-in-int4)
+        if not int4_heads(drafter, always=True):
             pack_linears(drafter)
         return drafter
     if method == "eagle":
