@@ -189,6 +189,20 @@ def test_directory_without_config(tmp_path):
         models.resolve(str(tmp_path), torch.float32)
 
 
+def test_a_preset_name_is_the_preset_beside_a_directory_of_that_name(tmp_path, monkeypatch):
+    """A bare preset name picks the preset even where the working directory holds a directory of
+    that name that is not a model (a corpus written under the model's name); a path to it is
+    still that directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2-135m-instruct").mkdir()
+    (tmp_path / "smollm2-135m-instruct" / "corpus.jsonl").write_text("{}\n")
+    monkeypatch.setattr(models, "_usable", lambda target: True)  # as if converted before: no download
+    got = models.resolve("smollm2-135m-instruct", torch.float32)
+    assert got.parent == models.cache_dir() / "models" and got.name.startswith("smollm2-135m-instruct-")
+    with pytest.raises(ModelLoadError, match="is a directory but not a transformers model directory"):
+        models.resolve("./smollm2-135m-instruct", torch.float32)
+
+
 def test_garbage_gguf_is_rejected(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"this is not a model" * 10)
