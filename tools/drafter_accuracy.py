@@ -1,0 +1,85 @@
+"""Greedy-chain accuracy by depth of sequential heads (Hydra) and EAGLE drafters, on the same
+held-out positions of a corpus, so the two kinds of drafter are compared on exactly the same text.
+
+The records are those ``train-eagle`` holds out (``eagle.train.spread``: ``--held-out`` records
+spread over the corpus), read with the target features ``train-eagle`` cached in ``DIR/features``.
+At each sampled answer position i the drafter starts from the target's state h_i and the token
+x_{i+1} and guesses x_{i+2}, x_{i+3}, ...; depth d counts while its first d guesses are all the
+target's own tokens (``eagle.train.depth_accuracy``'s measure; sequential heads follow the same
+walk with their own states).
+
+    python tools/drafter_accuracy.py --data corpus.jsonl --features RUN/features \\
+        --hydra src/speculant/data/heads/qwen2.5-coder-1.5b-instruct/sequential --eagle RUN [RUN2 ...]
+
+``--train-records`` measures training records instead (the same number, spread over the rest):
+the gap to the held-out figure is what a drafter memorised.
+"""
+import argparse
+import json
+import random
+
+import torch
+
+from speculant.api import SpeculativeDecoder
+from speculant.eagle.checkpoint import load_eagle
+from speculant.eagle.train import depth_accuracy, load_features, spread
+from speculant.heads.checkpoint import load_heads
+from speculant.training.data import load_records
+
+
+@torch.no_grad()
+def heads_accuracy(heads, records, hidden, starts, depth: int, per_record: int, seed: int = 0) -> list[float]:
+    """depth_accuracy's measure for sequential heads: s_0 = h_i, s_d = step(s_{d-1}, x_{i+d})."""
+    rng = random.Random(seed)
+    hits, total = [0] * depth, 0
+    for r, rec in enumerate(records):
+        ids, s, P, L = rec["ids"], int(starts[r]), rec["prompt_len"], len(rec["ids"])
+        spots = list(range(max(P - 2, 0), L - 2))
+        for i in rng.sample(spots, min(per_record, len(spots))):  # the positions depth_accuracy samples
+            total += 1
+            state = hidden[s + i][None].float()
+            for d in range(depth):
+                if i + 2 + d >= L:
+                    break
+                state = heads.step(state, torch.tensor([ids[i + 1 + d]]))
+                if int(heads.draft_topk(state, 1, None)[0, 0]) != ids[i + 2 + d]:
+                    break
+                hits[d] += 1
+    return [h / max(total, 1) for h in hits]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="the corpus JSONL the features were computed for")
+    ap.add_argument("--features", required=True, help="train-eagle's DIR/features")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--hydra", nargs="*", default=[], help="sequential heads directories")
+    ap.add_argument("--eagle", nargs="*", default=[], help="EAGLE drafter directories")
+    ap.add_argument("--held-out", type=int, default=16, help="train-eagle's --held-out")
+    ap.add_argument("--per-record", type=int, default=64, help="answer positions sampled per record")
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--train-records", action="store_true", help="measure training records instead")
+    args = ap.parse_args()
+
+    records = load_records(args.data)
+    hidden, starts = load_features(args.features, records)
+    held = spread(len(records), args.held_out)
+    chosen = held
+    if args.train_records:
+        rest = [r for r in range(len(records)) if r not in set(held)]
+        chosen = [rest[i] for i in spread(len(rest), len(held))]
+    recs, at = [records[r] for r in chosen], starts[chosen]
+    target = SpeculativeDecoder(args.target, method="ar").target.model
+    out = {"records": chosen, "per_record": args.per_record, "drafters": {}}
+    for path in args.hydra:
+        heads = load_heads(path, target, dtype=torch.float32)
+        out["drafters"][path] = {"greedy": heads_accuracy(heads, recs, hidden, at, args.depth, args.per_record)}
+    for path in args.eagle:
+        acc = depth_accuracy(load_eagle(path, target, dtype=torch.float32), recs, hidden, at, args.depth,
+                             per_record=args.per_record, top_k=(1, 4))
+        out["drafters"][path] = {"greedy": acc[1], "top4": acc[4]}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
