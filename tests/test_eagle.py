@@ -279,12 +279,16 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
 
 
 def test_held_out_records_are_spread_over_the_corpus():
-    from speculant.eagle.train import spread
+    from speculant.eagle.train import split_records, spread
 
     assert spread(4272, 16)[:3] == [133, 400, 667] and len(spread(4272, 16)) == 16
     assert spread(24, 4) == [3, 9, 15, 21]
     assert spread(5, 5) == [0, 1, 2, 3, 4] and spread(5, 0) == []
     assert all(len(set(spread(n, k))) == k and max(spread(n, k)) < n for n in range(1, 40) for k in range(1, n + 1))
+    held, trained, seen = split_records(40, 4)
+    assert held == [5, 15, 25, 35] and sorted(held + trained) == list(range(40))
+    assert len(seen) == 4 and set(seen) <= set(trained)
+    assert split_records(3, 16)[:2] == ([0, 2], [1])  # at least one record is trained on
 
 
 def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):

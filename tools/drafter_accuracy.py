@@ -1,8 +1,8 @@
 """Greedy-chain accuracy by depth of sequential heads (Hydra) and EAGLE drafters, on the same
 held-out positions of a corpus, so the two kinds of drafter are compared on exactly the same text.
 
-The records are those ``train-eagle`` holds out (``eagle.train.spread``: ``--held-out`` records
-spread over the corpus), read with the target features ``train-eagle`` cached in ``DIR/features``.
+The records are those ``train-eagle`` holds out (``eagle.train.split_records``: ``--held-out``
+records spread over the corpus), read with the target features ``train-eagle`` cached in ``DIR/features``.
 At each sampled answer position i the drafter starts from the target's state h_i and the token
 x_{i+1} and guesses x_{i+2}, x_{i+3}, ...; depth d counts while its first d guesses are all the
 target's own tokens (``eagle.train.depth_accuracy``'s measure; sequential heads follow the same
@@ -16,13 +16,12 @@ the gap to the held-out figure is what a drafter memorised.
 """
 import argparse
 import json
-import random
 
 import torch
 
 from speculant.api import SpeculativeDecoder
 from speculant.eagle.checkpoint import load_eagle
-from speculant.eagle.train import depth_accuracy, load_features, spread
+from speculant.eagle.train import answer_positions, depth_accuracy, load_features, split_records
 from speculant.heads.checkpoint import load_heads
 from speculant.training.data import load_records
 
@@ -30,12 +29,10 @@ from speculant.training.data import load_records
 @torch.no_grad()
 def heads_accuracy(heads, records, hidden, starts, depth: int, per_record: int, seed: int = 0) -> list[float]:
     """depth_accuracy's measure for sequential heads: s_0 = h_i, s_d = step(s_{d-1}, x_{i+d})."""
-    rng = random.Random(seed)
     hits, total = [0] * depth, 0
-    for r, rec in enumerate(records):
-        ids, s, P, L = rec["ids"], int(starts[r]), rec["prompt_len"], len(rec["ids"])
-        spots = list(range(max(P - 2, 0), L - 2))
-        for i in rng.sample(spots, min(per_record, len(spots))):  # the positions depth_accuracy samples
+    for r, (rec, sampled) in enumerate(zip(records, answer_positions(records, per_record, seed))):
+        ids, s, L = rec["ids"], int(starts[r]), len(rec["ids"])
+        for i in sampled:
             total += 1
             state = hidden[s + i][None].float()
             for d in range(depth):
@@ -63,11 +60,8 @@ def main() -> None:
 
     records = load_records(args.data)
     hidden, starts = load_features(args.features, records)
-    held = spread(len(records), args.held_out)
-    chosen = held
-    if args.train_records:
-        rest = [r for r in range(len(records)) if r not in set(held)]
-        chosen = [rest[i] for i in spread(len(rest), len(held))]
+    held, _, seen = split_records(len(records), args.held_out)
+    chosen = seen if args.train_records else held
     recs, at = [records[r] for r in chosen], starts[chosen]
     target = SpeculativeDecoder(args.target, method="ar").target.model
     out = {"records": chosen, "per_record": args.per_record, "drafters": {}}

@@ -354,10 +354,11 @@ def resolve(spec: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) 
     """A transformers model directory for ``spec`` (see module docstring), converting once."""
     dtype = parse_dtype(dtype)
     path = Path(spec).expanduser()
-    if path.is_dir() and not (str(spec) in PRESETS and not (path / "config.json").is_file()):
-        # (a preset's bare name is the preset, even where a directory of that name holds other
-        # things: a corpus or a drafter written under the model's name)
-        if (path / "config.json").is_file():
+    model_dir = (path / "config.json").is_file()
+    # a preset's bare name is the preset, even where a directory of that name holds other things
+    # (a corpus or a drafter written under the model's name)
+    if path.is_dir() and (model_dir or str(spec) not in PRESETS):
+        if model_dir:
             return path
         ggufs = sorted(path.glob("*.gguf"))
         hint = f"; to use the GGUF file inside, pass {ggufs[0]}" if ggufs else ""

@@ -35,7 +35,8 @@ from ..backends.base import Backend, ForwardRequest, HiddenNeed, forward_batch
 from ..errors import ConfigError
 from .model import EagleCache, EagleModel
 
-__all__ = ["EagleTrainConfig", "compute_features", "depth_accuracy", "load_features", "train_eagle"]
+__all__ = ["EagleTrainConfig", "answer_positions", "compute_features", "depth_accuracy", "load_features",
+           "split_records", "train_eagle"]
 
 
 @dataclass(frozen=True)
@@ -262,15 +263,13 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
     its own features after the first step (one walk serves every k). k = 1: what a greedy chain of
     depth d accepts; larger: what a tree with k children under every node of the path would.
     ``starts[r]``: the first row of ``records[r]`` in ``hidden``."""
-    rng = random.Random(seed)
     widest = max(top_k)
     hits, total = {k: [0] * depth for k in top_k}, 0
-    for r, rec in enumerate(records):
-        ids, s, P, L = rec["ids"], int(starts[r]), rec["prompt_len"], len(rec["ids"])
+    for r, (rec, sampled) in enumerate(zip(records, answer_positions(records, per_record, seed))):
+        ids, s, L = rec["ids"], int(starts[r]), len(rec["ids"])
         cache = EagleCache()
         feats = model.extend(cache, hidden[s:s + L - 1], torch.tensor(ids[1:L]))  # f at pairs 0 .. L-2
-        spots = [i for i in range(max(P - 2, 0), L - 2)]
-        for i in rng.sample(spots, min(per_record, len(spots))):
+        for i in sampled:
             total += 1
             cache.length = i + 1  # the pairs up to i committed
             state, extra, within = feats[i], None, set(top_k)  # the k whose path is still whole
@@ -292,6 +291,18 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
     return {k: [h / total if total else 0.0 for h in hits[k]] for k in top_k}
 
 
+def answer_positions(records: Sequence[dict], per_record: int, seed: int = 0) -> list[list[int]]:
+    """For each record, up to ``per_record`` positions i sampled among its answer's (the pair
+    (h_i, x_{i+1}) whose next tokens x_{i+2}, ... a drafter guesses): what :func:`depth_accuracy`
+    measures, so other drafters can be measured on the same positions."""
+    rng = random.Random(seed)
+    out = []
+    for rec in records:
+        spots = list(range(max(rec["prompt_len"] - 2, 0), len(rec["ids"]) - 2))
+        out.append(rng.sample(spots, min(per_record, len(spots))))
+    return out
+
+
 def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torch.Tensor, torch.Tensor],
                 out: str | os.PathLike, cfg: EagleTrainConfig, progress: bool = True) -> dict:
     """Train ``model`` (in place) on ``records`` with their ``features`` (:func:`load_features`);
@@ -305,9 +316,9 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     out_dir = Path(out)
     acc = Accelerator(cpu=True)
     torch.manual_seed(cfg.seed)
-    held = spread(len(records), min(cfg.held_out, max(len(records) - 1, 0)))
-    train_ids = [r for r in range(len(records)) if r not in set(held)]
-    wins = [w for w in _windows(records, cfg.seq_len) if w[0] in set(train_ids)]
+    held, train_ids, seen = split_records(len(records), cfg.held_out)
+    training = set(train_ids)
+    wins = [w for w in _windows(records, cfg.seq_len) if w[0] in training]
     if not wins:
         raise ConfigError("no training windows: the corpus needs records with answers beyond the held-out ones")
     rows, index = _drafted_rows(model)
@@ -353,9 +364,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     model.eval()
     final = depth_accuracy(core, [records[r] for r in held], hidden, starts[held], cfg.eval_depth,
                            top_k=(1, 4)) if held else {1: [], 4: []}
-    # the same measure on as many training records (spread the same way): the gap to the held-out
-    # accuracy is what the drafter memorised
-    seen = [train_ids[i] for i in spread(len(train_ids), len(held))]
+    # the same measure on as many training records: the gap to the held-out accuracy is what the
+    # drafter memorised
     on_train = depth_accuracy(core, [records[r] for r in seen], hidden, starts[seen], cfg.eval_depth)[1] if held else []
     report = {"config": asdict(cfg), "steps": step, "train_loss_last": losses[-10:], "held_out_records": len(held),
               "depth_accuracy_before": initial, "depth_accuracy": final[1],
@@ -365,6 +375,15 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         save_eagle(core, out_dir)
         (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def split_records(n: int, held_out: int) -> tuple[list[int], list[int], list[int]]:
+    """The records of a corpus of n: (held out, trained on, as many of the trained-on to measure
+    beside the held-out ones), each spread over the corpus; at least one record is trained on."""
+    held = spread(n, min(held_out, max(n - 1, 0)))
+    kept = set(held)
+    train_ids = [r for r in range(n) if r not in kept]
+    return held, train_ids, [train_ids[i] for i in spread(len(train_ids), len(held))]
 
 
 def spread(n: int, k: int) -> list[int]:
