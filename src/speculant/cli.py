@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from .cli_training import (add_training_parsers, cmd_build_tree, cmd_export_eagle, cmd_export_heads, cmd_make_corpus,
-                           cmd_train_eagle, cmd_train_heads)
+from .cli_training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
+                           cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
 from .config import DEFAULT_LOOKUP_BRANCH, METHODS
 from .errors import SpeculantError
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                     "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree,
                     "export-heads": cmd_export_heads, "make-corpus": cmd_make_corpus,
-                    "train-eagle": cmd_train_eagle, "export-eagle": cmd_export_eagle}
+                    "train-eagle": cmd_train_eagle, "export-eagle": cmd_export_eagle,
+                    "cut-vocab": cmd_cut_vocab}
         return commands[args.command](args)
     except SpeculantError as e:
         print(f"speculant: error: {e}", file=sys.stderr)

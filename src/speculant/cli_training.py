@@ -1,5 +1,5 @@
 """The training commands of the CLI: ``speculant train-heads``, ``build-tree``, ``export-heads``,
-``make-corpus``, ``train-eagle`` and ``export-eagle``."""
+``make-corpus``, ``train-eagle``, ``export-eagle`` and ``cut-vocab``."""
 
 from __future__ import annotations
 
@@ -164,6 +164,16 @@ def add_training_parsers(sub) -> None:
                     help="the model the drafter is for, recorded for the engine and read for its context length "
                          "(default: the target recorded in the drafter)")
     ee.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+
+    cv = sub.add_parser("cut-vocab", help="a drafter (EAGLE or sequential heads) proposing from fewer tokens: its "
+                                          "draft vocabulary cut to the most frequent in a corpus (FR-Spec)")
+    cv.add_argument("--drafter", required=True, help="EAGLE drafter or sequential heads directory")
+    cv.add_argument("--data", nargs="+", required=True, help="corpus JSONL file(s) whose answers rank the tokens")
+    cv.add_argument("--size", type=int, required=True, help="tokens to keep (at most the drafter's draft vocabulary)")
+    cv.add_argument("--held-out", type=int, default=16,
+                    help="records not counted (train-eagle's --held-out, so its held-out accuracy stays held out) "
+                         "(default: %(default)s)")
+    cv.add_argument("--out", required=True, help="a new directory to write")
 
 
 def cmd_make_corpus(args) -> int:
@@ -342,4 +352,19 @@ def cmd_export_eagle(args) -> int:
     c = model.config
     print(json.dumps({"format": args.format, "out": str(out), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
                       "depth": c.depth, "draft_vocab": c.draft_vocab, "base_model": base}))
+    return 0
+
+
+def cmd_cut_vocab(args) -> int:
+    from .eagle.train import split_records
+    from .errors import ConfigError
+    from .training.data import load_records
+    from .training.vocab import cut_draft_vocab
+
+    records = [r for path in args.data for r in load_records(path)]
+    if not records:
+        raise ConfigError(f"no records in {', '.join(args.data)}: make a corpus with speculant make-corpus")
+    _, train_ids, _ = split_records(len(records), args.held_out)
+    out = cut_draft_vocab(args.drafter, [records[i] for i in train_ids], args.size, args.out)
+    print(json.dumps({"drafter": str(out), "draft_vocab": args.size, "records_counted": len(train_ids)}))
     return 0

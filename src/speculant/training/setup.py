@@ -27,6 +27,7 @@ from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, load_heads, make_
 from .data import Batches, load_records, windows
 from .features import FeatureTable, Trainable, feature_tables
 from .loop import TrainRun, lr_lambda
+from .vocab import draft_vocabulary
 
 __all__ = ["TrainData", "attach_lora", "build_heads", "build_run", "build_tables", "check_options", "draft_vocabulary",
            "prepare_data", "resume_fingerprint", "teacher_projection", "total_steps"]
@@ -106,20 +107,6 @@ def check_options(cfg, heads_cfg: HeadsConfig) -> None:
     if cfg.feature_noise and not flat:
         raise ConfigError("feature_noise perturbs the rows of the feature table: use mode medusa1 with "
                           "cache_features (the defaults), or feature_noise=0")
-
-
-def draft_vocabulary(records: Sequence[dict], n: int, vocab_size: int) -> torch.Tensor:
-    """The ``n`` token ids sequential heads may propose: the answer tokens of ``records`` by
-    decreasing frequency, then the lowest ids not taken yet (byte-level BPE vocabularies number
-    tokens in merge order, so low ids are the frequent ones). Sorted (n,) long."""
-    from collections import Counter
-
-    counts = Counter(t for r in records for t in r["ids"][r["prompt_len"]:] if 0 <= t < vocab_size)
-    chosen = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
-    taken = set(chosen)
-    fill = (i for i in range(vocab_size) if i not in taken)
-    chosen += [next(fill) for _ in range(n - len(chosen))]
-    return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
 # ----------------------------------------------------------------------------------------- build
