@@ -111,3 +111,24 @@ def test_bad_arguments(target):
     with pytest.raises(ConfigError, match="context"):
         list(decode(HFBackend(target), NoDrafter(), torch.arange(10), max_new_tokens=4,
                     sampling=GREEDY, max_length=8))
+
+
+def test_non_finite_logits_are_caught_and_masked_tokens_are_not():
+    """NaN, +inf or a row of -inf stop decoding with a clear error; -inf entries (tokens masked
+    out) and finite logits whose sum overflows float32 pass."""
+    from speculant.decoding import _check_finite
+    from speculant.errors import ModelLoadError
+
+    ok = torch.randn(4, 1000)
+    ok[1, 7] = float("-inf")
+    _check_finite(ok, None, 0)
+    huge = torch.full((4, 1000), 3e38)  # finite, but their sum is inf
+    _check_finite(huge, None, 0)
+    for bad in ("nan", "inf", "row"):
+        x = torch.randn(4, 1000)
+        if bad == "row":
+            x[2] = float("-inf")
+        else:
+            x[3, 5] = float(bad)
+        with pytest.raises(ModelLoadError, match="non-finite logits"):
+            _check_finite(x, None, 3)

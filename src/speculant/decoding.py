@@ -297,7 +297,10 @@ class _Verified:
 def _check_finite(logits: torch.Tensor, target: Backend, done: int) -> None:
     """A broken model's logits (NaN, +inf, or a row of -inf) would be decoded as if they meant
     something (argmax of NaN, a sample from nothing): stop with what went wrong instead."""
-    if bool(torch.isfinite(logits).all()):  # the usual case: one pass over the logits
+    # the usual case: one sum (NaN and inf carry through it; a sum that overflows only sends
+    # finite logits to the exact check below); isfinite(logits).all() costs ~1 ms at 4 rows of
+    # 152k logits, the sum 0.03 ms
+    if bool(logits.sum(dtype=torch.float32).isfinite()):
         return
     if bool(torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(-1).any()):
         raise ModelLoadError(

@@ -132,6 +132,22 @@ class EagleCache:
         self.length = end
 
 
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of n query rows, each query head reading its key/value head's rows directly (no
+    copy of the keys and values per query head): q (Hq, n, D), keys and values (Hkv, L, D), mask
+    (n, L) bool (True: attend; every row attends somewhere) -> (Hq, n, D). Scores and softmax in
+    float32 at least. For the decoding paths: PyTorch's CPU attention with a mask and grouped heads takes
+    its reference path, several times slower (docs/design-notes.md#eagle-drafting-cost)."""
+    Hq, n, D = q.shape
+    Hkv, L = keys.shape[0], keys.shape[1]
+    g = Hq // Hkv  # query heads per key/value head, consecutive (head h reads key/value head h // g)
+    scores = torch.bmm(q.reshape(Hkv, g * n, D), keys.transpose(1, 2)).view(Hkv, g, n, L)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    scores = scores.mul_(D ** -0.5).masked_fill_(~mask, float("-inf"))
+    p = torch.softmax(scores, -1).to(values.dtype).view(Hkv, g * n, L)
+    return torch.bmm(p, values).view(Hq, n, D)
+
+
 class _Attention(nn.Module):
     def __init__(self, c: EagleConfig):
         super().__init__()
@@ -276,7 +292,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         cache.append(k, v)
         keys, values = cache.view()
         mask = torch.ones(n, P + n, dtype=torch.bool).tril_(P)
-        return self._rest(u, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True))
+        return self._rest(u, grouped_attention(q, keys, values, mask))
 
     @torch.no_grad()
     def tree_step(self, cache: EagleCache, extra: tuple[torch.Tensor, torch.Tensor] | None, sees: torch.Tensor | None,
@@ -295,8 +311,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         if extra is not None and extra[0].shape[1]:
             parts_k.append(extra[0]), parts_v.append(extra[1]), masks.append(sees)
         parts_k.append(k), parts_v.append(v), masks.append(torch.eye(b, dtype=torch.bool))
-        o = F.scaled_dot_product_attention(q, torch.cat(parts_k, 1), torch.cat(parts_v, 1),
-                                           attn_mask=torch.cat(masks, 1), enable_gqa=True)
+        o = grouped_attention(q, torch.cat(parts_k, 1), torch.cat(parts_v, 1), torch.cat(masks, 1))
         return self._rest(u, o), k, v
 
     @torch.no_grad()
