@@ -176,6 +176,17 @@ def add_training_parsers(sub) -> None:
     cv.add_argument("--out", required=True, help="a new directory to write")
 
 
+def _corpus_records(paths: list[str]) -> list[dict]:
+    """The records of the corpus JSONL files ``paths`` (make-corpus's corpus.jsonl), or a clear error."""
+    from .errors import ConfigError
+    from .training.data import load_records
+
+    records = [r for path in paths for r in load_records(path)]
+    if not records:
+        raise ConfigError(f"no records in {', '.join(paths)}: make a corpus with speculant make-corpus")
+    return records
+
+
 def cmd_make_corpus(args) -> int:
     from .api import SpeculativeDecoder
     from .errors import ConfigError
@@ -205,12 +216,9 @@ def cmd_train_eagle(args) -> int:
     from .eagle import EagleConfig, EagleModel
     from .eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle
     from .errors import ConfigError
-    from .training.data import load_records
     from .training.setup import draft_vocabulary
 
-    records = [r for path in args.data for r in load_records(path)]
-    if not records:
-        raise ConfigError(f"no records in {', '.join(args.data)}: make a corpus with speculant make-corpus")
+    records = _corpus_records(args.data)
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                            held_out=args.held_out, precision=args.precision,
                            feature_noise=args.feature_noise, draft_steps=args.draft_steps)
@@ -357,13 +365,9 @@ def cmd_export_eagle(args) -> int:
 
 def cmd_cut_vocab(args) -> int:
     from .eagle.train import split_records
-    from .errors import ConfigError
-    from .training.data import load_records
     from .training.vocab import cut_draft_vocab
 
-    records = [r for path in args.data for r in load_records(path)]
-    if not records:
-        raise ConfigError(f"no records in {', '.join(args.data)}: make a corpus with speculant make-corpus")
+    records = _corpus_records(args.data)
     _, train_ids, _ = split_records(len(records), args.held_out)
     out = cut_draft_vocab(args.drafter, [records[i] for i in train_ids], args.size, args.out)
     print(json.dumps({"drafter": str(out), "draft_vocab": args.size, "records_counted": len(train_ids)}))

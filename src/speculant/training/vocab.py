@@ -42,7 +42,8 @@ def draft_vocabulary(records: Sequence[dict], n: int, vocab_size: int,
 
 
 def _size_field(config: dict) -> tuple[dict, str]:
-    """The dict and key holding a drafter config's draft-vocabulary length."""
+    """The dict holding a drafter config's fields (``vocab_size`` among them) and the key of its
+    draft-vocabulary length there."""
     if isinstance(config.get("speculant_eagle"), dict):
         return config["speculant_eagle"], "draft_vocab"
     if config.get("speculant_head_kind") == "sequential":
@@ -77,8 +78,7 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
                           "--draft-vocab N instead")
     if not isinstance(n, int) or not 0 < n <= old.numel():
         raise ConfigError(f"the cut draft vocabulary must have 1 to {old.numel()} tokens (the drafter's own), got {n!r}")
-    vocab_size = int(config["speculant_eagle"]["vocab_size"] if key == "draft_vocab" else config["vocab_size"])
-    state["draft_vocab"] = draft_vocabulary(records, n, vocab_size, within=old.tolist())
+    state["draft_vocab"] = draft_vocabulary(records, n, int(holder["vocab_size"]), within=old.tolist())
     holder[key] = n
     write_checkpoint(dst, state, config, "the drafter")
     for name in KEPT_FILES:  # unchanged: they describe the drafter's states, not its vocabulary
