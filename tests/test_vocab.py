@@ -109,6 +109,15 @@ def test_cutting_refuses_what_it_cannot_do(tmp_path):
         cut_draft_vocab(src, recs, 8, src)
     with pytest.raises(ModelLoadError, match="no drafter at"):
         cut_draft_vocab(tmp_path / "nothing", recs, 8, tmp_path / "a")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((src / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes(b"\x00" * 12)
+    with pytest.raises(ModelLoadError, match="model.safetensors is corrupt"):
+        cut_draft_vocab(broken, recs, 8, tmp_path / "a")
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="config.json is corrupt"):
+        cut_draft_vocab(broken, recs, 8, tmp_path / "a")
     target = tiny_llama(0)
     medusa = MedusaHeads(HeadsConfig(2, 1, target.config.hidden_size, V), target.get_output_embeddings())
     save_heads(medusa, tmp_path / "medusa")

@@ -64,13 +64,16 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
     src, dst = Path(drafter), Path(out)
     if src.resolve() == dst.resolve():
         raise ConfigError(f"--out must be a new directory, not the drafter's own ({src})")
+    if not (src / CONFIG_NAME).is_file() or not (src / WEIGHTS_NAME).is_file():
+        raise ModelLoadError(f"no drafter at {src}: expected a directory with {CONFIG_NAME} and {WEIGHTS_NAME}")
     try:
         config = json.loads((src / CONFIG_NAME).read_text())
-        state = load_file(str(src / WEIGHTS_NAME))
-    except FileNotFoundError:
-        raise ModelLoadError(f"no drafter at {src}: expected a directory with {CONFIG_NAME} and {WEIGHTS_NAME}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{src / CONFIG_NAME} is corrupt (not valid JSON: {e})") from None
+    try:
+        state = load_file(str(src / WEIGHTS_NAME))
+    except Exception as e:  # safetensors raises its own error types for truncated / bad headers
+        raise ModelLoadError(f"{src / WEIGHTS_NAME} is corrupt ({e}); re-save the drafter") from None
     holder, key = _size_field(config)
     old = state.get("draft_vocab")
     if old is None or not holder.get(key):
