@@ -17,6 +17,7 @@ from speculant.drafters.dynamic_tree import DynamicTree
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.sizing import TreeSizer
 from speculant.eagle import EagleCache, EagleConfig, EagleDrafter, EagleModel
+from speculant.eagle.model import grouped_attention
 from speculant.errors import ConfigError, ModelLoadError
 
 from helpers import decode_to_end
@@ -100,6 +101,28 @@ def test_tree_steps_equal_each_path_committed(target):
         path = model.extend(alone, torch.stack([root, f1[p]]), torch.stack([kids[p], grand[j]]))
         torch.testing.assert_close(path[0], f1[p], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(path[1], f2[j], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_grouped_attention_is_attention_for_sharp_scores_and_masks(dtype):
+    """Decoding's attention (float32 inside, scores far below a row's largest clamped) equals a
+    float64 masked softmax attention with each query head reading its key/value head, also where
+    scores spread over hundreds (the clamp and the mask must not add weight anywhere)."""
+    g = torch.Generator().manual_seed(0)
+    Hq, Hkv, n, L, D = 6, 2, 5, 40, 16
+    q, keys, values = (torch.randn(s, generator=g) for s in ((Hq, n, D), (Hkv, L, D), (Hkv, L, D)))
+    q = q * 30  # scores up to a few hundred: most weights are below e^-80 of their row's largest
+    mask = torch.rand(n, L, generator=g) < 0.5
+    mask[:, 0] = True
+    got = grouped_attention(q.to(dtype), keys.to(dtype), values.to(dtype), mask)
+    assert got.dtype == dtype
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.to(dtype).double(), keys.to(dtype).double().repeat_interleave(Hq // Hkv, 0),
+        values.to(dtype).double().repeat_interleave(Hq // Hkv, 0), attn_mask=mask)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
+    flipped = grouped_attention(q.to(dtype), keys.to(dtype), values.to(dtype), ~mask | (torch.arange(L) == 0))
+    assert (flipped - got).abs().max() > 0.1  # the mask is read
 
 
 def _native(target, dtype=torch.float32):

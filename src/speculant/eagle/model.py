@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
+from ..heads.layers import ContextCache
 from ..heads.projection import DraftVocabulary, layer_shape
 
 __all__ = ["EagleCache", "EagleConfig", "EagleModel"]
@@ -106,46 +107,37 @@ class EagleConfig:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
-class EagleCache:
-    """The keys and values of the committed pairs: (Hkv, P, D) each, in buffers that double when
-    full; ``length`` = P, also the position of the next pair."""
-
-    def __init__(self) -> None:
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.length = 0
+class EagleCache(ContextCache):
+    """The keys and values of the committed pairs: (Hkv, P, D) each (float32 for a bf16 drafter:
+    see :func:`grouped_attention`), in buffers that double when full; ``length`` = P, also the
+    position of the next pair."""
 
     def view(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.k is None:
             return None, None
         return self.k[:, :self.length], self.v[:, :self.length]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        end = self.length + k.shape[1]
-        if self.k is None or end > self.k.shape[1]:
-            cap = max(64, 2 * end)
-            grown = [t.new_empty(t.shape[0], cap, t.shape[2]) for t in (k, v)]
-            if self.k is not None:
-                grown[0][:, :self.length], grown[1][:, :self.length] = self.view()
-            self.k, self.v = grown
-        self.k[:, self.length:end], self.v[:, self.length:end] = k, v
-        self.length = end
-
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Attention of n query rows, each query head reading its key/value head's rows directly (no
     copy of the keys and values per query head): q (Hq, n, D), keys and values (Hkv, L, D), mask
-    (n, L) bool (True: attend; every row attends somewhere) -> (Hq, n, D). Scores and softmax in
-    float32 at least. For the decoding paths: PyTorch's CPU attention with a mask and grouped heads takes
+    (n, L) bool (True: attend; every row attends somewhere) -> (Hq, n, D) in q's dtype. Computed
+    in float32 at least: PyTorch's bf16 batched matmul on CPU goes through oneDNN, which builds a
+    kernel for every new shape, and L grows at every decoding step (1.7 ms a call against 0.04 in
+    float32). For the decoding paths: PyTorch's CPU attention with a mask and grouped heads takes
     its reference path, several times slower (docs/design-notes.md#eagle-drafting-cost)."""
     Hq, n, D = q.shape
     Hkv, L = keys.shape[0], keys.shape[1]
+    work = torch.promote_types(keys.dtype, torch.float32)
     g = Hq // Hkv  # query heads per key/value head, consecutive (head h reads key/value head h // g)
-    scores = torch.bmm(q.reshape(Hkv, g * n, D), keys.transpose(1, 2)).view(Hkv, g, n, L)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    scores = torch.bmm(q.to(work).reshape(Hkv, g * n, D), keys.to(work).transpose(1, 2)).view(Hkv, g, n, L)
     scores = scores.mul_(D ** -0.5).masked_fill_(~mask, float("-inf"))
-    p = torch.softmax(scores, -1).to(values.dtype).view(Hkv, g * n, L)
-    return torch.bmm(p, values).view(Hq, n, D)
+    # a sharp softmax (scores spread over hundreds) makes denormal probabilities, and denormals slow
+    # every op that touches them on x86 several times over: scores more than 80 below their row's
+    # largest count as 80 below (a weight of e^-80 ~ 2e-35 of the largest), the masked ones stay -inf
+    shifted = scores.sub_(scores.amax(-1, keepdim=True)).clamp_(min=-80.0).masked_fill_(~mask, float("-inf"))
+    p = torch.softmax(shifted, -1).view(Hkv, g * n, L)
+    return torch.bmm(p, values.to(work)).view(Hq, n, D).to(q.dtype)
 
 
 class _Attention(nn.Module):
@@ -226,10 +218,14 @@ class EagleModel(DraftVocabulary, nn.Module):
         x = torch.cat([e, hidden.to(self.dtype)], -1)
         return self.fc(x if self.input_scale is None else x * self.input_scale.to(x.dtype))
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x (..., n, D) rotated by positions (n,) (rotate-half)."""
+    def _rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin (n, D) at positions (n,) (rotate-half layout)."""
         ang = positions.to(torch.float32)[:, None] * self.inv_freq[None]  # (n, D/2)
-        cos, sin = (torch.cat([f(ang)] * 2, -1).to(x.dtype) for f in (torch.cos, torch.sin))
+        return tuple(torch.cat([f(ang)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (..., n, D) rotated by :meth:`_rotation`'s cos and sin (n, D)."""
         half = x.shape[-1] // 2
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
@@ -240,7 +236,13 @@ class EagleModel(DraftVocabulary, nn.Module):
         q = attn.q_proj(u).unflatten(-1, (c.num_attention_heads, D)).transpose(-3, -2)
         k = attn.k_proj(u).unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
         v = attn.v_proj(u).unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
-        return self._rope(q, positions), self._rope(k, positions), v
+        cos, sin = self._rotation(positions, u.dtype)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype decoding keeps keys and values in (:func:`grouped_attention`'s)."""
+        return torch.promote_types(self.dtype, torch.float32)
 
     def _rest(self, u: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """u (..., n, H), attention output o (..., Hq, n, D) -> the features (..., n, H)."""
@@ -289,7 +291,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         u = self._inputs(hidden, tokens)
         n, P = u.shape[0], cache.length
         q, k, v = self._qkv(u, torch.arange(P, P + n))
-        cache.append(k, v)
+        cache.append(k.to(self.kv_dtype), v.to(self.kv_dtype))
         keys, values = cache.view()
         mask = torch.ones(n, P + n, dtype=torch.bool).tril_(P)
         return self._rest(u, grouped_attention(q, keys, values, mask))
@@ -300,10 +302,12 @@ class EagleModel(DraftVocabulary, nn.Module):
         """b draft nodes at once: each node's pair (its parent's feature ``state`` (b, H), its token
         ``tokens`` (b,)) at ``positions`` (b,), attending to every committed pair, to the E drafted
         nodes of ``extra`` (keys, values (Hkv, E, D)) it ``sees`` ((b, E) bool: its ancestors), and
-        to itself. Returns (features (b, H), the nodes' keys and values (Hkv, b, D) each)."""
+        to itself. Returns (features (b, H), the nodes' keys and values (Hkv, b, D) each, in
+        :attr:`kv_dtype`)."""
         u = self._inputs(state, tokens)
         b = u.shape[0]
         q, k, v = self._qkv(u, positions)
+        k, v = k.to(self.kv_dtype), v.to(self.kv_dtype)
         parts_k, parts_v, masks = [], [], []
         past_k, past_v = cache.view()
         if past_k is not None:
