@@ -81,3 +81,16 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
     plain = json.loads(capsys.readouterr().out)
     assert main(args + ["--method", "eagle", "--heads", str(drafter)]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]
+    # a narrower drafter fine-tuned from this one: its shape and draft vocabulary, a narrower MLP
+    narrow = tmp_path / "narrow"
+    assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out", str(narrow),
+                 "--init", str(drafter), "--intermediate-size", "24", "--steps", "5", "--batch-size", "2",
+                 "--seq-len", "32", "--held-out", "2"]) == 0
+    config = json.loads((narrow / "config.json").read_text())["speculant_eagle"]
+    assert (config["intermediate_size"], config["draft_vocab"], config["depth"]) == (24, 40, 3)
+    capsys.readouterr()
+    assert main(args + ["--method", "eagle", "--heads", str(narrow)]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]
+    assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out",
+                 str(tmp_path / "wide"), "--init", str(drafter), "--intermediate-size", "128", "--steps", "5"]) == 2
+    assert "narrowed to 1 .. 64 units" in capsys.readouterr().err

@@ -125,6 +125,31 @@ def test_grouped_attention_is_attention_for_sharp_scores_and_masks(dtype):
     assert (flipped - got).abs().max() > 0.1  # the mask is read
 
 
+def test_narrowing_keeps_the_units_that_add_most(target):
+    """narrow_mlp keeps the MLP units whose terms are largest on the sample: units with a zero
+    output column add nothing and go first (the function is unchanged), every other weight and
+    buffer is kept, and a width outside 1 .. I is refused."""
+    from speculant.eagle.narrow import narrow_mlp, unit_importance
+
+    model = eagle_for(target, dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    hidden, tokens = torch.randn(2, 9, 64, generator=g, dtype=torch.float64), torch.randint(0, V, (2, 9), generator=g)
+    dead = torch.arange(0, 96, 3)  # a third of the 96 units add nothing
+    with torch.no_grad():
+        model.layers[0].mlp.down_proj.weight[:, dead] = 0
+    scores = unit_importance(model, hidden, tokens)
+    assert scores.shape == (96,) and (scores[dead] == 0).all() and (scores.sum() > 0)
+    narrow = narrow_mlp(model, 64, hidden, tokens)
+    assert narrow.config.intermediate_size == 64 and narrow.layers[0].mlp.down_proj.weight.shape == (64, 64)
+    torch.testing.assert_close(narrow(hidden, tokens), model(hidden, tokens), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(narrow.fc.weight, model.fc.weight)
+    narrower = narrow_mlp(model, 32, hidden, tokens)  # live units dropped: a different function
+    assert (narrower(hidden, tokens) - model(hidden, tokens)).abs().max() > 1e-3
+    for width in (0, 97):
+        with pytest.raises(ConfigError, match="narrowed to 1 .. 96 units"):
+            narrow_mlp(model, width, hidden, tokens)
+
+
 def _native(target, dtype=torch.float32):
     return NativeBackend(NativeModel.from_hf(target.to(dtype)))
 

@@ -136,7 +136,12 @@ def add_training_parsers(sub) -> None:
     te.add_argument("--lr", type=float, default=1e-3)
     te.add_argument("--depth", type=int, default=6, help="the deepest draft (default: %(default)s)")
     te.add_argument("--intermediate-size", type=int, default=0,
-                    help="the drafter's MLP width (default 0: the target's)")
+                    help="the drafter's MLP width (default 0: the target's; with --init: the initial drafter's, "
+                         "or narrower)")
+    te.add_argument("--init", metavar="DIR", default=None,
+                    help="start from this trained EAGLE drafter (its draft vocabulary and shape) instead of a new "
+                         "one; with a smaller --intermediate-size its MLP keeps the units that add the most to its "
+                         "output on training windows (a cheaper drafter, fine-tuned from there)")
     te.add_argument("--draft-vocab", type=int, default=32768,
                     help="propose only the N most frequent answer tokens (FR-Spec; 0 = all) (default: %(default)s)")
     te.add_argument("--held-out", type=int, default=16, help="records kept for the held-out accuracy")
@@ -214,7 +219,9 @@ def cmd_train_eagle(args) -> int:
 
     from .api import SpeculativeDecoder
     from .eagle import EagleConfig, EagleModel
-    from .eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle
+    from .eagle.checkpoint import load_eagle
+    from .eagle.narrow import narrow_mlp
+    from .eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle, window_sample
     from .errors import ConfigError
     from .training.setup import draft_vocabulary
 
@@ -234,15 +241,20 @@ def cmd_train_eagle(args) -> int:
         print(json.dumps({"features": str(feats), "records": len(records), "rows": int(features[1][-1])}))
         return 0
     target = dec.target.model
-    V = dec.target.logits_dim
-    ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None, depth=args.depth,
-                                  draft_vocab=min(args.draft_vocab, V), input_scale=True)
-    ecfg = dataclasses.replace(ecfg, vocab_size=V, base_model=dec.target.name)
-    model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
-    if ecfg.draft_vocab:
-        model.set_draft_vocab(draft_vocabulary(records, ecfg.draft_vocab, V))
-    model = model.to(torch.float32)
-    model.init_for_training(features[0][:65536], seed=cfg.seed)
+    if args.init:
+        model = load_eagle(args.init, target, dtype=torch.float32)
+        if args.intermediate_size and args.intermediate_size != model.config.intermediate_size:
+            model = narrow_mlp(model, args.intermediate_size, *window_sample(records, features, cfg.held_out))
+    else:
+        V = dec.target.logits_dim
+        ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None,
+                                      depth=args.depth, draft_vocab=min(args.draft_vocab, V), input_scale=True)
+        ecfg = dataclasses.replace(ecfg, vocab_size=V, base_model=dec.target.name)
+        model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
+        if ecfg.draft_vocab:
+            model.set_draft_vocab(draft_vocabulary(records, ecfg.draft_vocab, V))
+        model = model.to(torch.float32)
+        model.init_for_training(features[0][:65536], seed=cfg.seed)
     report = train_eagle(model, records, features, out, cfg)
     print(json.dumps({k: report[k] for k in ("steps", "depth_accuracy", "depth_accuracy_top4", "answer_tokens")}, indent=2))
     return 0

@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from .model import EagleCache, EagleModel
 
 __all__ = ["EagleTrainConfig", "answer_positions", "compute_features", "depth_accuracy", "load_features",
-           "split_records", "train_eagle"]
+           "split_records", "train_eagle", "window_sample"]
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,8 @@ def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1):
     (B, T + S - 1, H) = h_{a+p+1}, target token indices into the drafted vocabulary
     (B, T + S - 1) = x_{a+p+2} (-1: no loss: prompt or past the record), feature mask
     (B, T + S - 1) (h_{a+p+1} exists and is an answer's, or the last prompt position's), and which
-    rows hold a pair of the window (B, T) (the others are padding: no loss at any step)."""
+    rows hold a pair of the window (B, T) (the others are padding: no loss at any step).
+    ``vocab_index`` None: no token targets (all -1)."""
     T, H = max(n for *_, n in windows), hidden.shape[1]
     B, S = len(windows), steps
     h_in, h_out = torch.zeros(B, T, H, dtype=hidden.dtype), torch.zeros(B, T + S - 1, H, dtype=hidden.dtype)
@@ -208,12 +209,28 @@ def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1):
         h_in[b, :n] = hidden[s + a:s + a + n]
         h_out[b, :m] = hidden[s + a + 1:s + a + m + 1]
         tok[b, :m] = torch.tensor(ids[a + 1:a + m + 1], dtype=torch.long)
-        nxt = torch.tensor(ids[a + 2:a + m + 2], dtype=torch.long)  # x_{i+2}, one shorter at the record's end
-        pos = torch.arange(a + 2, a + 2 + nxt.shape[0])
-        idx = vocab_index[nxt]
-        tgt[b, :nxt.shape[0]] = torch.where(pos >= P, idx, torch.full_like(idx, -1))
+        if vocab_index is not None:
+            nxt = torch.tensor(ids[a + 2:a + m + 2], dtype=torch.long)  # x_{i+2}, one shorter at the record's end
+            pos = torch.arange(a + 2, a + 2 + nxt.shape[0])
+            idx = vocab_index[nxt]
+            tgt[b, :nxt.shape[0]] = torch.where(pos >= P, idx, torch.full_like(idx, -1))
         feat_mask[b, :m] = torch.arange(a + 1, a + m + 1) >= P - 1  # h_{i+1} of the answer's positions
     return h_in, tok, h_out, tgt, feat_mask, real
+
+
+def window_sample(records: Sequence[dict], features: tuple[torch.Tensor, torch.Tensor], held_out: int,
+                  n: int = 8, seq_len: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` training windows spread over the corpus (the ``held_out`` records of
+    :func:`split_records` left out): input features (n, T, H) float32 and tokens (n, T), as
+    :meth:`EagleModel.forward` reads them."""
+    hidden, starts = features
+    training = set(split_records(len(records), held_out)[1])
+    wins = [w for w in _windows(records, seq_len) if w[0] in training]
+    if not wins:
+        raise ConfigError("no training windows: the corpus needs records with answers beyond the held-out ones")
+    chosen = [wins[i] for i in spread(len(wins), min(n, len(wins)))]
+    h_in, tok, *_ = _batch(chosen, records, hidden, starts, None)
+    return h_in.float(), tok
 
 
 def _loss(model: EagleModel, rows: torch.Tensor, batch, cfg: EagleTrainConfig) -> torch.Tensor:

@@ -1,0 +1,57 @@
+"""A trained EAGLE drafter with a narrower MLP, the start of a cheaper drafter
+(``train-eagle --init DIR --intermediate-size N``): fine-tuning it costs a fraction of training a
+narrow drafter from the start.
+
+The MLP is f(a) = a + down(silu(gate(x)) * up(x)), x = RMSNorm(a): a sum over its I units, unit j
+adding silu(gate_j . x) (up_j . x) down[:, j]. The units kept are those whose terms are largest on a
+sample of training windows, mean |silu(gate_j . x)(up_j . x)| x |down[:, j]| (the magnitude each
+adds to the output); the others' terms are dropped. Every other weight, the draft vocabulary and
+the input scale are kept. Shapes: B windows of T pairs, H hidden size, I units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from .model import EagleModel
+
+__all__ = ["narrow_mlp", "unit_importance"]
+
+
+@torch.no_grad()
+def unit_importance(model: EagleModel, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Each MLP unit's mean output magnitude (I,) float32 on the teacher-forced pass of ``hidden``
+    (B, T, H) and ``tokens`` (B, T) (:meth:`EagleModel.forward`'s inputs)."""
+    mlp = model.layers[0].mlp
+    seen: list[torch.Tensor] = []
+    hook = mlp.register_forward_hook(lambda module, args, out: seen.append(args[0].detach()))
+    try:
+        model(hidden.to(model.dtype), tokens)
+    finally:
+        hook.remove()
+    x = seen[0].reshape(-1, seen[0].shape[-1]).float()
+    terms = F.silu(x @ mlp.gate_proj.weight.float().T) * (x @ mlp.up_proj.weight.float().T)  # (B T, I)
+    return terms.abs().mean(0) * mlp.down_proj.weight.float().norm(dim=0)
+
+
+@torch.no_grad()
+def narrow_mlp(model: EagleModel, width: int, hidden: torch.Tensor, tokens: torch.Tensor) -> EagleModel:
+    """A new drafter: ``model`` with only the ``width`` MLP units of largest :func:`unit_importance`
+    on the sample ``hidden`` (B, T, H) / ``tokens`` (B, T), in their original order."""
+    have = model.config.intermediate_size
+    if not isinstance(width, int) or not 1 <= width <= have:
+        raise ConfigError(f"a drafter's MLP can be narrowed to 1 .. {have} units (its own width), not {width}")
+    keep = unit_importance(model, hidden, tokens).topk(width).indices.sort().values
+    config = dataclasses.replace(model.config, intermediate_size=width)
+    out = EagleModel(config, *model._shared).to(model.dtype)
+    state = model.state_dict()
+    for name in ("gate_proj", "up_proj"):
+        key = f"layers.0.mlp.{name}.weight"
+        state[key] = state[key][keep]
+    state["layers.0.mlp.down_proj.weight"] = state["layers.0.mlp.down_proj.weight"][:, keep]
+    out.load_weights(state)
+    return out.eval()
