@@ -89,11 +89,17 @@ def test_tree_steps_equal_each_path_committed(target):
     cache = EagleCache()
     root = model.extend(cache, hidden, tokens)[-1]  # the root's feature
     kids = torch.tensor([3, 9])  # depth 1
-    f1, k1, v1 = model.tree_step(cache, None, None, root.expand(2, -1), kids, torch.full((2,), 7))
+    f1 = model.tree_step(cache, None, root.expand(2, -1), kids, torch.full((2,), 7))
     grand = torch.tensor([11, 12, 13])  # depth 2: children of kid 0, kid 1, kid 1
     parent = torch.tensor([0, 1, 1])
     sees = torch.eye(2, dtype=torch.bool)[parent]
-    f2, _, _ = model.tree_step(cache, (k1, v1), sees, f1[parent], grand, torch.full((3,), 8))
+    f2 = model.tree_step(cache, sees, f1[parent], grand, torch.full((3,), 8))
+    assert (cache.length, cache.staged) == (7, 5)
+    with pytest.raises(ValueError, match="which of the 5 staged nodes"):
+        model.tree_step(cache, sees, f1[parent], grand, torch.full((3,), 8))
+    committed = cache.view()[0].clone()
+    model.extend(cache, hidden[:1], tokens[:1])  # a commit drops the staged nodes
+    assert cache.staged == 0 and torch.equal(cache.view()[0][:, :7], committed)
     for j in range(3):
         p = int(parent[j])
         alone = EagleCache()
@@ -406,12 +412,9 @@ def test_training_time_test_steps_are_the_drafting_chain(target):
         cache = EagleCache()
         state = model.extend(cache, hidden[:p + 1], tokens[:p + 1])[-1]  # f^1_p
         torch.testing.assert_close(feats[0][0, p], state, rtol=1e-10, atol=1e-10)
-        extra = None
         for s in range(2, S + 1):
-            sees = torch.ones(1, 0 if extra is None else extra[0].shape[1], dtype=torch.bool)
-            out, k, v = model.tree_step(cache, extra, sees, state[None], tokens[p + s - 1:p + s], torch.tensor([p + s - 1]))
-            extra = (k, v) if extra is None else (torch.cat([extra[0], k], 1), torch.cat([extra[1], v], 1))
-            state = out[0]
+            sees = torch.ones(1, cache.staged, dtype=torch.bool) if cache.staged else None
+            state = model.tree_step(cache, sees, state[None], tokens[p + s - 1:p + s], torch.tensor([p + s - 1]))[0]
             torch.testing.assert_close(feats[s - 1][0, p], state, rtol=1e-10, atol=1e-10)
 
 

@@ -7,7 +7,7 @@ Each step:
 
 - ``propose``: the root's children are the top-k of lm_head(f); every expanded node runs one
   :meth:`EagleModel.tree_step` (its parent's feature and its own token, attending to the committed
-  pairs and to its ancestors' keys, kept for this step only), whose feature ranks its children.
+  pairs and to its ancestors' keys, staged in the cache for this step only), whose feature ranks its children.
 - ``observe``: the target's hidden states of the accepted path (``HiddenNeed.ALL``) and the
   tokens after each node (the path's next node, then the target's own next token) are committed
   as pairs; the last pair's feature is the next root's.
@@ -34,10 +34,8 @@ __all__ = ["EagleDrafter"]
 
 
 @dataclass(eq=False)
-class _TreeKV:
-    """The keys and values of the nodes expanded in this step, and which of them each one sees."""
-    k: torch.Tensor | None = None  # (Hkv, E, D)
-    v: torch.Tensor | None = None
+class _TreeSight:
+    """Which of this step's expanded nodes (staged in the cache in this order) each one sees."""
     sees: torch.Tensor | None = None  # (E, E) bool: row j = node j's ancestors and itself
 
     def rows(self, slots: list[int]) -> torch.Tensor | None:
@@ -51,19 +49,16 @@ class _TreeKV:
                 out[i] = self.sees[s]
         return out
 
-    def add(self, k: torch.Tensor, v: torch.Tensor, sees: torch.Tensor | None) -> list[int]:
-        """Append b expanded nodes (keys, values (Hkv, b, D); ``sees`` (b, E) or None); their slots."""
-        b, E = k.shape[1], 0 if self.k is None else self.k.shape[1]
-        new = torch.zeros(b, E + b, dtype=torch.bool)
+    def add(self, b: int, sees: torch.Tensor | None) -> list[int]:
+        """Append b expanded nodes (``sees`` (b, E) or None); their slots."""
+        E = 0 if self.sees is None else self.sees.shape[0]
+        grown = torch.zeros(E + b, E + b, dtype=torch.bool)
+        if self.sees is not None:
+            grown[:E, :E] = self.sees
         if sees is not None:
-            new[:, :E] = sees
-        new[:, E:] = torch.eye(b, dtype=torch.bool)
-        if self.k is None:
-            self.k, self.v, self.sees = k, v, new
-        else:
-            grown = torch.zeros(E + b, E + b, dtype=torch.bool)
-            grown[:E, :E], grown[E:] = self.sees, new
-            self.k, self.v, self.sees = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1), grown
+            grown[E:, :E] = sees
+        grown[E:, E:] = torch.eye(b, dtype=torch.bool)
+        self.sees = grown
         return list(range(E, E + b))
 
 
@@ -115,7 +110,7 @@ class EagleDrafter(DynamicTreeDrafter):
         self.model = model
         self.hidden_need = HiddenNeed.ALL
         self.cache = EagleCache()
-        self._tree = _TreeKV()
+        self._tree = _TreeSight()
         self._front_slots: list[int] = [-1]
         self._draft_tokens: torch.Tensor | None = None
 
@@ -155,7 +150,9 @@ class EagleDrafter(DynamicTreeDrafter):
 
     # ---- the tree's steps ------------------------------------------------------------------
     def _first_step(self, hidden: torch.Tensor, root: torch.Tensor) -> EagleRootStep:
-        self._tree, self._front_slots = _TreeKV(), [-1]
+        self._tree, self._front_slots = _TreeSight(), [-1]
+        if self.cache is not None:
+            self.cache.unstage()
         return EagleRootStep(self, hidden)
 
     def _next_step(self, state: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
@@ -169,10 +166,9 @@ class EagleDrafter(DynamicTreeDrafter):
         ``parents`` of the front ``state``; they become the next front."""
         slots = [self._front_slots[int(p)] for p in parents]
         sees = self._tree.rows(slots)
-        extra = None if self._tree.k is None else (self._tree.k, self._tree.v)
         positions = torch.full((tokens.shape[0],), self.cache.length - 1 + depth, dtype=torch.long)
-        feats, k, v = self.model.tree_step(self.cache, extra, sees, state[parents], tokens, positions)
-        self._front_slots = self._tree.add(k, v, sees)
+        feats = self.model.tree_step(self.cache, sees, state[parents], tokens, positions)
+        self._front_slots = self._tree.add(tokens.shape[0], sees)
         tok, logp = self.children(feats, depth + 1)
         return feats, tok, logp
 

@@ -110,12 +110,41 @@ class EagleConfig:
 class EagleCache(ContextCache):
     """The keys and values of the committed pairs: (Hkv, P, D) each (float32 for a bf16 drafter:
     see :func:`grouped_attention`), in buffers that double when full; ``length`` = P, also the
-    position of the next pair."""
+    position of the next pair. After them, ``staged`` rows of the draft tree being grown
+    (:meth:`EagleModel.tree_step`), so its attention reads one slice of the buffers, no copy; the
+    next commit or :meth:`unstage` drops them."""
+
+    staged = 0
 
     def view(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.k is None:
             return None, None
         return self.k[:, :self.length], self.v[:, :self.length]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.staged = 0
+        return super().append(k, v)
+
+    def stage(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage b draft nodes' k, v (Hkv, b, D) after the others -> every committed and staged
+        key and value (Hkv, P + staged, D), views."""
+        end = self._write(k, v, self.length + self.staged)
+        self.staged = end - self.length
+        return self.k[:, :end], self.v[:, :end]
+
+    def unstage(self) -> None:
+        self.staged = 0
+
+    def prefix(self, n: int, room: int = 8) -> "EagleCache":
+        """A new cache of the first ``n`` committed pairs (copied, with room for ``room`` more
+        rows): drafting from it leaves this one's pairs after ``n`` as they are."""
+        out = EagleCache()
+        if n:
+            Hkv, D = self.k.shape[0], self.k.shape[2]
+            out.k, out.v = self.k.new_empty(Hkv, n + room, D), self.v.new_empty(Hkv, n + room, D)
+            out.k[:, :n], out.v[:, :n] = self.k[:, :n], self.v[:, :n]
+            out.length = n
+        return out
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -297,26 +326,22 @@ class EagleModel(DraftVocabulary, nn.Module):
         return self._rest(u, grouped_attention(q, keys, values, mask))
 
     @torch.no_grad()
-    def tree_step(self, cache: EagleCache, extra: tuple[torch.Tensor, torch.Tensor] | None, sees: torch.Tensor | None,
-                  state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor):
+    def tree_step(self, cache: EagleCache, sees: torch.Tensor | None, state: torch.Tensor, tokens: torch.Tensor,
+                  positions: torch.Tensor) -> torch.Tensor:
         """b draft nodes at once: each node's pair (its parent's feature ``state`` (b, H), its token
-        ``tokens`` (b,)) at ``positions`` (b,), attending to every committed pair, to the E drafted
-        nodes of ``extra`` (keys, values (Hkv, E, D)) it ``sees`` ((b, E) bool: its ancestors), and
-        to itself. Returns (features (b, H), the nodes' keys and values (Hkv, b, D) each, in
-        :attr:`kv_dtype`)."""
+        ``tokens`` (b,)) at ``positions`` (b,), attending to every committed pair, to the E nodes
+        staged in ``cache`` that it ``sees`` ((b, E) bool: its ancestors; None when E = 0), and to
+        itself. The nodes are staged after the others (the next ones can see them). Returns their
+        features (b, H)."""
         u = self._inputs(state, tokens)
-        b = u.shape[0]
+        b, P, E = u.shape[0], cache.length, cache.staged
+        if (0 if sees is None else sees.shape[1]) != E:
+            raise ValueError(f"sees must say which of the {E} staged nodes each new node sees, got "
+                             f"{None if sees is None else tuple(sees.shape)}")
         q, k, v = self._qkv(u, positions)
-        k, v = k.to(self.kv_dtype), v.to(self.kv_dtype)
-        parts_k, parts_v, masks = [], [], []
-        past_k, past_v = cache.view()
-        if past_k is not None:
-            parts_k.append(past_k), parts_v.append(past_v), masks.append(torch.ones(b, cache.length, dtype=torch.bool))
-        if extra is not None and extra[0].shape[1]:
-            parts_k.append(extra[0]), parts_v.append(extra[1]), masks.append(sees)
-        parts_k.append(k), parts_v.append(v), masks.append(torch.eye(b, dtype=torch.bool))
-        o = grouped_attention(q, torch.cat(parts_k, 1), torch.cat(parts_v, 1), torch.cat(masks, 1))
-        return self._rest(u, o), k, v
+        keys, values = cache.stage(k.to(self.kv_dtype), v.to(self.kv_dtype))
+        masks = [torch.ones(b, P, dtype=torch.bool)] + ([sees] if E else []) + [torch.eye(b, dtype=torch.bool)]
+        return self._rest(u, grouped_attention(q, keys, values, torch.cat(masks, 1)))
 
     @torch.no_grad()
     def init_for_training(self, features: torch.Tensor, seed: int = 0) -> None:

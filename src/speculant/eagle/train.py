@@ -288,8 +288,8 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
         feats = model.extend(cache, hidden[s:s + L - 1], torch.tensor(ids[1:L]))  # f at pairs 0 .. L-2
         for i in sampled:
             total += 1
-            cache.length = i + 1  # the pairs up to i committed
-            state, extra, within = feats[i], None, set(top_k)  # the k whose path is still whole
+            drafting = cache.prefix(i + 1, room=depth)  # the pairs up to i committed
+            state, within = feats[i], set(top_k)  # the k whose path is still whole
             for d in range(depth):
                 at = i + 2 + d  # the token this step guesses
                 ranked = model.draft_topk(state[None], widest, None)[0].tolist() if at < L else []
@@ -299,12 +299,9 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
                 for k in within:
                     hits[k][d] += 1
                 if d + 1 < depth:
-                    sees = torch.ones(1, 0 if extra is None else extra[0].shape[1], dtype=torch.bool)
-                    out, kk, vv = model.tree_step(cache, extra, sees, state[None], torch.tensor([ids[at]]),
-                                                  torch.tensor([i + 1 + d]))
-                    extra = (kk, vv) if extra is None else (torch.cat([extra[0], kk], 1), torch.cat([extra[1], vv], 1))
-                    state = out[0]
-        cache.length = L - 1
+                    sees = torch.ones(1, drafting.staged, dtype=torch.bool) if drafting.staged else None
+                    state = model.tree_step(drafting, sees, state[None], torch.tensor([ids[at]]),
+                                            torch.tensor([i + 1 + d]))[0]
     return {k: [h / total if total else 0.0 for h in hits[k]] for k in top_k}
 
 

@@ -33,18 +33,23 @@ class ContextCache:
         self.v: torch.Tensor | None = None
         self.length = 0
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v (heads, n, head_dim) -> every key and value so far (heads, L + n, head_dim), views."""
-        n, end = k.shape[1], self.length + k.shape[1]
+    def _write(self, k: torch.Tensor, v: torch.Tensor, at: int) -> int:
+        """Rows at .. at + n of the buffers become k, v (heads, n, head_dim), the rows before
+        ``at`` kept (the buffers double when full). Returns at + n."""
+        end = at + k.shape[1]
         if self.k is None or end > self.k.shape[1]:
             cap = max(64, 2 * end)
             grown = [t.new_empty(t.shape[0], cap, t.shape[2]) for t in (k, v)]
             if self.k is not None:
-                grown[0][:, :self.length], grown[1][:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
+                grown[0][:, :at], grown[1][:, :at] = self.k[:, :at], self.v[:, :at]
             self.k, self.v = grown
-        self.k[:, self.length:end], self.v[:, self.length:end] = k, v
-        self.length = end
-        return self.k[:, :end], self.v[:, :end]
+        self.k[:, at:end], self.v[:, at:end] = k, v
+        return end
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (heads, n, head_dim) -> every key and value so far (heads, L + n, head_dim), views."""
+        self.length = self._write(k, v, self.length)
+        return self.k[:, :self.length], self.v[:, :self.length]
 
 
 class ContextLayer(nn.Module):
