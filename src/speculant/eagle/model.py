@@ -320,8 +320,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         u = self._inputs(hidden, tokens)
         n, P = u.shape[0], cache.length
         q, k, v = self._qkv(u, torch.arange(P, P + n))
-        cache.append(k.to(self.kv_dtype), v.to(self.kv_dtype))
-        keys, values = cache.view()
+        keys, values = cache.append(k.to(self.kv_dtype), v.to(self.kv_dtype))
         mask = torch.ones(n, P + n, dtype=torch.bool).tril_(P)
         return self._rest(u, grouped_attention(q, keys, values, mask))
 
