@@ -219,12 +219,14 @@ def cmd_train_eagle(args) -> int:
 
     from .api import SpeculativeDecoder
     from .eagle import EagleConfig, EagleModel
-    from .eagle.checkpoint import load_eagle
+    from .eagle.checkpoint import is_eagle_dir, load_eagle
     from .eagle.narrow import narrow_mlp
     from .eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle, window_sample
     from .errors import ConfigError
     from .training.setup import draft_vocabulary
 
+    if args.init and not is_eagle_dir(args.init):  # before the features, which can take an hour
+        raise ConfigError(f"--init {args.init}: no EAGLE drafter there (a directory written by train-eagle)")
     records = _corpus_records(args.data)
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                            held_out=args.held_out, precision=args.precision,
