@@ -51,6 +51,22 @@ def test_corpus_reaches_its_goal_resumes_and_counts(tmp_path):
     assert more["answer_tokens"] >= 300 and "de-en" in more["by_family"]  # German of its own en-de answers
     assert more["started"] == first["started"] and more["seconds"] >= first["seconds"]
     assert make_corpus(dec, out, 300, batch_size=4, max_new_tokens=6, progress=False)["records"] == len(again)
+    assert more["prompts_left"] > 0
+
+
+def test_corpus_says_when_its_prompts_run_out(tmp_path, monkeypatch, capsys):
+    """A goal beyond what the families' prompts give: every prompt answered once, then the CLI
+    says the goal was not reached (and why) instead of stopping silently short."""
+    import speculant.training.corpus as corpus
+    from speculant.cli import main
+
+    monkeypatch.setattr(corpus, "corpus_families", lambda german, seed=0: {"chat": ["Say hi.", "Name a colour."]})
+    model_dir = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)
+    assert main(["make-corpus", "--target", str(model_dir), "--out", str(tmp_path / "c"), "--tokens", "100000",
+                 "--batch", "2", "--max-new-tokens", "4", "--method", "ar"]) == 0
+    manifest = json.loads((tmp_path / "c" / MANIFEST_NAME).read_text())
+    assert manifest["records"] == 2 and manifest["prompts_left"] == 0
+    assert "every prompt of the corpus's families is answered" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_goal_of_nothing(tmp_path, capsys):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 
 
@@ -208,6 +209,9 @@ def cmd_make_corpus(args) -> int:
     manifest = make_corpus(dec, args.out, args.tokens, batch_size=args.batch, max_new_tokens=args.max_new_tokens,
                            describe=describe)
     print(json.dumps({k: manifest[k] for k in ("answer_tokens", "records", "by_family", "cpu_hours")}, indent=2))
+    if manifest["answer_tokens"] < args.tokens and not manifest["prompts_left"]:
+        print(f"speculant: note: every prompt of the corpus's families is answered: {manifest['answer_tokens']} "
+              f"answer tokens, short of the goal of {args.tokens}", file=sys.stderr)
     return 0
 
 

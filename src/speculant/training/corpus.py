@@ -141,6 +141,7 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         have = _answer_tokens(records)
         manifest = _manifest(records, family, tokens, started, seconds_before + time.perf_counter() - start,
                              describe or {}, decoder)
+        manifest["prompts_left"] = len(todo)  # 0 below the goal: the families' prompts ran out
         _write_json(manifest_path, manifest)
         if have >= tokens or not todo:
             return manifest
