@@ -109,7 +109,7 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]
     assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out",
                  str(tmp_path / "wide"), "--init", str(drafter), "--intermediate-size", "128", "--steps", "5"]) == 2
-    assert "narrowed to 1 .. 64 units" in capsys.readouterr().err
+    assert "narrowed to 1 .. 64 units" in capsys.readouterr().err and not (tmp_path / "wide").exists()
     assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out",
                  str(tmp_path / "none"), "--init", str(corpus), "--steps", "5"]) == 2
     assert "no EAGLE drafter there" in capsys.readouterr().err and not (tmp_path / "none").exists()

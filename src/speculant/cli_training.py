@@ -224,7 +224,7 @@ def cmd_train_eagle(args) -> int:
     from .api import SpeculativeDecoder
     from .eagle import EagleConfig, EagleModel
     from .eagle.checkpoint import is_eagle_dir, load_eagle
-    from .eagle.narrow import narrow_mlp
+    from .eagle.narrow import check_width, narrow_mlp
     from .eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle, window_sample
     from .errors import ConfigError
     from .training.setup import draft_vocabulary
@@ -236,6 +236,11 @@ def cmd_train_eagle(args) -> int:
                            held_out=args.held_out, precision=args.precision,
                            feature_noise=args.feature_noise, draft_steps=args.draft_steps)
     dec = SpeculativeDecoder(args.target, method="ar")  # the runtime the drafter will read hidden states from
+    target = dec.target.model
+    init = load_eagle(args.init, target, dtype=torch.float32) if args.init else None
+    narrow = init is not None and args.intermediate_size and args.intermediate_size != init.config.intermediate_size
+    if narrow:
+        check_width(init, args.intermediate_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     feats = out / "features"
@@ -246,11 +251,9 @@ def cmd_train_eagle(args) -> int:
     if args.features_only:
         print(json.dumps({"features": str(feats), "records": len(records), "rows": int(features[1][-1])}))
         return 0
-    target = dec.target.model
-    if args.init:
-        model = load_eagle(args.init, target, dtype=torch.float32)
-        if args.intermediate_size and args.intermediate_size != model.config.intermediate_size:
-            model = narrow_mlp(model, args.intermediate_size, *window_sample(records, features, cfg.held_out))
+    if init is not None:
+        model = narrow_mlp(init, args.intermediate_size, *window_sample(records, features, cfg.held_out)) \
+            if narrow else init
     else:
         V = dec.target.logits_dim
         ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None,

@@ -135,15 +135,12 @@ class EagleCache(ContextCache):
     def unstage(self) -> None:
         self.staged = 0
 
-    def prefix(self, n: int, room: int = 8) -> "EagleCache":
-        """A new cache of the first ``n`` committed pairs (copied, with room for ``room`` more
-        rows): drafting from it leaves this one's pairs after ``n`` as they are."""
+    def prefix(self, n: int) -> "EagleCache":
+        """A new cache of a copy of the first ``n`` committed pairs: drafting from it leaves this
+        one's pairs after ``n`` as they are."""
         out = EagleCache()
         if n:
-            Hkv, D = self.k.shape[0], self.k.shape[2]
-            out.k, out.v = self.k.new_empty(Hkv, n + room, D), self.v.new_empty(Hkv, n + room, D)
-            out.k[:, :n], out.v[:, :n] = self.k[:, :n], self.v[:, :n]
-            out.length = n
+            out.length = out._write(self.k[:, :n], self.v[:, :n], 0)
         return out
 
 
@@ -320,7 +317,8 @@ class EagleModel(DraftVocabulary, nn.Module):
         u = self._inputs(hidden, tokens)
         n, P = u.shape[0], cache.length
         q, k, v = self._qkv(u, torch.arange(P, P + n))
-        keys, values = cache.append(k.to(self.kv_dtype), v.to(self.kv_dtype))
+        kv = self.kv_dtype
+        keys, values = cache.append(k.to(kv), v.to(kv))
         mask = torch.ones(n, P + n, dtype=torch.bool).tril_(P)
         return self._rest(u, grouped_attention(q, keys, values, mask))
 
@@ -338,7 +336,8 @@ class EagleModel(DraftVocabulary, nn.Module):
             raise ValueError(f"sees must say which of the {E} staged nodes each new node sees, got "
                              f"{None if sees is None else tuple(sees.shape)}")
         q, k, v = self._qkv(u, positions)
-        keys, values = cache.stage(k.to(self.kv_dtype), v.to(self.kv_dtype))
+        kv = self.kv_dtype
+        keys, values = cache.stage(k.to(kv), v.to(kv))
         masks = [torch.ones(b, P, dtype=torch.bool)] + ([sees] if E else []) + [torch.eye(b, dtype=torch.bool)]
         return self._rest(u, grouped_attention(q, keys, values, torch.cat(masks, 1)))
 

@@ -19,7 +19,14 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .model import EagleModel
 
-__all__ = ["narrow_mlp", "unit_importance"]
+__all__ = ["check_width", "narrow_mlp", "unit_importance"]
+
+
+def check_width(model: EagleModel, width: int) -> None:
+    """A ConfigError unless ``model``'s MLP can be narrowed to ``width`` units."""
+    have = model.config.intermediate_size
+    if not isinstance(width, int) or not 1 <= width <= have:
+        raise ConfigError(f"a drafter's MLP can be narrowed to 1 .. {have} units (its own width), not {width}")
 
 
 @torch.no_grad()
@@ -42,9 +49,7 @@ def unit_importance(model: EagleModel, hidden: torch.Tensor, tokens: torch.Tenso
 def narrow_mlp(model: EagleModel, width: int, hidden: torch.Tensor, tokens: torch.Tensor) -> EagleModel:
     """A new drafter: ``model`` with only the ``width`` MLP units of largest :func:`unit_importance`
     on the sample ``hidden`` (B, T, H) / ``tokens`` (B, T), in their original order."""
-    have = model.config.intermediate_size
-    if not isinstance(width, int) or not 1 <= width <= have:
-        raise ConfigError(f"a drafter's MLP can be narrowed to 1 .. {have} units (its own width), not {width}")
+    check_width(model, width)
     keep = unit_importance(model, hidden, tokens).topk(width).indices.sort().values
     config = dataclasses.replace(model.config, intermediate_size=width)
     out = EagleModel(config, *model._shared).to(model.dtype)

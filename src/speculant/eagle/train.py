@@ -288,7 +288,7 @@ def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Ten
         feats = model.extend(cache, hidden[s:s + L - 1], torch.tensor(ids[1:L]))  # f at pairs 0 .. L-2
         for i in sampled:
             total += 1
-            drafting = cache.prefix(i + 1, room=depth)  # the pairs up to i committed
+            drafting = cache.prefix(i + 1)  # the pairs up to i committed
             state, within = feats[i], set(top_k)  # the k whose path is still whole
             for d in range(depth):
                 at = i + 2 + d  # the token this step guesses
