@@ -32,6 +32,31 @@ def test_families_are_large_and_not_the_evaluation_set():
     assert order == [("a", "1"), ("a", "2"), ("b", "4"), ("c", "5"), ("a", "3")]  # duplicates dropped
 
 
+def test_german_prose_gives_stand_alone_sentences_in_file_order():
+    from speculant.training.corpus import german_sources
+    from speculant.training.prompts import german_sentences, german_writing_prompts
+
+    prose = ("Hier ist ein kurzer Absatz:\n\nDas Lernen einer Sprache ist für viele Menschen nicht leicht. "
+             "Man braucht viel Geduld und auch Zeit! Es lohnt sich.\n- Ein Punkt in einer Liste ist das hier.\n"
+             "Liebe Anna,\nThis English sentence has the word die in it.\n# Eine Überschrift ist das hier nicht.")
+    assert german_sentences(prose) == ["Das Lernen einer Sprache ist für viele Menschen nicht leicht.",
+                                       "Man braucht viel Geduld und auch Zeit!"]
+
+    class Tok:  # ids are the characters' code points
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(map(chr, ids))
+
+    write = german_writing_prompts()[0]
+    recs = [{"prompt": p, "ids": [0] + [ord(c) for c in a], "prompt_len": 1} for p, a in [
+        ("Translate the input English sentence into German.\nInput: Good day.\nOutput: ", "Guten Tag."),
+        ("Explain gravity.", "Die Schwerkraft ist eine Kraft, die wir nicht sehen."),  # German, but not asked for
+        (write, prose),
+        ("Translate the input English sentence into German.\nInput: Two.\nOutput: ", "Zwei\nZeilen"),
+    ]]
+    assert german_sources(recs, Tok(), {write}) == ["Guten Tag.", "Das Lernen einer Sprache ist für viele Menschen "
+                                                    "nicht leicht.", "Man braucht viel Geduld und auch Zeit!"]
+
+
 def test_corpus_reaches_its_goal_resumes_and_counts(tmp_path):
     import speculant
 
@@ -42,7 +67,7 @@ def test_corpus_reaches_its_goal_resumes_and_counts(tmp_path):
     recs = load_records(out / CORPUS_NAME)
     assert first["answer_tokens"] >= 150 and first["records"] == len(recs) and first["command"] == "test"
     assert first["answer_tokens"] - 4 * 4 * 6 < 150  # stops at the first group (4 batches) past the goal
-    assert {"chat", "code", "code-edit", "en-de", "docs", "math"} <= set(first["by_family"])
+    assert {"chat", "code", "code-edit", "en-de", "docs", "math", "de-write"} <= set(first["by_family"])
     assert sum(f["answer_tokens"] for f in first["by_family"].values()) == first["answer_tokens"]
     assert json.loads((out / MANIFEST_NAME).read_text())["records"] == len(recs)
     more = make_corpus(dec, out, 300, batch_size=4, max_new_tokens=6, progress=False)

@@ -9,10 +9,15 @@ Families (:func:`corpus_families`; deterministic for a Python version and ``seed
 * ``code-edit``   editing code: a standard-library function's source to annotate, refactor, test
                   or explain (:func:`code_edit_prompts`);
 * ``en-de``       MCSD's English→German WMT prompts minus Spec-Bench's sentences (``data.wmt_prompts``);
-* ``de-en``       German→English translation of the target's own German answers to ``en-de``
-                  (added as those answers are made, so no evaluation sentence is used);
+* ``de-en``       German→English translation of the target's own German: its answers to ``en-de``
+                  and the sentences of its ``de-write`` prose, in the order they are made (added as
+                  they are made, so no evaluation sentence is used);
 * ``docs``        summarizing a passage of the Python reference manual, or answering from it (RAG);
-* ``math``        templated multi-step arithmetic word problems with fresh numbers.
+* ``math``        templated multi-step arithmetic word problems with fresh numbers;
+* ``de-write``    short German prose (paragraphs, letters) on the chat subjects: German sources for
+                  ``de-en`` (``prompts.german_writing_prompts``).
+
+``chat`` also holds a third set of subjects (``prompts.more_chat_prompts``) after the first two.
 
 :func:`make_corpus` answers the families interleaved (so that any prefix is balanced) with a
 decoder, through ``data.distill`` (speculant's batched engine on the native runtime, one target
@@ -33,10 +38,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from .data import STDLIB_MODULES, _public, distill, german_answers, importable, load_records, stdlib_prompts, wmt_prompts
-from .prompts import de_en_prompts, english_prompt_families
+from .data import STDLIB_MODULES, _public, distill, importable, load_records, stdlib_prompts, wmt_prompts
+from .prompts import de_en_prompts, english_prompt_families, german_sentences, german_writing_prompts, \
+    more_chat_prompts
 
-__all__ = ["CORPUS_NAME", "MANIFEST_NAME", "SOURCES", "code_edit_prompts", "corpus_families", "make_corpus"]
+__all__ = ["CORPUS_NAME", "MANIFEST_NAME", "SOURCES", "code_edit_prompts", "corpus_families", "german_sources",
+           "make_corpus"]
 
 CORPUS_NAME, MANIFEST_NAME = "corpus.jsonl", "manifest.json"
 SOURCES = {
@@ -47,7 +54,9 @@ SOURCES = {
     "de-en": "the target's own German answers to the en-de prompts",
     "docs": "passages of the Python reference manual, pydoc_data.topics (PSF License v2)",
     "math": "templated word problems written for speculant, seeded numbers",
+    "de-write": "prompts written for speculant asking for German prose, Apache-2.0 like the project",
 }
+_EN_DE = "Translate the input English sentence into German"
 EDIT_TASKS = (
     "Add type hints and a docstring to this Python function, changing nothing else:\n\n```python\n{src}```",
     "Rewrite this Python function to be easier to read, keeping its behaviour:\n\n```python\n{src}```",
@@ -82,14 +91,27 @@ def corpus_families(german: Sequence[str] = (), seed: int = 0, math_sets: int = 
     parts = [english_prompt_families((), seed, part) for part in (0, 1)]
     math = [p for s in range(math_sets) for part in (0, 1) for p in english_prompt_families((), seed + s, part)["math"]]
     return {
-        "chat": [p for f in parts for k in ("write", "explain", "role", "qa") for p in f[k]],
+        "chat": [p for f in parts for k in ("write", "explain", "role", "qa") for p in f[k]] + more_chat_prompts(),
         "code": stdlib_prompts(),
         "code-edit": code_edit_prompts(),
         "en-de": wmt_prompts(),
         "de-en": de_en_prompts(german),
         "docs": [p for f in parts for k in ("summarize", "rag") for p in f[k]],
         "math": list(dict.fromkeys(math)),
+        "de-write": german_writing_prompts(),
     }
+
+
+def german_sources(records: list[dict], tokenizer, prose: set[str]) -> list[str]:
+    """The target's own German in ``records``, in file order: each one-line answer to an ``en-de``
+    prompt, and the stand-alone sentences of each answer to a prompt in ``prose`` (``de-write``)."""
+    out = []
+    for rec in records:
+        en_de = rec["prompt"].startswith(_EN_DE)
+        if en_de or rec["prompt"] in prose:
+            text = tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True).strip()
+            out += ([text] if text and "\n" not in text else []) if en_de else german_sentences(text)
+    return out
 
 
 def interleave(families: dict[str, list[str]], block: int) -> list[tuple[str, str]]:
@@ -129,11 +151,10 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     seconds_before = float(old.get("seconds", 0.0))
     start = time.perf_counter()
     started = old.get("started") or datetime.now(timezone.utc).isoformat(timespec="seconds")
-    families = corpus_families((), seed)  # de-en grows with the en-de answers, below
+    families = corpus_families((), seed)  # de-en grows with the target's German, below
     while True:
         records = load_records(path)
-        german = german_answers(path, decoder.tokenizer) if records else []
-        families["de-en"] = de_en_prompts(german)
+        families["de-en"] = de_en_prompts(german_sources(records, decoder.tokenizer, set(families.get("de-write", ()))))
         order = interleave(families, batch_size)
         family = dict((p, f) for f, p in order)
         done = {r["prompt"] for r in records}

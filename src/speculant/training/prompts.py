@@ -24,7 +24,8 @@ import random
 import re
 from typing import Sequence
 
-__all__ = ["de_en_prompts", "english_prompt_families", "english_prompts", "manual_passages"]
+__all__ = ["de_en_prompts", "english_prompt_families", "english_prompts", "german_sentences", "german_writing_prompts",
+           "manual_passages", "more_chat_prompts"]
 
 TOPICS = (
     "learning a second language as an adult", "working from home", "a weekend trip to the mountains",
@@ -154,6 +155,106 @@ EXTRA_PROMPTS = (
     "List the pros and cons of {t}, then give your own conclusion.",
     "Write a short dialogue between two friends discussing {t}.",
 )
+
+
+# a third set of chat subjects (none in the lists above), for more chat and for German prose
+TOPICS2 = (
+    "learning to swim as an adult", "living in a tiny house", "a summer job at an ice-cream shop",
+    "raising chickens in the backyard", "a cooking class for beginners", "repairing an old bicycle",
+    "a family reunion", "running a small online shop", "the first snow of winter", "a visit to the dentist",
+    "birdwatching", "a power cut in the evening", "learning to drive", "a music festival in the rain",
+    "a neighbourhood clean-up day", "keeping houseplants alive", "a night at the theatre",
+    "a lost wallet that was returned", "a job interview", "building a treehouse", "a trip to the seaside",
+    "a carpool to work", "baking bread at home", "a village market", "a power nap at lunchtime",
+    "buying a used car", "a chess club at school", "a hiking trip that went wrong", "an old family recipe",
+    "a library that stays open all night", "a language exchange partner", "a snowed-in weekend",
+    "a charity run", "winter in a northern city", "a first podcast episode", "a bicycle-friendly city",
+    "a kitchen renovation", "a surprise birthday party", "a week without social media", "a night sky full of stars",
+)
+CONCEPTS2 = (
+    "the Big Bang", "cell division", "the Pythagorean theorem", "interest rates", "the carbon cycle",
+    "the Enlightenment", "solar panels", "earthquakes", "the nervous system", "game theory",
+    "the Great Depression", "probability", "the ozone layer", "sound waves", "the Magna Carta",
+    "photosynthesis in the ocean", "public-key cryptography", "the Renaissance in Florence", "the Internet",
+    "memory and forgetting", "coral reefs", "the gold standard", "hurricanes", "the periodic table",
+    "the Reformation", "jet engines", "biodiversity", "taxes", "the moon's phases", "the blood types",
+    "the Olympic Games in antiquity", "weather forecasting", "the human genome", "the metric system",
+    "free trade", "the Apollo programme", "rainbows", "the printing of money", "sleep cycles", "the Vikings",
+)
+PERSONAS2 = (
+    "a lighthouse keeper", "a Roman senator", "a jazz musician from the 1920s", "a kindergarten teacher",
+    "a mountain guide", "a news anchor", "a retired sea captain", "an enthusiastic gardener",
+)
+QUESTIONS2 = (
+    "What is the best way to learn something new?", "What should everyone know how to cook?",
+    "How do you stay calm under pressure?", "What makes a place feel like home?",
+    "What would you change about your city?", "What is the most useful invention?",
+    "How should friends settle an argument?", "What do you do on a rainy afternoon?",
+)
+QA3 = (
+    "Who wrote the novel Don Quixote?", "What is the capital of Argentina?", "How many continents are there?",
+    "Who painted the ceiling of the Sistine Chapel?", "What is the largest lake in Africa?",
+    "When did the French Revolution begin?", "Who was the first person in space?", "What is the chemical formula of water?",
+    "Which is the smallest planet in the solar system?", "Who discovered the electron?",
+    "What language is spoken in Austria?", "How many chambers does the human heart have?",
+    "Who composed the Ninth Symphony with the Ode to Joy?", "What is the deepest point in the ocean?",
+    "In which city is the Colosseum?", "Who proposed the theory of evolution by natural selection?",
+    "What is the currency of Switzerland?", "Which planet has the largest rings?", "Who was Nelson Mandela?",
+    "At what temperature does water freeze in Celsius?", "Who wrote the play Hamlet?",
+    "What is the largest country by area?", "Which gas do plants take in from the air?",
+    "Who invented the printing press?", "What is the oldest university in Europe?",
+    "When did the first airplane fly?", "Who wrote the novel 1984?", "What is the highest waterfall in the world?",
+    "How many minutes are there in a day?", "What is the capital of Kenya?", "Who was Marie Curie?",
+    "What does a barometer measure?", "Which country is home to the kangaroo?", "Who designed the Eiffel Tower?",
+    "What is the main language of Mexico?", "How many sides does a hexagon have?",
+    "Who was the Greek god of the sky?", "What is the largest moon of Saturn?",
+    "Which instrument has 88 keys?", "Who was the first female prime minister of the United Kingdom?",
+)
+GERMAN_WRITE = (
+    "Write a short paragraph in German (four to six sentences) about {t}.",
+    "Write a short, friendly letter in German to a friend about {t}.",
+)
+
+
+def more_chat_prompts() -> list[str]:
+    """Chat prompts on the third set of subjects (writing, explanations, role play, questions): none
+    is a prompt of :func:`english_prompt_families`."""
+    templates = WRITE + EXTRA_PROMPTS
+    return ([tpl.format(t=t) for i, t in enumerate(TOPICS2) for j, tpl in enumerate(templates) if (i + j) % 3 == 0]
+            + [tpl.format(c=c) for c in CONCEPTS2 for tpl in EXPLAIN]
+            + [f"Pretend to be {p} for the rest of this conversation and speak like one. {q}"
+               for i, p in enumerate(PERSONAS2) for j, q in enumerate(QUESTIONS2) if (i + j) % 2 == 0]
+            + list(QA3))
+
+
+def german_writing_prompts() -> list[str]:
+    """Requests for short German prose on every subject: the target's German answers, split into
+    sentences (:func:`german_sentences`), are sources for German→English prompts that no evaluation
+    set holds."""
+    subjects = TOPICS + TOPICS2 + CONCEPTS + CONCEPTS2
+    return [tpl.format(t=t) for t in subjects for tpl in GERMAN_WRITE]
+
+
+_GERMAN_WORDS = frozenset("der die das und ist nicht ich wir sie es ein eine einen mit auf für zu von den dem im "
+                          "sich auch du ihr sind hat haben wird war man aber oder wenn dass kann sehr noch nur wie "
+                          "bei".split())
+
+
+def german_sentences(text: str, min_words: int = 5, max_words: int = 40) -> list[str]:
+    """The sentences of German prose ``text`` that can stand alone as translation sources: one line
+    of words (no markdown, no heading, no trailing colon), ``min_words`` to ``max_words`` words, at
+    least two of them common German words (so an English or code line is left out)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or re.match(r"[#*\-|>`\d]", line):
+            continue
+        for s in re.split(r"(?<=[.!?])\s+(?=[A-ZÄÖÜ])", line):
+            words = s.split()
+            if (min_words <= len(words) <= max_words and s[-1] in ".!?" and not re.search(r"[*_`#|<>{}]", s)
+                    and sum(w.strip(",.!?;:").lower() in _GERMAN_WORDS for w in words) >= 2):
+                out.append(s)
+    return out
 
 
 def manual_passages(min_words: int = 80, max_words: int = 220, limit: int | None = None) -> list[tuple[str, str]]:
