@@ -15,7 +15,7 @@ demo: install
 	$(PY) -m speculant.cli demo
 
 test: install
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30
 
 test-fast:
 	$(PY) -m pytest -q -m "not real and not slow"
