@@ -75,6 +75,10 @@ def test_corpus_reaches_its_goal_resumes_and_counts(tmp_path):
     assert again[:len(recs)] == recs  # resumed: nothing made twice
     assert more["answer_tokens"] >= 300 and "de-en" in more["by_family"]  # German of its own en-de answers
     assert more["started"] == first["started"] and more["seconds"] >= first["seconds"]
+    assert len(more["runs"]) == 2 and more["runs"][0] == first["runs"][0] and more["runs"][1]["machine"]["cores"] >= 1
+    assert [r["records"] for r in more["runs"]] == [len(recs), len(again) - len(recs)]  # what each run added
+    assert sum(r["answer_tokens"] for r in more["runs"]) == more["answer_tokens"]
+    assert more["seconds"] == round(sum(r["seconds"] for r in more["runs"]), 1)
     assert make_corpus(dec, out, 300, batch_size=4, max_new_tokens=6, progress=False)["records"] == len(again)
     assert more["prompts_left"] > 0
 

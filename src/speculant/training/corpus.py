@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from ..bench.harness import machine_info
 from .data import STDLIB_MODULES, _public, distill, importable, load_records, stdlib_prompts, wmt_prompts
 from .prompts import de_en_prompts, english_prompt_families, german_sentences, german_writing_prompts, \
     more_chat_prompts
@@ -148,9 +149,12 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     directory.mkdir(parents=True, exist_ok=True)
     path, manifest_path = directory / CORPUS_NAME, directory / MANIFEST_NAME
     old = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    seconds_before = float(old.get("seconds", 0.0))
+    runs = list(old.get("runs") or ([{"machine": old.get("machine"), "seconds": old["seconds"], "records": old.get("records"),
+                                      "answer_tokens": old.get("answer_tokens")}] if "seconds" in old else []))
     start = time.perf_counter()
     started = old.get("started") or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    this_run = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
+    first = None  # records and answer tokens before this run
     families = corpus_families((), seed)  # de-en grows with the target's German, below
     while True:
         records = load_records(path)
@@ -160,8 +164,10 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         done = {r["prompt"] for r in records}
         todo = [p for _, p in order if p not in done]
         have = _answer_tokens(records)
-        manifest = _manifest(records, family, tokens, started, seconds_before + time.perf_counter() - start,
-                             describe or {}, decoder)
+        first = first or (len(records), have)
+        this_run.update(seconds=round(time.perf_counter() - start, 1), records=len(records) - first[0],
+                        answer_tokens=have - first[1])
+        manifest = _manifest(records, family, tokens, started, runs + [this_run], describe or {}, decoder)
         manifest["prompts_left"] = len(todo)  # 0 below the goal: the families' prompts ran out
         _write_json(manifest_path, manifest)
         if have >= tokens or not todo:
@@ -171,13 +177,17 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
                 group=4 * batch_size)
 
 
-def _manifest(records: list[dict], family: dict[str, str], goal: int, started: str, seconds: float, describe: dict,
-              decoder) -> dict:
+def _manifest(records: list[dict], family: dict[str, str], goal: int, started: str, runs: list[dict],
+              describe: dict, decoder) -> dict:
+    """The manifest; ``runs``: every run of the command on this corpus (its machine, start,
+    seconds, and the records and answer tokens it added), the current one last."""
     by = {}
     for r in records:
         f = family.get(r["prompt"], "other")
         n, t = by.get(f, (0, 0))
         by[f] = (n + 1, t + len(r["ids"]) - r["prompt_len"])
+    seconds = sum(run["seconds"] for run in runs)
+    cpu_seconds = sum(run["seconds"] * ((run.get("machine") or {}).get("cores") or 1) for run in runs)
     return {
         "goal_answer_tokens": goal,
         "answer_tokens": _answer_tokens(records),
@@ -186,20 +196,11 @@ def _manifest(records: list[dict], family: dict[str, str], goal: int, started: s
         "target": getattr(decoder.target, "name", ""),
         "greedy": True,
         **describe,
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "python": platform.python_version(),
         "started": started,
         "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 1),
-        "cpu_hours": round(seconds * (os.cpu_count() or 1) / 3600, 3),
+        "cpu_hours": round(cpu_seconds / 3600, 3),
+        "runs": runs,
         "sources": SOURCES,
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
