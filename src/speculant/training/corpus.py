@@ -52,7 +52,7 @@ SOURCES = {
     "code": "first paragraphs of CPython standard-library docstrings (PSF License v2)",
     "code-edit": "CPython standard-library function sources (PSF License v2)",
     "en-de": "MCSD's WMT English→German prompts (NJUNLP/MCSD, MIT), Spec-Bench's sentences removed",
-    "de-en": "the target's own German answers to the en-de prompts",
+    "de-en": "the target's own German: its answers to the en-de prompts and the sentences of its de-write prose",
     "docs": "passages of the Python reference manual, pydoc_data.topics (PSF License v2)",
     "math": "templated word problems written for speculant, seeded numbers",
     "de-write": "prompts written for speculant asking for German prose, Apache-2.0 like the project",
