@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..bench.harness import machine_info
-from .data import STDLIB_MODULES, _public, distill, importable, load_records, stdlib_prompts, wmt_prompts
+from .data import STDLIB_MODULES, _public, distill, german_answer, importable, load_records, stdlib_prompts, \
+    wmt_prompts
 from .prompts import de_en_prompts, english_prompt_families, german_sentences, german_writing_prompts, \
     more_chat_prompts
 
@@ -57,7 +58,6 @@ SOURCES = {
     "math": "templated word problems written for speculant, seeded numbers",
     "de-write": "prompts written for speculant asking for German prose, Apache-2.0 like the project",
 }
-_EN_DE = "Translate the input English sentence into German"
 EDIT_TASKS = (
     "Add type hints and a docstring to this Python function, changing nothing else:\n\n```python\n{src}```",
     "Rewrite this Python function to be easier to read, keeping its behaviour:\n\n```python\n{src}```",
@@ -108,10 +108,10 @@ def german_sources(records: list[dict], tokenizer, prose: set[str]) -> list[str]
     prompt, and the stand-alone sentences of each answer to a prompt in ``prose`` (``de-write``)."""
     out = []
     for rec in records:
-        en_de = rec["prompt"].startswith(_EN_DE)
-        if en_de or rec["prompt"] in prose:
-            text = tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True).strip()
-            out += ([text] if text and "\n" not in text else []) if en_de else german_sentences(text)
+        if (answer := german_answer(rec, tokenizer)) is not None:
+            out.append(answer)
+        elif rec["prompt"] in prose:
+            out += german_sentences(tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True))
     return out
 
 
@@ -149,16 +149,17 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     directory.mkdir(parents=True, exist_ok=True)
     path, manifest_path = directory / CORPUS_NAME, directory / MANIFEST_NAME
     old = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    runs = list(old.get("runs") or ([{"machine": old.get("machine"), "seconds": old["seconds"], "records": old.get("records"),
-                                      "answer_tokens": old.get("answer_tokens")}] if "seconds" in old else []))
+    legacy = [{k: old.get(k) for k in ("machine", "seconds", "records", "answer_tokens")}] if "seconds" in old else []
+    runs = list(old.get("runs") or legacy)  # a manifest without runs: all its time was one run
     start = time.perf_counter()
     started = old.get("started") or datetime.now(timezone.utc).isoformat(timespec="seconds")
     this_run = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
     first = None  # records and answer tokens before this run
     families = corpus_families((), seed)  # de-en grows with the target's German, below
+    prose = set(families.get("de-write", ()))
     while True:
         records = load_records(path)
-        families["de-en"] = de_en_prompts(german_sources(records, decoder.tokenizer, set(families.get("de-write", ()))))
+        families["de-en"] = de_en_prompts(german_sources(records, decoder.tokenizer, prose))
         order = interleave(families, batch_size)
         family = dict((p, f) for f, p in order)
         done = {r["prompt"] for r in records}

@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "german_answers", "load_records", "mixed_prompts", "stdlib_prompts",
+__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "german_answer", "german_answers", "load_records", "mixed_prompts", "stdlib_prompts",
            "windows", "wmt_prompts"]
 
 STDLIB_MODULES = (
@@ -187,16 +187,22 @@ def mixed_prompts(n_stdlib: int | None = None, n_wmt: int | None = None) -> list
     return out + a[n:] + b[n:]
 
 
+EN_DE_INSTRUCTION = "Translate the input English sentence into German"  # how MCSD's WMT prompts begin
+
+
+def german_answer(rec: dict, tokenizer) -> str | None:
+    """The German answer (decoded, one line) of a WMT en->de record; None for any other record or
+    an answer of several lines."""
+    if not rec["prompt"].startswith(EN_DE_INSTRUCTION):
+        return None
+    text = tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True).strip()
+    return text if text and "\n" not in text else None
+
+
 def german_answers(path: str | os.PathLike, tokenizer) -> list[str]:
     """The German answers (decoded, one line each) of the WMT en->de records of a distillation file,
     in file order: sources for German->English prompts that are the target's own German."""
-    out = []
-    for rec in load_records(path):
-        if rec["prompt"].startswith("Translate the input English sentence into German"):
-            text = tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True).strip()
-            if text and "\n" not in text:
-                out.append(text)
-    return out
+    return [g for rec in load_records(path) if (g := german_answer(rec, tokenizer)) is not None]
 
 
 def load_records(path: str | os.PathLike) -> list[dict]:
