@@ -17,7 +17,7 @@ from speculant.drafters.dynamic_tree import DynamicTree
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.sizing import TreeSizer
 from speculant.eagle import EagleCache, EagleConfig, EagleDrafter, EagleModel
-from speculant.eagle.model import grouped_attention
+from speculant.heads.attention import grouped_attention
 from speculant.errors import ConfigError, ModelLoadError
 
 from helpers import decode_to_end

@@ -3,6 +3,7 @@ checkpoints written by hand, and clear errors for mismatched or corrupt ones).""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -294,6 +295,12 @@ def test_context_layer_is_causal_incremental_round_trips_and_starts_as_the_ident
     parts = [heads.context.extend(cache, h[0, a:b]) for a, b in ((0, 4), (4, 5), (5, 9))]
     torch.testing.assert_close(torch.cat(parts), full)
     assert cache.length == 9
+    # a bf16 layer keeps its cache in float32 and attends in float32: still its own forward
+    half = copy.deepcopy(heads.context).to(torch.bfloat16)
+    half_cache = ContextCache()
+    half_parts = [half.extend(half_cache, h[0, a:b].bfloat16()) for a, b in ((0, 4), (4, 5), (5, 9))]
+    assert half_cache.k.dtype == torch.float32 and half_parts[0].dtype == torch.bfloat16
+    torch.testing.assert_close(torch.cat(half_parts).float(), half(h.bfloat16())[0].float(), atol=0.05, rtol=0.02)
     save_heads(heads, tmp_path / "c")
     assert json.loads((tmp_path / "c" / "config.json").read_text())["speculant_context_size"] == 32
     loaded = load_heads(tmp_path / "c", target).float()

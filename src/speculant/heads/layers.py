@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import attention_dtype, grouped_attention
+
 __all__ = ["ContextCache", "ContextLayer", "ResBlock"]
 
 
@@ -26,7 +28,8 @@ class ResBlock(nn.Module):
 
 class ContextCache:
     """The keys and values a :class:`ContextLayer` has seen during decoding: (heads, L, head_dim)
-    each, in a buffer that doubles when full; ``length`` = L, also the next position."""
+    each (float32 for a bf16 layer: see :func:`~speculant.heads.attention.grouped_attention`), in a
+    buffer that doubles when full; ``length`` = L, also the next position."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
@@ -110,7 +113,8 @@ class ContextLayer(nn.Module):
     def extend(self, cache: ContextCache, h: torch.Tensor) -> torch.Tensor:
         n = h.shape[0]
         q, k, v = self._qkv(h, torch.arange(cache.length, cache.length + n, device=h.device))
-        keys, values = cache.append(k, v)
+        kv = attention_dtype(q.dtype)
+        keys, values = cache.append(k.to(kv), v.to(kv))
         mask = torch.ones(n, keys.shape[1], dtype=torch.bool, device=h.device).tril_(keys.shape[1] - n)
-        return self._rest(h, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
+        return self._rest(h, grouped_attention(q, keys, values, mask))
 
