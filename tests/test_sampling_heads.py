@@ -1,7 +1,9 @@
 """Exact sampling for the methods that draft from heads: Medusa and Hydra heads on static trees
 with a prompt-lookup branch and on cost-sized dynamic trees with the lookup chain merged in, the
-EAGLE drafter's cost-sized dynamic tree, and blockwise parallel decoding. Heads propose deterministic tokens (point masses); the exact rule accepts a drafted
-token x with probability p(x) and otherwise samples the residual, so every emitted token must
+EAGLE drafter's cost-sized dynamic tree, and blockwise parallel decoding. Heads (distilled briefly
+on the target's own samples, so that many of their drafts are accepted) propose
+deterministic tokens (point masses); the exact rule accepts a drafted token x with probability
+p(x) and otherwise samples the residual, so every emitted token must
 follow the target's conditional distribution. Checked on 100,000 emitted tokens per method by the
 probability integral transform against the target's exact conditionals (helpers.pit_batched):
 chi-square and total variation against uniform. Negative control per method: the same drafts
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from speculant.config import AcceptanceConfig
 from speculant.costmodel import PassCost
@@ -35,20 +38,50 @@ COST = PassCost((1, 8, 16, 32, 64), (10.0, 10.5, 11.5, 14.0, 20.0))
 N = 100_000
 
 
+def _distilled(target, medusa, hydra, eagle, steps: int = 200) -> None:
+    """Train the heads for ``steps`` Adam steps on sequences the target samples itself (each head
+    on the tokens it drafts), so that many of their drafts are accepted: 1.7-3.0 tokens a sequence
+    step here against 1.3-1.9 with random heads, so the check exercises accepted drafts as well as
+    residual samples, in 20-47% fewer passes for its tokens."""
+    g = torch.Generator().manual_seed(12)
+    ids = torch.randint(0, V, (128, 4), generator=g)
+    with torch.no_grad():
+        for _ in range(48):
+            p = target(ids).logits[:, -1].float().softmax(-1)
+            ids = torch.cat([ids, torch.multinomial(p, 1, generator=g)], 1)
+        hidden = target.model(ids).last_hidden_state  # (B, T, H): what the output layer reads
+    K = 3  # draft depth of every drafter here
+    T = ids.shape[1] - K - 1  # positions trained: each has K more tokens after its next one
+
+    def ce(logits, d):  # logits (B, T, V) drafting the token d + 2 after each position
+        return F.cross_entropy(logits.reshape(-1, V), ids[:, d + 2:d + 2 + T].reshape(-1))
+    following = torch.stack([ids[:, d + 1:d + 1 + T] for d in range(K)], -1)  # (B, T, K)
+    eagle.init_for_training(hidden.flatten(0, 1))
+    lm = target.get_output_embeddings()
+    losses = [(medusa, lambda: sum(ce(x, d) for d, x in enumerate(medusa(hidden[:, :T])))),
+              (hydra, lambda: sum(ce(x, d) for d, x in enumerate(hydra(hidden[:, :T], following)))),
+              (eagle, lambda: ce(lm(eagle(hidden[:, :T], ids[:, 1:1 + T])), 0))]
+    for heads, loss in losses:
+        trained = [p for p in heads.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(trained, lr=3e-2)
+        heads.train()
+        for _ in range(steps):
+            opt.zero_grad()
+            loss().backward()
+            opt.step()
+        heads.eval()
+
+
 @pytest.fixture(scope="module")
 def parts():
     target = tiny_llama(seed=4, vocab=V, hidden=H, layers=1, scale=60.0).eval()
-    g = torch.Generator().manual_seed(11)
-
-    def randomized(heads):
-        with torch.no_grad():
-            for p in heads.parameters():
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
-        return heads.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
     lm, emb = target.get_output_embeddings(), target.get_input_embeddings()
-    medusa = randomized(MedusaHeads(HeadsConfig(3, 1, H, V), lm))
-    hydra = randomized(SequentialHeads(HeadsConfig(3, 1, H, V, kind="sequential"), lm, emb))
-    eagle = randomized(EagleModel(EagleConfig.for_target(target.config, intermediate_size=32, depth=3), lm, emb))
+    medusa = MedusaHeads(HeadsConfig(3, 1, H, V), lm)
+    hydra = SequentialHeads(HeadsConfig(3, 1, H, V, kind="sequential"), lm, emb)
+    eagle = EagleModel(EagleConfig.for_target(target.config, intermediate_size=32, depth=3), lm, emb)
+    _distilled(target, medusa, hydra, eagle)
     return target, medusa, (hydra, eagle)
 
 
