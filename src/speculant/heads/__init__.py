@@ -8,6 +8,7 @@ Modules:
 
     config.py       HeadsConfig: the heads' shape (kind, K, blocks, H, V, draft vocabulary, context layer)
     layers.py       ResBlock, ContextLayer (prefix attention) and its decoding ContextCache
+    attention.py    grouped_attention: few query rows against a growing decoding cache (also the EAGLE drafter's)
     projection.py   the target's frozen output layer: projection, shape checks, low-bit shortlists
     medusa.py       MedusaHeads: K independent heads (Medusa, BPD)
     sequential.py   SequentialHeads: one step function down a path of tokens (Hydra)
