@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from speculant.config import AcceptanceConfig
 from speculant.costmodel import PassCost
@@ -24,6 +23,7 @@ from speculant.drafters.sizing import TreeSizer
 from speculant.drafters.static_tree import BlockwiseDrafter, StaticTreeDrafter
 from speculant.eagle import EagleConfig, EagleDrafter, EagleModel
 from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads
+from speculant.training.losses import medusa_loss, row_inputs
 from speculant.tree import build_tree
 
 from helpers import pit_batched, uniformity
@@ -39,10 +39,10 @@ N = 100_000
 
 
 def _distilled(target, medusa, hydra, eagle, steps: int = 200) -> None:
-    """Train the heads for ``steps`` Adam steps on sequences the target samples itself (each head
-    on the tokens it drafts), so that many of their drafts are accepted: 1.7-3.0 tokens a sequence
-    step here against 1.3-1.9 with random heads, so the check exercises accepted drafts as well as
-    residual samples, in 20-47% fewer passes for its tokens."""
+    """Train the heads for ``steps`` Adam steps on sequences the target samples itself, with the
+    library's Medusa loss (``training.losses``: each head on the token it drafts, at every position),
+    so that many of their drafts are accepted: the check then exercises accepted drafts as well as
+    residual samples, in fewer passes for its tokens."""
     g = torch.Generator().manual_seed(12)
     ids = torch.randint(0, V, (128, 4), generator=g)
     with torch.no_grad():
@@ -50,24 +50,20 @@ def _distilled(target, medusa, hydra, eagle, steps: int = 200) -> None:
             p = target(ids).logits[:, -1].float().softmax(-1)
             ids = torch.cat([ids, torch.multinomial(p, 1, generator=g)], 1)
         hidden = target.model(ids).last_hidden_state  # (B, T, H): what the output layer reads
-    K = 3  # draft depth of every drafter here
-    T = ids.shape[1] - K - 1  # positions trained: each has K more tokens after its next one
-
-    def ce(logits, d):  # logits (B, T, V) drafting the token d + 2 after each position
-        return F.cross_entropy(logits.reshape(-1, V), ids[:, d + 2:d + 2 + T].reshape(-1))
-    following = torch.stack([ids[:, d + 1:d + 1 + T] for d in range(K)], -1)  # (B, T, K)
+    mask = torch.ones_like(ids, dtype=torch.bool)  # every token is the target's own sample
+    reads = torch.stack([row_inputs(row, 3) for row in ids])  # (B, T, K): tokens t+1..t+K, -1 past the end
     eagle.init_for_training(hidden.flatten(0, 1))
     lm = target.get_output_embeddings()
-    losses = [(medusa, lambda: sum(ce(x, d) for d, x in enumerate(medusa(hidden[:, :T])))),
-              (hydra, lambda: sum(ce(x, d) for d, x in enumerate(hydra(hidden[:, :T], following)))),
-              (eagle, lambda: ce(lm(eagle(hidden[:, :T], ids[:, 1:1 + T])), 0))]
-    for heads, loss in losses:
+    logits = [(medusa, lambda: medusa(hidden)),  # head logits (K, B, T, V)
+              (hydra, lambda: hydra(hidden, reads)),
+              (eagle, lambda: lm(eagle(hidden, reads[..., 0].clamp(min=0)))[None])]  # right padding is harmless
+    for heads, forward in logits:
         trained = [p for p in heads.parameters() if p.requires_grad]
         opt = torch.optim.Adam(trained, lr=3e-2)
         heads.train()
         for _ in range(steps):
             opt.zero_grad()
-            loss().backward()
+            medusa_loss(forward(), ids, mask, lam=1.0)[0].backward()
             opt.step()
         heads.eval()
 
