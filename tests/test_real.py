@@ -23,6 +23,18 @@ def qwen():
     return load("qwen2.5-coder-1.5b-instruct", "float32"), load("qwen2.5-coder-0.5b-instruct", "float32")
 
 
+@pytest.fixture(scope="module")
+def qwen_plain(qwen):
+    """Plain greedy decoding of each prompt by the float32 1.5B target, decoded once per module."""
+    done: dict[str, object] = {}
+
+    def plain(prompt: str):
+        if prompt not in done:
+            done[prompt] = SpeculativeDecoder(qwen[0], method="ar", chat=True).generate(prompt, 32)
+        return done[prompt]
+    return plain
+
+
 def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
     plain = SpeculativeDecoder(smol, method="ar", chat=True).generate(PROMPTS[0], 48)
     for method, kw in [("sd", {"gamma": 4}), ("mcsd", {"tree": "2x2x1"})]:
@@ -40,9 +52,9 @@ def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_qwen_pair_is_identical_to_plain(qwen, prompt):
+def test_qwen_pair_is_identical_to_plain(qwen, qwen_plain, prompt):
     target, draft = qwen
-    plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
+    plain = qwen_plain(prompt)
     assert len(plain.token_ids) > 8 and plain.text.strip()
     for method, kw in [("sd", {"gamma": 4}), ("mcsd", {"tree": "2x2x1"})]:
         spec = SpeculativeDecoder(target, draft, method=method, chat=True, pacing=False, **kw).generate(prompt, 32)
@@ -51,10 +63,10 @@ def test_qwen_pair_is_identical_to_plain(qwen, prompt):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_qwen_shipped_heads_medusa_hydra_and_bpd_identical_to_plain(qwen, prompt):
+def test_qwen_shipped_heads_medusa_hydra_and_bpd_identical_to_plain(qwen, qwen_plain, prompt):
     """The heads shipped for the 1.5B target (no --heads given) decode losslessly in float32."""
     target, _ = qwen
-    plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
+    plain = qwen_plain(prompt)
     for method in ("medusa", "hydra", "bpd"):
         spec = SpeculativeDecoder(target, method=method, chat=True, pacing=False).generate(prompt, 32)
         assert spec.token_ids == plain.token_ids, method
