@@ -3,6 +3,8 @@ to plain greedy output. float32, as bf16 batched and one-token passes can round 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from speculant import SpeculativeDecoder, load
@@ -26,12 +28,9 @@ def qwen():
 @pytest.fixture(scope="module")
 def qwen_plain(qwen):
     """Plain greedy decoding of each prompt by the float32 1.5B target, decoded once per module."""
-    done: dict[str, object] = {}
-
+    @functools.cache
     def plain(prompt: str):
-        if prompt not in done:
-            done[prompt] = SpeculativeDecoder(qwen[0], method="ar", chat=True).generate(prompt, 32)
-        return done[prompt]
+        return SpeculativeDecoder(qwen[0], method="ar", chat=True).generate(prompt, 32)
     return plain
 
 

@@ -51,7 +51,7 @@ def _distilled(target, medusa, hydra, eagle, steps: int = 200) -> None:
             ids = torch.cat([ids, torch.multinomial(p, 1, generator=g)], 1)
         hidden = target.model(ids).last_hidden_state  # (B, T, H): what the output layer reads
     mask = torch.ones_like(ids, dtype=torch.bool)  # every token is the target's own sample
-    reads = torch.stack([row_inputs(row, 3) for row in ids])  # (B, T, K): tokens t+1..t+K, -1 past the end
+    reads = torch.stack([row_inputs(row, hydra.num_heads) for row in ids])  # (B, T, K): tokens t+1..t+K, -1 past the end
     eagle.init_for_training(hidden.flatten(0, 1))
     lm = target.get_output_embeddings()
     logits = [(medusa, lambda: medusa(hidden)),  # head logits (K, B, T, V)
