@@ -14,8 +14,11 @@ install:
 demo: install
 	$(PY) -m speculant.cli demo
 
+# the statistical tests (tiny models, one thread each, bound by Python) two at a time on two
+# processes (pytest-xdist), then everything else in one process
 test: install
-	$(PY) -m pytest -q -ra --durations=30
+	$(PY) -m pytest -q -ra --durations=10 -m statistical -n 2
+	$(PY) -m pytest -q -ra --durations=30 -m "not statistical"
 
 test-fast:
 	$(PY) -m pytest -q -m "not real and not slow"

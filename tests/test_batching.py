@@ -348,6 +348,7 @@ def _pit_batched(target, draft, tokens: int, temperature: float = 1.0):
 
 
 @pytest.mark.slow  # 100,000 sampled tokens, 32 sequences per pass
+@pytest.mark.statistical
 def test_batched_sampling_follows_the_target_distribution():
     target = tiny_llama(seed=4, vocab=VS, hidden=16, layers=1, scale=60.0)
     draft = perturbed(target, noise=1.5, seed=5)

@@ -72,6 +72,7 @@ CASES = {
 
 
 @pytest.mark.slow  # N two-token generations per case
+@pytest.mark.statistical
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_token_distribution_matches_target(models, case):
     target, draft = models

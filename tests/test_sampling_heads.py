@@ -109,6 +109,7 @@ CASES = ["medusa+lookup", "hydra+lookup", "medusa-dynamic-sized", "hydra-dynamic
 
 
 @pytest.mark.slow  # 100,000 sampled tokens per method, 32 sequences per pass
+@pytest.mark.statistical
 @pytest.mark.parametrize("case", CASES)
 def test_head_methods_sample_the_target_distribution(parts, case):
     target, medusa, others = parts
