@@ -83,7 +83,8 @@ def test_int4_matches_exact_reference_on_every_width(isa, N, K, gsize):
 @pytest.mark.parametrize("gsize", [32, 64, 128])
 def test_int4_extreme_codes_and_activations_stay_exact(isa, gsize):
     """The largest integer sums a group can reach (every code 15, every activation +-127) do not
-    overflow the narrow accumulators of any path: 7 rows, so a full chunk and a ragged one run."""
+    overflow the narrow accumulators of any path: 7 rows, so a full chunk and a ragged one run, and
+    each row alone (one row takes a code path of its own on AVX2)."""
     N, K = 32, 4 * gsize
     q = torch.full((N, K), 15)
     q[N // 2:, ::3] = 0  # some channels not at the extreme either
@@ -96,6 +97,9 @@ def test_int4_extreme_codes_and_activations_stay_exact(isa, gsize):
     y = kernels.int4_gemm(x, qpack, sz, torch.empty(0), True, INT4_ISAS[isa])
     torch.testing.assert_close(y.double(), ref, rtol=1e-6, atol=1e-6)
     assert torch.equal(y, kernels.int4_gemm(x, qpack, sz, torch.empty(0), True, INT4_ISAS["portable"]))
+    for m in range(3):
+        assert torch.equal(kernels.int4_gemm(x[m:m + 1].contiguous(), qpack, sz, torch.empty(0), True,
+                                             INT4_ISAS[isa])[0], y[m])
 
 
 @pytest.mark.parametrize("isa", [isa_param(i) for i in ISAS])

@@ -191,8 +191,8 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
 
 
 def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
-    """What a pass's cost depends on: the CPU, the threads, torch, speculant's kernels, the model,
-    its dtype and the runtime (backend name and packing)."""
+    """What a pass's cost depends on: the CPU, the threads, torch, speculant's kernels (which ones
+    run here, and their sources), the model, its dtype and the runtime (backend name and packing)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -201,9 +201,9 @@ def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
                 break
     except OSError:
         pass
-    from .kernels import int4_isa, kernels_name
+    from .kernels import int4_isa, kernels_name, sources_digest
 
-    kernels = f"{kernels_name()}-kernels+int4-{int4_isa() or 'none'}"
+    kernels = f"{kernels_name()}-kernels+int4-{int4_isa() or 'none'}@{sources_digest()}"
     return "|".join([cpu, f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", kernels,
                      model_name, str(dtype).removeprefix("torch."), runtime])
 

@@ -194,6 +194,19 @@ def int4_isa() -> str | None:
     return next(name for name, v in INT4_ISAS.items() if v == best)
 
 
+@functools.cache
+def sources_digest() -> str:
+    """12 hex digits of a hash of the kernels' C++ sources: what a measured speed of them (a
+    pass-cost curve) belongs to, so that a changed kernel is measured again."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.[ch]*")):
+        if f.suffix in (".cpp", ".h"):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def kernels_name() -> str:
     """Which bf16 matmul and attention kernels run here: "amx" (``bf16_amx.cpp``), "avx512"
     (``bf16_avx512.cpp``) or "torch" (PyTorch's); :func:`int4_isa` names the int4 code path."""

@@ -3,9 +3,14 @@
 // "avx2,fma,avxvnni" region with INT4_AVX2_VNNI 1 (VPDPBUSD), with INT4_AVX2_CHUNK naming the
 // function. Both compute the same exact integer dot products, so both give the same bits.
 //
-// Rows m0 .. m0+R-1 of channel block nb, 8 channels (half h) at a time; O octets per group.
+// Rows m0 .. m0+R-1 of channel block nb; O octets per group. One row sweeps the codes once,
+// both halves (16 channels) of each 64-byte octet at a time, so that each broadcast activation
+// serves 16 channels; more rows sweep them once per half of 8 channels (the accumulators of two
+// halves would not fit in the 16 registers). Each channel's integer sums and its fold are the
+// same operations in the same order either way: the same bits.
 template <int R, int O>
 void INT4_AVX2_CHUNK(const Problem& P, int64_t nb, int64_t m0) {
+  constexpr int S = R == 1 ? 2 : 1;  // halves per sweep
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
   const uint16_t* sb = P.sz + nb * P.G * 32;
   const __m256i nib = _mm256_set1_epi8(0x0F);
@@ -14,52 +19,66 @@ void INT4_AVX2_CHUNK(const Problem& P, int64_t nb, int64_t m0) {
 #else
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int h0 = 0; h0 < 2; h0 += S) {
+    __m256 acc[S][R];
+    for (int s = 0; s < S; ++s)
+      for (int r = 0; r < R; ++r) acc[s][r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < P.G; ++g) {
-      const uint8_t* qg = qb + g * O * 64 + 32 * h;
+      const uint8_t* qg = qb + g * O * 64 + 32 * h0;
       const int8_t* xg = P.xq + m0 * P.K + g * (8 * O);
 #if INT4_AVX2_VNNI
-      __m256i d[R][C];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) d[r][c] = _mm256_setzero_si256();
+      __m256i d[S][R][C];
+      for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c) d[s][r][c] = _mm256_setzero_si256();
 #else
-      __m256i d32[R], d16[R];
-      for (int r = 0; r < R; ++r) d32[r] = d16[r] = _mm256_setzero_si256();
+      __m256i d32[S][R], d16[S][R];
+      for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r) d32[s][r] = d16[s][r] = _mm256_setzero_si256();
 #endif
 #pragma GCC unroll 16
       for (int p = 0; p < O; ++p) {
-        if (h == 0) _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(qg + 64 * p));
-        const __m256i lo = _mm256_and_si256(w, nib), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+        if (h0 == 0) _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
+        __m256i lo[S], hi[S];
+        for (int s = 0; s < S; ++s) {
+          const __m256i w = _mm256_loadu_si256((const __m256i*)(qg + 64 * p + 32 * s));
+          lo[s] = _mm256_and_si256(w, nib);
+          hi[s] = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+        }
         for (int r = 0; r < R; ++r) {
           const int8_t* x = xg + r * P.K + 8 * p;
+          const __m256i xl = _mm256_set1_epi32(load4(x)), xh = _mm256_set1_epi32(load4(x + 4));
+          for (int s = 0; s < S; ++s) {
 #if INT4_AVX2_VNNI
-          d[r][0] = _mm256_dpbusd_avx_epi32(d[r][0], lo, _mm256_set1_epi32(load4(x)));
-          d[r][C - 1] = _mm256_dpbusd_avx_epi32(d[r][C - 1], hi, _mm256_set1_epi32(load4(x + 4)));
+            d[s][r][0] = _mm256_dpbusd_avx_epi32(d[s][r][0], lo[s], xl);
+            d[s][r][C - 1] = _mm256_dpbusd_avx_epi32(d[s][r][C - 1], hi[s], xh);
 #else
-          // u8 codes x s8 activations: |pair sums| <= 2 * 15 * 127, four octets' sums fit int16
-          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(x))),
-                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(x + 4))));
-          d16[r] = _mm256_add_epi16(d16[r], t);
+            // u8 codes x s8 activations: |pair sums| <= 2 * 15 * 127, four octets' sums fit int16
+            const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo[s], xl), _mm256_maddubs_epi16(hi[s], xh));
+            d16[s][r] = _mm256_add_epi16(d16[s][r], t);
 #endif
+          }
         }
 #if !INT4_AVX2_VNNI
         if ((p & 3) == 3 || p == O - 1)
-          for (int r = 0; r < R; ++r) {
-            d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(d16[r], ones));
-            d16[r] = _mm256_setzero_si256();
-          }
+          for (int s = 0; s < S; ++s)
+            for (int r = 0; r < R; ++r) {
+              d32[s][r] = _mm256_add_epi32(d32[s][r], _mm256_madd_epi16(d16[s][r], ones));
+              d16[s][r] = _mm256_setzero_si256();
+            }
 #endif
       }
+      for (int s = 0; s < S; ++s) {
 #if INT4_AVX2_VNNI
-      __m256i d32[R];
-      for (int r = 0; r < R; ++r) d32[r] = C == 2 ? _mm256_add_epi32(d[r][0], d[r][C - 1]) : d[r][0];
+        __m256i d32[R];
+        for (int r = 0; r < R; ++r) d32[r] = C == 2 ? _mm256_add_epi32(d[s][r][0], d[s][r][C - 1]) : d[s][r][0];
+        fold8<R>(P, m0, g, sb + g * 32 + 8 * (h0 + s), d32, acc[s]);
+#else
+        fold8<R>(P, m0, g, sb + g * 32 + 8 * (h0 + s), d32[s], acc[s]);
 #endif
-      fold8<R>(P, m0, g, sb + g * 32 + 8 * h, d32, acc);
+      }
     }
-    store8<R>(P, m0, nb * 16 + 8 * h, acc);
+    for (int s = 0; s < S; ++s) store8<R>(P, m0, nb * 16 + 8 * (h0 + s), acc[s]);
   }
 }
 
