@@ -79,7 +79,17 @@ def test_corpus_reaches_its_goal_resumes_and_counts(tmp_path):
     assert [r["records"] for r in more["runs"]] == [len(recs), len(again) - len(recs)]  # what each run added
     assert sum(r["answer_tokens"] for r in more["runs"]) == more["answer_tokens"]
     assert more["seconds"] == round(sum(r["seconds"] for r in more["runs"]), 1)
-    assert make_corpus(dec, out, 300, batch_size=4, max_new_tokens=6, progress=False)["records"] == len(again)
+    # CPU-hours from the runs' own CPU time; a run recorded with wall seconds only counts them on every core
+    assert all(r["cpu_seconds"] > 0 for r in more["runs"])
+    assert more["cpu_hours"] == round(sum(r["cpu_seconds"] for r in more["runs"]) / 3600, 3)
+    old = {k: v for k, v in more["runs"][0].items() if k != "cpu_seconds"}
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest["runs"][0] = old
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    mixed = make_corpus(dec, out, 300, batch_size=4, max_new_tokens=6, progress=False)
+    assert mixed["cpu_hours"] == round((old["seconds"] * old["machine"]["cores"] + mixed["runs"][1]["cpu_seconds"]
+                                        + mixed["runs"][2]["cpu_seconds"]) / 3600, 3)
+    assert mixed["records"] == len(again)
     assert more["prompts_left"] > 0
 
 

@@ -151,7 +151,7 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     old = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     legacy = [{k: old.get(k) for k in ("machine", "seconds", "records", "answer_tokens")}] if "seconds" in old else []
     runs = list(old.get("runs") or legacy)  # a manifest without runs: all its time was one run
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     started = old.get("started") or datetime.now(timezone.utc).isoformat(timespec="seconds")
     this_run = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
     first = None  # records and answer tokens before this run
@@ -166,7 +166,8 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         todo = [p for _, p in order if p not in done]
         have = _answer_tokens(records)
         first = first or (len(records), have)
-        this_run.update(seconds=round(time.perf_counter() - start, 1), records=len(records) - first[0],
+        this_run.update(seconds=round(time.perf_counter() - start, 1),
+                        cpu_seconds=round(time.process_time() - cpu0, 1), records=len(records) - first[0],
                         answer_tokens=have - first[1])
         manifest = _manifest(records, family, tokens, started, runs + [this_run], describe or {}, decoder)
         manifest["prompts_left"] = len(todo)  # 0 below the goal: the families' prompts ran out
@@ -180,15 +181,18 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
 
 def _manifest(records: list[dict], family: dict[str, str], goal: int, started: str, runs: list[dict],
               describe: dict, decoder) -> dict:
-    """The manifest; ``runs``: every run of the command on this corpus (its machine, start,
-    seconds, and the records and answer tokens it added), the current one last."""
+    """The manifest; ``runs``: every run of the command on this corpus (its machine, start, wall
+    seconds, CPU seconds of all its threads, and the records and answer tokens it added), the
+    current one last. CPU-hours: the runs' CPU seconds; a run recorded without them counts its
+    wall time on every core (a run that was paused meanwhile is counted high)."""
     by = {}
     for r in records:
         f = family.get(r["prompt"], "other")
         n, t = by.get(f, (0, 0))
         by[f] = (n + 1, t + len(r["ids"]) - r["prompt_len"])
     seconds = sum(run["seconds"] for run in runs)
-    cpu_seconds = sum(run["seconds"] * ((run.get("machine") or {}).get("cores") or 1) for run in runs)
+    cpu_seconds = sum(run["cpu_seconds"] if "cpu_seconds" in run
+                      else run["seconds"] * ((run.get("machine") or {}).get("cores") or 1) for run in runs)
     return {
         "goal_answer_tokens": goal,
         "answer_tokens": _answer_tokens(records),
