@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -104,6 +105,37 @@ def test_pass_cost_is_cached_per_key(tmp_path, monkeypatch):
     path.write_text("{not json")  # a damaged file is measured over, then rewritten whole
     pass_cost(backend, "machine A", path=path, quiet=True, widths=(1, 2), context=4, long_context=0, reps=1)
     assert set(json.loads(path.read_text())["curves"]) == {"machine A"}
+
+
+def test_machine_key_changes_with_the_kernels_sources(tmp_path, monkeypatch):
+    """A curve measured with other kernel sources is not reused: the key holds their hash, which
+    follows every byte of every .cpp and .h of the kernels (a copy of them, edited here)."""
+    import shutil
+
+    import speculant.kernels as k
+    from speculant.costmodel import machine_key
+
+    machine_key("m", torch.bfloat16, "native")  # the kernels loaded (or built) from the real sources, once
+    copy = tmp_path / "kernels"
+    shutil.copytree(pathlib.Path(k.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def digest_of(directory):
+        monkeypatch.setattr(k, "__file__", str(directory / "__init__.py"))
+        k.sources_digest.cache_clear()
+        try:
+            return k.sources_digest(), machine_key("m", torch.bfloat16, "native")
+        finally:
+            monkeypatch.undo()
+            k.sources_digest.cache_clear()
+
+    before, key = digest_of(copy)
+    assert before == k.sources_digest() and before in key and len(before) == 12
+    header = copy / "int4_avx2_chunk.h"
+    header.write_text(header.read_text() + "\n")
+    after, changed = digest_of(copy)
+    assert after != before and changed != key and changed.replace(after, before) == key
+    (copy / "notes.txt").write_text("not a source")  # other files do not count
+    assert digest_of(copy)[0] == after
 
 
 # ---- the per-step choice -------------------------------------------------------------------------

@@ -201,9 +201,8 @@ def sources_digest() -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.[ch]*")):
-        if f.suffix in (".cpp", ".h"):
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for f in sorted(f for f in Path(__file__).parent.iterdir() if f.suffix in (".cpp", ".h")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:12]
 
 
