@@ -313,7 +313,7 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     assert sorted(p.name for p in feats_path.iterdir()) == [f"shard-{a:07d}.safetensors" for a in (0, 10, 20)]
     model = eagle_for(target, scale=0.05)
     cfg = EagleTrainConfig(steps=150, batch_size=4, seq_len=32, lr=3e-3, warmup=5, held_out=4, eval_depth=3,
-                           checkpoint_every=100, token_weight=1.0)
+                           checkpoint_every=100, token_weight=1.0, precision="float32")
     report = train_eagle(model, records, feats, tmp_path / "run", cfg, progress=False)
     assert report["steps"] == 150 and len(report["depth_accuracy"]) == 3
     assert report["depth_accuracy"][0] > report["depth_accuracy_before"][0] + 0.2, report
@@ -330,6 +330,21 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     plain = decode_to_end(backend, NoDrafter(), prompt, n=30)
     state = decode_to_end(backend, EagleDrafter(shipped, DynamicTree(nodes=8, depth=3), V), prompt, n=30)
     assert state.generated == plain.generated
+
+
+def test_training_precision_auto_follows_the_cpus_bf16(monkeypatch):
+    import speculant.kernels as kernels
+    from speculant.errors import ConfigError
+    from speculant.eagle.train import EagleTrainConfig
+
+    for native, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(kernels, "cpu_has_avx512_bf16", lambda native=native: native)
+        assert EagleTrainConfig().precision == want  # the default is "auto", resolved on the spot
+        assert EagleTrainConfig(precision="auto").precision == want
+        assert EagleTrainConfig(precision="float32").precision == "float32"
+        assert EagleTrainConfig(precision="bfloat16").precision == "bfloat16"
+    with pytest.raises(ConfigError, match="'auto', 'float32' or 'bfloat16'"):
+        EagleTrainConfig(precision="fp16")
 
 
 def test_held_out_records_are_spread_over_the_corpus():
