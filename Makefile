@@ -63,7 +63,8 @@ drafter: install
 	$(PY) -m speculant.cli train-eagle --data $(EAGLE_CORPUS) --out $(EAGLE_RUN) --steps $(EAGLE_STEPS) \
 		--batch-size 4 --lr 1e-3 --draft-steps 3 --intermediate-size 4096 --draft-vocab 32768
 	rm -rf $(EAGLE_RUN)-cut
-	$(PY) -m speculant.cli cut-vocab --drafter $(EAGLE_RUN) --data $(EAGLE_CORPUS) --size 16384 --out $(EAGLE_RUN)-cut
+	$(PY) -m speculant.cli cut-vocab --drafter $(EAGLE_RUN) --data $(EAGLE_CORPUS) --size 16384 --dtype bfloat16 \
+		--out $(EAGLE_RUN)-cut
 	$(PY) tools/drafter_accuracy.py --data $(EAGLE_CORPUS) --features $(EAGLE_RUN)/features \
 		--hydra src/speculant/data/heads/qwen2.5-coder-1.5b-instruct/sequential --eagle $(EAGLE_RUN)-cut \
 		> $(EAGLE_RUN)-cut/accuracy.json.tmp

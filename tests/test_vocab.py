@@ -76,6 +76,13 @@ def test_a_cut_eagle_drafter_keeps_its_weights_proposes_fewer_tokens_and_stays_l
     assert set(proposals.flatten().tolist()) <= set(kept)
     assert dec.generate("w1 w2 w3 w1 w2", 20).token_ids == plain.token_ids
 
+    half = cut_draft_vocab(src, recs, 16, tmp_path / "cut-bf16", dtype=torch.bfloat16)  # the shipped form
+    stored = load_file(str(half / "model.safetensors"))
+    assert stored["draft_vocab"].dtype == torch.long and torch.equal(stored["draft_vocab"], after["draft_vocab"])
+    assert all(torch.equal(stored[k], before[k].to(torch.bfloat16)) for k in before if k != "draft_vocab")
+    dec = SpeculativeDecoder(target_dir, method="eagle", heads=half, dtype="float32", tree_budget=flat)
+    assert dec.generate("w1 w2 w3 w1 w2", 20).token_ids == plain.token_ids
+
 
 def test_sequential_heads_are_cut_with_their_tree(tmp_path):
     from speculant.heads import HeadsConfig, SequentialHeads, load_heads, save_heads

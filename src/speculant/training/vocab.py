@@ -52,11 +52,14 @@ def _size_field(config: dict) -> tuple[dict, str]:
                          "sequential heads (train-heads --head-kind sequential)")
 
 
-def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: str | Path) -> Path:
+def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: str | Path,
+                    dtype: torch.dtype | None = None) -> Path:
     """Write to ``out`` the drafter at ``drafter`` (an EAGLE drafter or sequential heads) with its
     draft vocabulary cut to the ``n`` of its ids most frequent in ``records``' answers (its other
     files copied unchanged). The drafter's weights do not change: they read states, and the
-    vocabulary only says which rows of the target's output layer are ranked."""
+    vocabulary only says which rows of the target's output layer are ranked. ``dtype``: store the
+    floating-point weights in it (bfloat16 halves a float32 drafter's file; decoding runs it in
+    int4 or bf16 where the kernels do), default as they are."""
     from safetensors.torch import load_file
 
     from ..heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, write_checkpoint
@@ -83,6 +86,8 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
         raise ConfigError(f"the cut draft vocabulary must have 1 to {old.numel()} tokens (the drafter's own), got {n!r}")
     state["draft_vocab"] = draft_vocabulary(records, n, int(holder["vocab_size"]), within=old.tolist())
     holder[key] = n
+    if dtype is not None:
+        state = {k: t.to(dtype) if t.is_floating_point() else t for k, t in state.items()}
     write_checkpoint(dst, state, config, "the drafter")
     for name in KEPT_FILES:  # unchanged: they describe the drafter's states, not its vocabulary
         if (src / name).is_file():
