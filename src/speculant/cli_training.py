@@ -388,14 +388,13 @@ def cmd_export_eagle(args) -> int:
 
 
 def cmd_cut_vocab(args) -> int:
-    import torch
-
     from .eagle.train import split_records
+    from .models import parse_dtype
     from .training.vocab import cut_draft_vocab
 
     records = _corpus_records(args.data)
     _, train_ids, _ = split_records(len(records), args.held_out)
-    dtype = getattr(torch, args.dtype) if args.dtype else None
+    dtype = parse_dtype(args.dtype) if args.dtype else None
     out = cut_draft_vocab(args.drafter, [records[i] for i in train_ids], args.size, args.out, dtype=dtype)
     print(json.dumps({"drafter": str(out), "draft_vocab": args.size, "records_counted": len(train_ids)}))
     return 0

@@ -56,10 +56,10 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
                     dtype: torch.dtype | None = None) -> Path:
     """Write to ``out`` the drafter at ``drafter`` (an EAGLE drafter or sequential heads) with its
     draft vocabulary cut to the ``n`` of its ids most frequent in ``records``' answers (its other
-    files copied unchanged). The drafter's weights do not change: they read states, and the
-    vocabulary only says which rows of the target's output layer are ranked. ``dtype``: store the
-    floating-point weights in it (bfloat16 halves a float32 drafter's file; decoding runs it in
-    int4 or bf16 where the kernels do), default as they are."""
+    files copied unchanged). The drafter's weights do not change (but for ``dtype``): they read
+    states, and the vocabulary only says which rows of the target's output layer are ranked.
+    ``dtype``: store the floating-point weights in it (bfloat16 halves a float32 drafter's file;
+    decoding runs it in int4 or bf16 where the kernels do), default as they are."""
     from safetensors.torch import load_file
 
     from ..heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, write_checkpoint
