@@ -152,3 +152,27 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
     assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out",
                  str(tmp_path / "none"), "--init", str(corpus), "--steps", "5"]) == 2
     assert "no EAGLE drafter there" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
+def test_train_eagle_ranks_its_draft_vocabulary_on_the_records_it_trains_on(tmp_path):
+    """A token that only the held-out records' answers hold (and hold most often) is left out of
+    the draft vocabulary, so the held-out accuracy does not see its records through it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from speculant.cli import main
+    from speculant.eagle.train import split_records
+
+    target = str(tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V))
+    held = split_records(10, 2)[0]
+    records = [{"prompt": f"p{r}", "prompt_len": 4,
+                "ids": [1, 2, 3, 4] + ([60] * 20 if r in held else [5 + (r + j) % 12 for j in range(20)])}
+               for r in range(10)]
+    data = tmp_path / "corpus.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "eagle"
+    assert main(["train-eagle", "--target", target, "--data", str(data), "--out", str(out), "--steps", "1",
+                 "--batch-size", "2", "--seq-len", "16", "--depth", "2", "--intermediate-size", "32",
+                 "--draft-vocab", "12", "--held-out", "2"]) == 0
+    vocab = load_file(str(out / "model.safetensors"))["draft_vocab"]
+    assert torch.equal(vocab, torch.arange(5, 17))  # the 12 answer tokens of the training records

@@ -228,7 +228,8 @@ def cmd_train_eagle(args) -> int:
     from .eagle import EagleConfig, EagleModel
     from .eagle.checkpoint import is_eagle_dir, load_eagle
     from .eagle.narrow import check_width, narrow_mlp
-    from .eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle, window_sample
+    from .eagle.train import (EagleTrainConfig, compute_features, load_features, split_records, train_eagle,
+                              window_sample)
     from .errors import ConfigError
     from .training.setup import draft_vocabulary
 
@@ -263,8 +264,9 @@ def cmd_train_eagle(args) -> int:
                                       depth=args.depth, draft_vocab=min(args.draft_vocab, V), input_scale=True)
         ecfg = dataclasses.replace(ecfg, vocab_size=V, base_model=dec.target.name)
         model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
-        if ecfg.draft_vocab:
-            model.set_draft_vocab(draft_vocabulary(records, ecfg.draft_vocab, V))
+        if ecfg.draft_vocab:  # ranked on the records trained on, so the held-out accuracy stays held out
+            trained = split_records(len(records), cfg.held_out)[1]
+            model.set_draft_vocab(draft_vocabulary([records[r] for r in trained], ecfg.draft_vocab, V))
         model = model.to(torch.float32)
         model.init_for_training(features[0][:65536], seed=cfg.seed)
     report = train_eagle(model, records, features, out, cfg)
