@@ -5,6 +5,9 @@ lookup chain and the cost-sized tree."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 
@@ -325,6 +328,12 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     again = train_eagle(eagle_for(target, scale=0.05), records, feats, tmp_path / "run",
                         EagleTrainConfig(**{**cfg.__dict__, "steps": 160}), progress=False)
     assert again["steps"] == 160 and again["depth_accuracy_before"] is None  # resumed at step 150
+    # what the steps took adds up over the runs; one machine, recorded once
+    assert 0 < report["train_seconds"] <= again["train_seconds"]
+    assert 0 < report["train_cpu_seconds"] <= again["train_cpu_seconds"]
+    assert len(again["machines"]) == 1 and again["machines"][0]["cores"] == os.cpu_count()
+    step = json.loads((tmp_path / "run" / "checkpoints" / "step-160" / "step.json").read_text())
+    assert step["step"] == 160 and step["seconds"] > 0 and step["cpu_seconds"] > 0
     shipped = load_eagle(tmp_path / "run", target)
     prompt = torch.tensor([1, 2, 3, 4, 5, 6])
     plain = decode_to_end(backend, NoDrafter(), prompt, n=30)

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -336,6 +337,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     from accelerate import Accelerator
     from tqdm.auto import tqdm
 
+    from ..bench.harness import machine_info
     from .checkpoint import save_eagle
 
     hidden, starts = features
@@ -356,15 +358,24 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     core = acc.unwrap_model(model)
     ckpts = out_dir / "checkpoints"
     step = 0
+    # what the steps took, over every run that resumed this one: wall seconds, CPU seconds of all
+    # the processes, and each run's machine (bench.harness.machine_info)
+    spent = {"seconds": 0.0, "cpu_seconds": 0.0, "machines": []}
     done = sorted((p for p in ckpts.glob("step-*") if (p / "step.json").is_file()), key=lambda p: int(p.name[5:]))
     if done:
         acc.load_state(str(done[-1]))
-        step = json.loads((done[-1] / "step.json").read_text())["step"]
+        saved = json.loads((done[-1] / "step.json").read_text())
+        step = saved["step"]
+        spent.update({k: saved[k] for k in spent if k in saved})
+    here = machine_info()
+    if here not in spent["machines"]:
+        spent["machines"].append(here)
     initial = depth_accuracy(core, [records[r] for r in held], hidden, starts[held],
                              cfg.eval_depth)[1] if held and step == 0 else None
     per_proc = max(1, cfg.batch_size // acc.num_processes)
     losses = []
     bar = tqdm(total=cfg.steps, initial=step, desc="training the EAGLE drafter", disable=not progress)
+    wall0, cpu0, spent0 = time.perf_counter(), time.process_time(), dict(spent)
     while step < cfg.steps:
         g = random.Random(cfg.seed * 1_000_003 + step)
         chosen = [wins[g.randrange(len(wins))] for _ in range(per_proc * acc.num_processes)]
@@ -382,10 +393,13 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            cpu = acc.reduce(torch.tensor([time.process_time() - cpu0], dtype=torch.float64), "sum")
+            spent["seconds"] = spent0["seconds"] + time.perf_counter() - wall0
+            spent["cpu_seconds"] = spent0["cpu_seconds"] + float(cpu[0])
             target = ckpts / f"step-{step}"
             acc.save_state(str(target))
             if acc.is_main_process:
-                (target / "step.json").write_text(json.dumps({"step": step}))
+                (target / "step.json").write_text(json.dumps({"step": step, **spent}))
     bar.close()
     model.eval()
     final = depth_accuracy(core, [records[r] for r in held], hidden, starts[held], cfg.eval_depth,
@@ -396,7 +410,9 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     report = {"config": asdict(cfg), "steps": step, "train_loss_last": losses[-10:], "held_out_records": len(held),
               "depth_accuracy_before": initial, "depth_accuracy": final[1],
               "depth_accuracy_top4": final[4], "depth_accuracy_train_records": on_train,
-              "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records)}
+              "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records),
+              "train_seconds": round(spent["seconds"], 1), "train_cpu_seconds": round(spent["cpu_seconds"], 1),
+              "machines": spent["machines"]}
     if acc.is_main_process:
         save_eagle(core, out_dir)
         (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
