@@ -130,6 +130,7 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
                  "--draft-vocab", "40", "--held-out", "2"]) == 0
     report = json.loads((drafter / "training_report.json").read_text())
     assert report["steps"] == 20 and len(report["depth_accuracy"]) == 5
+    assert report["features"]["shards"] == 1 and report["features"]["cpu_seconds"] > 0  # what the features took
     capsys.readouterr()
     args = ["generate", "--target", target, "--max-new-tokens", "16", "--json", "w1 w2 w3 w1 w2"]
     assert main(args + ["--method", "ar"]) == 0

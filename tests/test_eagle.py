@@ -301,7 +301,7 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     the loss and raise the held-out depth-1 accuracy; a second run over the same directory resumes
     from the last checkpoint; the saved drafter decodes exactly as plain decoding."""
     from speculant.eagle.checkpoint import load_eagle
-    from speculant.eagle.train import EagleTrainConfig, compute_features, load_features, train_eagle
+    from speculant.eagle.train import EagleTrainConfig, compute_features, features_cost, load_features, train_eagle
 
     backend = HFBackend(target)
     g = torch.Generator().manual_seed(5)
@@ -314,6 +314,8 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     feats = load_features(feats_path, records)
     assert feats[0].shape == (sum(len(r["ids"]) for r in records), 64)
     assert sorted(p.name for p in feats_path.iterdir()) == [f"shard-{a:07d}.safetensors" for a in (0, 10, 20)]
+    cost = features_cost(feats_path)
+    assert cost["shards"] == 3 and cost["seconds"] > 0 and cost["cpu_seconds"] > 0
     model = eagle_for(target, scale=0.05)
     cfg = EagleTrainConfig(steps=150, batch_size=4, seq_len=32, lr=3e-3, warmup=5, held_out=4, eval_depth=3,
                            checkpoint_every=100, token_weight=1.0, precision="float32")

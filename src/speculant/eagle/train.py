@@ -36,8 +36,8 @@ from ..backends.base import Backend, ForwardRequest, HiddenNeed, forward_batch
 from ..errors import ConfigError
 from .model import EagleCache, EagleModel
 
-__all__ = ["EagleTrainConfig", "answer_positions", "compute_features", "depth_accuracy", "load_features",
-           "split_records", "train_eagle", "training_precision", "window_sample"]
+__all__ = ["EagleTrainConfig", "answer_positions", "compute_features", "depth_accuracy", "features_cost",
+           "load_features", "split_records", "train_eagle", "training_precision", "window_sample"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,8 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
     ``backend``: a runtime may take its prefill kernels), into
     safetensors shards of ``shard_records`` records under ``out_dir``. Each shard is written whole
     and moved in place, so a stopped run resumes at the first shard missing; a shard computed for
-    other records is computed again."""
+    other records is computed again. Each shard's metadata also holds what it took (``seconds``,
+    ``cpu_seconds``: :func:`features_cost`)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
@@ -141,7 +142,7 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
             if meta.get("records") == mark and meta.get("count") == str(b - a):
                 bar.update(b - a)
                 continue
-        rows = []
+        rows, wall0, cpu0 = [], time.perf_counter(), time.process_time()
         for group in _passes(records[a:b], rows_per_pass):
             while len(pool) < len(group):
                 pool.append(backend.sibling())
@@ -152,12 +153,30 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
             rows += [o.hidden.to(torch.bfloat16) for o in forward_batch(pool[:len(group)], reqs)]
             bar.update(len(group))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_file({"hidden": torch.cat(rows).contiguous()}, str(tmp), metadata={"records": mark, "count": str(b - a)})
+        took = {"seconds": f"{time.perf_counter() - wall0:.3f}", "cpu_seconds": f"{time.process_time() - cpu0:.3f}"}
+        save_file({"hidden": torch.cat(rows).contiguous()}, str(tmp),
+                  metadata={"records": mark, "count": str(b - a), **took})
         os.replace(tmp, path)
     bar.close()
     for be in pool:
         be.reset()
     return out
+
+
+def features_cost(out_dir: str | os.PathLike) -> dict:
+    """What computing the features under ``out_dir`` took, summed over its shards: ``seconds``
+    and ``cpu_seconds`` (None when a shard does not say: written by an earlier version) and
+    ``shards``."""
+    from safetensors import safe_open
+
+    paths = sorted(Path(out_dir).glob("shard-*.safetensors"))
+    metas = []
+    for path in paths:
+        with safe_open(str(path), "pt") as f:
+            metas.append(f.metadata() or {})
+    total = {k: (round(sum(float(m[k]) for m in metas), 3) if metas and all(k in m for m in metas) else None)
+             for k in ("seconds", "cpu_seconds")}
+    return {**total, "shards": len(paths)}
 
 
 def load_features(out_dir: str | os.PathLike, records: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,6 +432,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
               "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records),
               "train_seconds": round(spent["seconds"], 1), "train_cpu_seconds": round(spent["cpu_seconds"], 1),
               "machines": spent["machines"]}
+    if (out_dir / "features").is_dir():  # train-eagle's layout: the features it trained on, beside the checkpoints
+        report["features"] = features_cost(out_dir / "features")
     if acc.is_main_process:
         save_eagle(core, out_dir)
         (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
