@@ -53,8 +53,8 @@ install-openvino: install
 # the training resume where a stopped run left them: run it again. The drafter proposes from the
 # 16,384 answer tokens most frequent in the training records (99.5% of the corpus's answer tokens);
 # cut-vocab at that size stores its weights in bfloat16, the held-out accuracy by depth is measured
-# beside the shipped heads' (accuracy.json), and the result replaces $(EAGLE_SHIPPED). Hours on a 2-core machine: docs/cli.md#train-eagle (bfloat16 where the CPU has
-# AVX512-BF16).
+# beside the shipped heads' (accuracy.json), and the result replaces $(EAGLE_SHIPPED). Hours on a
+# 2-core machine: docs/cli.md#train-eagle (bfloat16 where the CPU has AVX512-BF16).
 EAGLE_CORPUS ?= corpora/qwen2.5-coder-1.5b-instruct/corpus.jsonl
 EAGLE_RUN ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/eagle-qwen2.5-coder-1.5b-instruct
 EAGLE_STEPS ?= 3000

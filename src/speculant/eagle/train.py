@@ -394,7 +394,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     per_proc = max(1, cfg.batch_size // acc.num_processes)
     losses = []
     bar = tqdm(total=cfg.steps, initial=step, desc="training the EAGLE drafter", disable=not progress)
-    wall0, cpu0, spent0 = time.perf_counter(), time.process_time(), dict(spent)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    seconds0, cpu_seconds0 = spent["seconds"], spent["cpu_seconds"]  # what earlier runs took
     while step < cfg.steps:
         g = random.Random(cfg.seed * 1_000_003 + step)
         chosen = [wins[g.randrange(len(wins))] for _ in range(per_proc * acc.num_processes)]
@@ -413,8 +414,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             cpu = acc.reduce(torch.tensor([time.process_time() - cpu0], dtype=torch.float64), "sum")
-            spent["seconds"] = spent0["seconds"] + time.perf_counter() - wall0
-            spent["cpu_seconds"] = spent0["cpu_seconds"] + float(cpu[0])
+            spent["seconds"] = seconds0 + time.perf_counter() - wall0
+            spent["cpu_seconds"] = cpu_seconds0 + float(cpu[0])
             target = ckpts / f"step-{step}"
             acc.save_state(str(target))
             if acc.is_main_process:
