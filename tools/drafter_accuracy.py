@@ -16,6 +16,7 @@ the gap to the held-out figure is what a drafter memorised.
 """
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -64,14 +65,17 @@ def main() -> None:
     chosen = seen if args.train_records else held
     recs, at = [records[r] for r in chosen], starts[chosen]
     target = SpeculativeDecoder(args.target, method="ar").target.model
-    out = {"records": chosen, "per_record": args.per_record, "drafters": {}}
+    # "drafters": one entry per drafter, {"kind", "path", "greedy": P(first d guesses right) for d = 1..}
+    # (speculant.drafters.choice reads the shipped drafter's file to forecast which method is faster)
+    out = {"records": chosen, "per_record": args.per_record, "drafters": []}
     for path in args.hydra:
         heads = load_heads(path, target, dtype=torch.float32)
-        out["drafters"][path] = {"greedy": heads_accuracy(heads, recs, hidden, at, args.depth, args.per_record)}
+        out["drafters"].append({"kind": "hydra", "path": Path(path).name,
+                                "greedy": heads_accuracy(heads, recs, hidden, at, args.depth, args.per_record)})
     for path in args.eagle:
         acc = depth_accuracy(load_eagle(path, target, dtype=torch.float32), recs, hidden, at, args.depth,
                              per_record=args.per_record, top_k=(1, 4))
-        out["drafters"][path] = {"greedy": acc[1], "top4": acc[4]}
+        out["drafters"].append({"kind": "eagle", "path": Path(path).name, "greedy": acc[1], "top4": acc[4]})
     print(json.dumps(out, indent=1))
 
 

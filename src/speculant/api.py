@@ -23,9 +23,9 @@ from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TRE
 from .config import NEEDS_HEADS, DecoderConfig, SamplingConfig
 from .batching import Batch, Member
 from .decoding import SequenceRun, Stats, decode
-from .defaults import resolve
+from .defaults import choose_shipped_drafter, resolve
 from .drafters.base import Drafter
-from .drafters.factory import DraftParts, build_drafter, build_sizer, plan_tree, warm_up_heads
+from .drafters.factory import DraftParts, build_drafter, build_sizer, plan_tree, target_pass_cost, warm_up_heads
 from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .loading import auto_draft_quant, load_native  # noqa: F401 (re-exported)
@@ -95,14 +95,24 @@ class SpeculativeDecoder:
             _warn_if_draft_larger(self.target, self.draft)
         self.tokenizer = self.target.tokenizer
         self.target_backend = _backend(c.backend, self.target, "target")
+        cost, heads = None, None
+        if config.method == "auto":  # hydra, or eagle where the cost model forecasts it faster
+            self.config, self.why, heads, cost = choose_shipped_drafter(
+                c, self.why, self.target, self.target_backend,
+                lambda: target_pass_cost(c, self.target_backend, self.target.name, self.target.dtype))
+            if self.config.method != c.method:
+                c = self.config
+                heads_source = find_heads(c, self.target.name)
         self.draft_backend = _backend(c.backend, self.draft, "draft") if self.draft is not None else None
         self.vocab_size = min(b.vocab_size for b in (self.target_backend, self.draft_backend) if b)
         text_config = self.target.model.config.get_text_config()
         self.max_length = getattr(text_config, "max_position_embeddings", None)
         self.eos_token_ids = _eos_token_ids(self.target)
-        self.heads = load_decoder_heads(heads_source, self.target.model, c.method) if c.method in NEEDS_HEADS else None
+        if heads is None and c.method in NEEDS_HEADS:
+            heads = load_decoder_heads(heads_source, self.target.model, c.method)
+        self.heads = heads
         self.tree, self.dynamic = plan_tree(c, heads_source, self.heads.num_heads if self.heads is not None else None)
-        self.sizer = build_sizer(c, self.dynamic, self.target_backend, self.target.name, self.target.dtype)
+        self.sizer = build_sizer(c, self.dynamic, self.target_backend, self.target.name, self.target.dtype, cost)
         self._parts = DraftParts(self.tree, self.vocab_size, self.dynamic, self.sizer, self.draft_backend, self.heads)
         self._idle_targets = [self.target_backend]  # backends (KV caches) free for a sequence of a batch
         self.batch_pacer = Pacer()  # whether drafting pays while several sequences decode together (kept

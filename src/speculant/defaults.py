@@ -9,7 +9,10 @@ method    with heads shipped for the target: ``hydra`` with an 8-token prompt-lo
           sized at every step against this machine's measured pass cost; with a draft model:
           ``sd``; otherwise prompt ``lookup``, its chain sized the same way. Every drafting method
           runs under a :class:`drafters.pacing.Pacer`, which verifies the root alone (plain
-          decoding, no drafting) while drafting does not pay on the text at hand.
+          decoding, no drafting) while drafting does not pay on the text at hand. When an EAGLE
+          drafter ships beside the heads (with held-out accuracies for both), the decoder takes
+          ``eagle`` instead where the cost model forecasts it faster on this CPU
+          (:func:`choose_shipped_drafter`, once the target runs: ``drafters.choice``).
 
 :func:`resolve` turns a ``DecoderConfig``'s "auto" values into these choices. Why each default is
 what it is: docs/design-notes.md.
@@ -21,12 +24,14 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from .config import DEFAULT_LOOKUP_BRANCH, DecoderConfig
+from .costmodel import PassCost
 
-__all__ = ["Runtime", "choose_method", "choose_runtime", "resolve"]
+__all__ = ["Runtime", "choose_method", "choose_runtime", "choose_shipped_drafter", "resolve"]
 
 NATIVE_ARCHS = ("llama", "qwen2")
 AUTO_LOOKUP_BRANCH = DEFAULT_LOOKUP_BRANCH  # hydra+lookup's chain
@@ -110,6 +115,14 @@ def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "au
     return Runtime(backend, target_quant, bool(quant_head), why)
 
 
+def _heads_why(method: str, lookup_branch: int) -> str:
+    """What "auto" says of a heads method it took."""
+    what = {"hydra": "the heads", "eagle": "the EAGLE drafter"}[method]
+    lookup = " plus prompt lookup" if lookup_branch else ""
+    return (f"{method}{'+lookup' if lookup_branch else ''} ({what} shipped for this model{lookup}; each step's tree "
+            "sized against this CPU's measured pass cost, drafting paused while it does not pay)")
+
+
 def choose_method(method: str, target_name: str, has_draft: bool, lookup_branch: int) -> tuple[str, int, str]:
     """(method, lookup_branch, why) for ``method`` "auto" (anything else passes through)."""
     from .heads import shipped_heads
@@ -119,9 +132,8 @@ def choose_method(method: str, target_name: str, has_draft: bool, lookup_branch:
     if has_draft:
         return "sd", 0, "sd with the given draft model, drafting paused while it does not pay"
     if shipped_heads(target_name, "sequential") is not None:
-        return "hydra", lookup_branch or AUTO_LOOKUP_BRANCH, (
-            "hydra+lookup (the heads shipped for this model plus prompt lookup; each step's tree sized against "
-            "this CPU's measured pass cost, drafting paused while it does not pay)")
+        lookup_branch = lookup_branch or AUTO_LOOKUP_BRANCH
+        return "hydra", lookup_branch, _heads_why("hydra", lookup_branch)
     return "lookup", 0, ("prompt lookup (no heads ship for this model; the chain sized against this CPU's measured "
                          "pass cost, drafting paused while it does not pay)")
 
@@ -141,3 +153,45 @@ def resolve(config: DecoderConfig) -> tuple[DecoderConfig, str]:
     resolved = dataclasses.replace(config, method=method, lookup_branch=lookup_branch, gamma=gamma,
                                    backend=rt.backend, target_quant=rt.target_quant, quant_head=rt.quant_head)
     return resolved, "; ".join(w for w in (rt.why, method_why) if w)
+
+
+def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, price: Callable[[], PassCost],
+                           ) -> tuple[DecoderConfig, str, torch.nn.Module | None, PassCost | None]:
+    """For a resolved "auto" that took ``hydra`` (its heads ship for the target): where an EAGLE
+    drafter ships too, with held-out accuracies for both (``drafters.choice``), the method the cost
+    model forecasts faster on this machine. ``target``: the LoadedModel; ``backend``: its Backend;
+    ``price()``: its PassCost, asked for only when there is a choice to make. Returns (config, why,
+    the chosen drafter loaded, the PassCost), the last two None when nothing was compared."""
+    from .config import SamplingConfig
+    from .drafters.choice import Forecast, choose_drafter, held_out_accuracy, time_drafting
+    from .drafters.factory import DraftParts, build_drafter, plan_tree, warm_up_heads
+    from .heads import shipped_heads
+    from .loading import load_decoder_heads
+
+    eagle = shipped_heads(target.name, "eagle")
+    if config.method != "hydra" or config.heads is not None or eagle is None or not (
+            config.tree is None or config.dynamic_tree):
+        return config, why, None, None
+    accuracy = held_out_accuracy(eagle)
+    sources = {"hydra": shipped_heads(target.name, "sequential"), "eagle": eagle}
+    if any(m not in accuracy or sources[m] is None for m in sources):
+        return config, why, None, None
+    V = backend.vocab_size
+    prompt = torch.arange(64, dtype=torch.long) % V  # any tokens: only the drafting time is read
+    hidden = target.model.get_input_embeddings().weight[prompt[:-1]].detach()  # (T-1, H), a plausible scale
+    forecasts, loaded = [], {}
+    for method, source in sources.items():
+        timing = dataclasses.replace(config, method=method, lookup_branch=0)
+        heads = load_decoder_heads(source, target.model, method)
+        tree, dynamic = plan_tree(timing, source, heads.num_heads)
+        warm_up_heads(heads, V)
+        drafter = build_drafter(timing, DraftParts(tree, V, dynamic, heads=heads), SamplingConfig())
+        forecasts.append(Forecast(method, accuracy[method], time_drafting(drafter, prompt, hidden)))
+        loaded[method] = heads
+    cost = price()
+    chosen, reason = choose_drafter(forecasts, cost)
+    if chosen.method != config.method:
+        why = why.replace(_heads_why(config.method, config.lookup_branch),
+                          _heads_why(chosen.method, config.lookup_branch))
+        config = dataclasses.replace(config, method=chosen.method)
+    return config, f"{why}; {reason}", loaded[chosen.method], cost

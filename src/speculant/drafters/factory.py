@@ -33,7 +33,7 @@ from .lookup import LookupDrafter
 from .medusa import BlockwiseDrafter, DynamicTree, MedusaDrafter
 from .sizing import TreeSizer
 
-__all__ = ["DraftParts", "build_drafter", "build_sizer", "plan_tree", "warm_up_heads"]
+__all__ = ["DraftParts", "build_drafter", "build_sizer", "target_pass_cost", "plan_tree", "warm_up_heads"]
 
 MIN_DYNAMIC_NODES = 4  # the heads' share of a default dynamic tree never drops below this
 
@@ -88,18 +88,23 @@ def plan_tree(config: DecoderConfig, heads_source=None, num_heads: int | None = 
     return build_tree(tree or "2x1x1x1"), dynamic
 
 
+def target_pass_cost(config: DecoderConfig, target: Backend, target_name: str, target_dtype: torch.dtype) -> PassCost:
+    """The target's pass cost by rows: the config's PassCost if it gives one, else this machine's
+    curve (measured once and cached)."""
+    if isinstance(config.tree_budget, PassCost):
+        return config.tree_budget
+    runtime = f"{config.backend}:{config.target_quant}:{'packed' if config.backend == 'hf' else 'native'}"
+    return pass_cost(target, machine_key(target_name, target_dtype, runtime))
+
+
 def build_sizer(config: DecoderConfig, dynamic: DynamicTree | None, target: Backend, target_name: str,
-                target_dtype: torch.dtype) -> TreeSizer | None:
-    """A tree sizer against the target's pass cost by rows, for a dynamic tree or a lookup chain
-    with tree_budget "auto" (this machine's curve, measured once and cached) or a given PassCost;
-    None otherwise."""
+                target_dtype: torch.dtype, cost: PassCost | None = None) -> TreeSizer | None:
+    """A tree sizer against the target's pass cost by rows (``cost``, else :func:`target_pass_cost`),
+    for a dynamic tree or a lookup chain with tree_budget "auto" or a given PassCost; None otherwise."""
     sized = config.tree_budget != "fixed"
     if not sized or not ((dynamic is not None and config.method in NEEDS_HEADS) or config.method == "lookup"):
         return None
-    cost = config.tree_budget
-    if not isinstance(cost, PassCost):
-        runtime = f"{config.backend}:{config.target_quant}:{'packed' if config.backend == 'hf' else 'native'}"
-        cost = pass_cost(target, machine_key(target_name, target_dtype, runtime))
+    cost = cost if cost is not None else target_pass_cost(config, target, target_name, target_dtype)
     return TreeSizer(cost, max_rows=DEFAULT_MAX_ROWS)
 
 
