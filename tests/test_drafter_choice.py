@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from speculant.costmodel import PassCost
-from speculant.drafters.choice import Forecast, choose_drafter, held_out_accuracy, time_drafting
+from speculant.drafters.choice import (Forecast, chain_accepts, choose_drafter, held_out_accepts, time_drafting,
+                                      tree_accepts)
 from speculant.drafters.dynamic_tree import DynamicTree
 from speculant.eagle import EagleDrafter
 
@@ -21,41 +22,81 @@ from tiny import tiny_model_dir, tiny_qwen2
 COST = PassCost((1, 2, 4, 8), (30.0, 31.0, 40.0, 60.0))  # ms by rows: a CPU without AMX, roughly
 
 
-def test_the_forecast_takes_the_chain_depth_with_most_tokens_per_ms():
-    f = Forecast("eagle", accuracy=(0.6, 0.35, 0.2), draft_ms=(2.0, 4.0, 6.0))
-    # D=0: 1/30; D=1: 1.6/(31+2); D=2: 1.95/(35.5+4) (3 rows: between 2 and 4); D=3: 2.15/(40+6)
-    rates = [1 / 30, 1.6 / 33, 1.95 / 39.5, 2.15 / 46]
-    rate, depth = f.best(COST)
-    assert depth == max(range(4), key=rates.__getitem__) == 2 and rate == pytest.approx(rates[2])
-    slow = Forecast("eagle", accuracy=(0.6, 0.35, 0.2), draft_ms=(40.0, 80.0, 120.0))
-    assert slow.best(COST) == (pytest.approx(1 / 30), 0)  # drafting dearer than it returns: plain decoding
-    assert Forecast("x", (0.9, 0.9), (1.0,)).best(COST)[1] == 1  # only depths with both numbers count
+def test_the_forecast_takes_the_tree_with_most_tokens_per_ms():
+    f = Forecast("eagle", accepts=chain_accepts([0.6, 0.35, 0.2]), draft_ms=(2.0, 4.0, 6.0))
+    assert f.accepts == ((0.6,), (0.6, 0.95), (0.6, 0.95, pytest.approx(1.15)))
+    # chains: 1 node 1.6/(31+2); 2: 1.95/(35.5+4) (3 rows: between 2 and 4); 3: 2.15/(40+6); none: 1/30
+    rate, shape = f.best(COST)
+    assert shape == (2, 2) and rate == pytest.approx(1.95 / 39.5)
+    slow = Forecast("eagle", f.accepts, draft_ms=(40.0, 80.0, 120.0))
+    assert slow.best(COST) == (pytest.approx(1 / 30), (0, 0))  # drafting dearer than it returns: plain decoding
+    assert Forecast("x", chain_accepts([0.9, 0.9]), (1.0,)).best(COST)[1] == (1, 1)  # depths with both numbers only
+    wide = Forecast("x", ((0.5, 0.9, 1.0, 1.05),), (2.0,))  # one depth, 1-4 nodes: 3 rows of 4 pay best here
+    assert wide.best(COST) == (pytest.approx(1.9 / 37.5), (1, 2))
 
 
 def test_the_choice_goes_to_whichever_forecast_is_faster():
-    hydra = Forecast("hydra", accuracy=(0.48, 0.24), draft_ms=(2.0, 4.0))
-    eagle_cheap = Forecast("eagle", accuracy=(0.57, 0.32, 0.20, 0.14), draft_ms=(3.0, 6.0, 9.0, 12.0))
-    eagle_dear = Forecast("eagle", accuracy=(0.57, 0.32, 0.20, 0.14), draft_ms=(15.0, 30.0, 45.0, 60.0))
+    hydra = Forecast("hydra", chain_accepts([0.48, 0.24]), draft_ms=(2.0, 4.0))
+    eagle_cheap = Forecast("eagle", chain_accepts([0.57, 0.32, 0.20, 0.14]), draft_ms=(3.0, 6.0, 9.0, 12.0))
+    eagle_dear = Forecast("eagle", eagle_cheap.accepts, draft_ms=(15.0, 30.0, 45.0, 60.0))
     chosen, why = choose_drafter([hydra, eagle_cheap], COST)
     assert chosen is eagle_cheap and "tokens/s for it" in why and "for hydra on this CPU" in why
     chosen, why = choose_drafter([hydra, eagle_dear], COST)
     assert chosen is hydra and "for eagle on this CPU" in why
-    same = Forecast("eagle", hydra.accuracy, hydra.draft_ms)
+    same = Forecast("eagle", hydra.accepts, hydra.draft_ms)
     assert choose_drafter([hydra, same], COST)[0] is hydra  # a tie keeps the first
     with pytest.raises(ValueError):
         choose_drafter([], COST)
 
 
-def test_held_out_accuracy_reads_the_shipped_file_and_nothing_else(tmp_path):
-    assert held_out_accuracy(tmp_path) == {}
+def test_held_out_accepts_reads_the_shipped_file_and_nothing_else(tmp_path):
+    assert held_out_accepts(tmp_path) == {}
     (tmp_path / "accuracy.json").write_text(json.dumps({"drafters": [
         {"kind": "hydra", "path": "sequential", "greedy": [0.5, 0.25]},
-        {"kind": "eagle", "path": "eagle", "greedy": [0.6, 0.3, 0.2], "top4": [0.8]}]}))
-    assert held_out_accuracy(tmp_path) == {"hydra": (0.5, 0.25), "eagle": (0.6, 0.3, 0.2)}
+        {"kind": "eagle", "path": "eagle", "greedy": [0.6, 0.3], "tree": [[0.6, 0.7], [0.6, 0.9]]}]}))
+    assert held_out_accepts(tmp_path) == {"hydra": ((0.5,), (0.5, 0.75)), "eagle": ((0.6, 0.7), (0.6, 0.9))}
     (tmp_path / "accuracy.json").write_text("{not json")
-    assert held_out_accuracy(tmp_path) == {}
+    assert held_out_accepts(tmp_path) == {}
     (tmp_path / "accuracy.json").write_text(json.dumps({"drafters": {"some/path": {"greedy": [0.5]}}}))
-    assert held_out_accuracy(tmp_path) == {}  # no kinds: nothing to compare
+    assert held_out_accepts(tmp_path) == {}  # no kinds: nothing to compare
+
+
+def test_tree_accepts_agrees_with_the_greedy_chain_and_grows_with_the_tree():
+    """The best-scored node is the root's top child, so A(d, 1) is the greedy chain's depth-1
+    accuracy (eagle.train.depth_accuracy, measured independently); A never falls with more nodes
+    and never exceeds min(d, m). (It may fall with depth at a fixed m: deeper nodes can displace
+    a shallow one that was right.)"""
+    from speculant.eagle.train import answer_positions, depth_accuracy
+
+    from speculant.eagle import EagleCache
+
+    target = tiny_qwen2(seed=0, scale=4.0)
+    model = eagle_for(target, depth=3)
+    g = torch.Generator().manual_seed(0)
+
+    def states(ids):  # the target's final (normed) hidden states, (len(ids), H)
+        return target(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+
+    records = []
+    with torch.no_grad():
+        for r in range(8):
+            ids = torch.randint(0, 64, (8 if r < 4 else 36,), generator=g).tolist()
+            while len(ids) < 36:  # half the records: text whose every next-but-one token the drafter guesses
+                feats = model.extend(EagleCache(), states(ids)[:-1], torch.tensor(ids[1:]))
+                ids.append(int(model.draft_topk(feats[-1][None], 1, 64)[0, 0]))
+            records.append({"ids": ids, "prompt_len": 8})
+        hidden = torch.cat([states(r["ids"]) for r in records])
+    starts = torch.arange(8) * 36
+    positions = answer_positions(records, 30)
+    table = tree_accepts(EagleDrafter(model, DynamicTree(nodes=6), 64), records, hidden, starts, positions)
+    chain = depth_accuracy(model, records, hidden, starts, 3, per_record=30)[1]
+    assert len(table) == 3 and all(len(row) == 6 for row in table)
+    assert table[0][0] == pytest.approx(chain[0]) and table[2][0] == pytest.approx(chain[0])
+    for d in range(3):
+        for m in range(6):
+            assert table[d][m] <= min(d + 1, m + 1) + 1e-9
+            assert m == 0 or table[d][m] >= table[d][m - 1] - 1e-9
+    assert table[0][0] >= 0.5  # the drafter's own text: its first guess is right at every position there
 
 
 def test_time_drafting_measures_every_depth_and_leaves_the_drafter_as_it_was():

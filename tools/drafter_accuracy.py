@@ -13,14 +13,24 @@ walk with their own states).
 
 ``--train-records`` measures training records instead (the same number, spread over the rest):
 the gap to the held-out figure is what a drafter memorised.
+
+Each drafter's ``tree`` table is what ``speculant.drafters.choice`` forecasts from: at the same
+positions, the drafter grows the dynamic tree it drafts with in decoding (its method's default
+shape, no lookup chain), and tree[d-1][m-1] is the mean number of its tokens the target's own
+continuation accepts when the tree is cut to depth d and to its m best-scored nodes.
 """
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
 
 from speculant.api import SpeculativeDecoder
+from speculant.config import DEFAULT_EAGLE_TREE, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS
+from speculant.drafters.choice import tree_accepts
+from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
+from speculant.eagle import EagleDrafter
 from speculant.eagle.checkpoint import load_eagle
 from speculant.eagle.train import answer_positions, depth_accuracy, load_features, split_records
 from speculant.heads.checkpoint import load_heads
@@ -68,14 +78,25 @@ def main() -> None:
     # "drafters": one entry per drafter, {"kind", "path", "greedy": P(first d guesses right) for d = 1..}
     # (speculant.drafters.choice reads the shipped drafter's file to forecast which method is faster)
     out = {"records": chosen, "per_record": args.per_record, "drafters": []}
+    def shape(spec: str) -> DynamicTree:  # the method's default tree as decoding sizes it, without a lookup chain
+        return dataclasses.replace(DynamicTree.parse(spec), nodes=DEFAULT_MAX_ROWS - 1)
+
+    V = target.get_output_embeddings().weight.shape[0]
     for path in args.hydra:
         heads = load_heads(path, target, dtype=torch.float32)
+        if getattr(heads, "context", None) is not None:
+            raise SystemExit(f"{path}: heads with a context layer are not measured here")
         out["drafters"].append({"kind": "hydra", "path": Path(path).name,
-                                "greedy": heads_accuracy(heads, recs, hidden, at, args.depth, args.per_record)})
+                                "greedy": heads_accuracy(heads, recs, hidden, at, args.depth, args.per_record),
+                                "tree": tree_accepts(DynamicTreeDrafter(heads, shape(DEFAULT_HYDRA_TREE), V),
+                                                     recs, hidden, at, answer_positions(recs, args.per_record))})
     for path in args.eagle:
-        acc = depth_accuracy(load_eagle(path, target, dtype=torch.float32), recs, hidden, at, args.depth,
-                             per_record=args.per_record, top_k=(1, 4))
-        out["drafters"].append({"kind": "eagle", "path": Path(path).name, "greedy": acc[1], "top4": acc[4]})
+        model = load_eagle(path, target, dtype=torch.float32)
+        acc = depth_accuracy(model, recs, hidden, at, args.depth, per_record=args.per_record, top_k=(1, 4))
+        tree = tree_accepts(EagleDrafter(model, shape(DEFAULT_EAGLE_TREE), V), recs, hidden, at,
+                            answer_positions(recs, args.per_record))
+        out["drafters"].append({"kind": "eagle", "path": Path(path).name, "greedy": acc[1], "top4": acc[4],
+                                "tree": tree})
     print(json.dumps(out, indent=1))
 
 

@@ -163,7 +163,7 @@ def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, pri
     ``price()``: its PassCost, asked for only when there is a choice to make. Returns (config, why,
     the chosen drafter loaded, the PassCost), the last two None when nothing was compared."""
     from .config import SamplingConfig
-    from .drafters.choice import Forecast, choose_drafter, held_out_accuracy, time_drafting
+    from .drafters.choice import Forecast, choose_drafter, held_out_accepts, time_drafting
     from .drafters.factory import DraftParts, build_drafter, plan_tree, warm_up_heads
     from .heads import shipped_heads
     from .loading import load_decoder_heads
@@ -172,9 +172,9 @@ def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, pri
     if config.method != "hydra" or config.heads is not None or eagle is None or not (
             config.tree is None or config.dynamic_tree):
         return config, why, None, None
-    accuracy = held_out_accuracy(eagle)
+    accepts = held_out_accepts(eagle)
     sources = {"hydra": shipped_heads(target.name, "sequential"), "eagle": eagle}
-    if any(m not in accuracy or sources[m] is None for m in sources):
+    if any(m not in accepts or sources[m] is None for m in sources):
         return config, why, None, None
     V = backend.vocab_size
     prompt = torch.arange(64, dtype=torch.long) % V  # any tokens: only the drafting time is read
@@ -186,7 +186,7 @@ def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, pri
         tree, dynamic = plan_tree(timing, source, heads.num_heads)
         warm_up_heads(heads, V)
         drafter = build_drafter(timing, DraftParts(tree, V, dynamic, heads=heads), SamplingConfig())
-        forecasts.append(Forecast(method, accuracy[method], time_drafting(drafter, prompt, hidden)))
+        forecasts.append(Forecast(method, accepts[method], time_drafting(drafter, prompt, hidden)))
         loaded[method] = heads
     cost = price()
     chosen, reason = choose_drafter(forecasts, cost)
