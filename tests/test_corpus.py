@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from speculant.training.corpus import CORPUS_NAME, MANIFEST_NAME, code_edit_prompts, corpus_families, interleave, \
     make_corpus
 from speculant.training.data import load_records
@@ -153,6 +155,49 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
     assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out",
                  str(tmp_path / "none"), "--init", str(corpus), "--steps", "5"]) == 2
     assert "no EAGLE drafter there" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    # the accuracy file `make drafter` ships beside the drafter, which auto's forecast reads
+    _drafter_accuracy(target, corpus / "corpus.jsonl", drafter, tmp_path, capsys)
+
+
+def _drafter_accuracy(target: str, data, drafter, tmp_path, capsys) -> None:
+    """tools/drafter_accuracy.py on a corpus, its features and drafter, beside sequential heads:
+    both kinds measured on the same positions, each with a tree table the forecast can read."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from speculant.drafters.choice import held_out_accepts
+    from speculant.heads import HeadsConfig, SequentialHeads, save_heads
+
+    hf = AutoModelForCausalLM.from_pretrained(target)
+    H = hf.config.hidden_size
+    heads = SequentialHeads(HeadsConfig(2, 1, H, V, kind="sequential"), hf.get_output_embeddings(),
+                            hf.get_input_embeddings())
+    with torch.no_grad():
+        for q in heads.parameters():
+            q.mul_(0.0).add_(0.1)
+    save_heads(heads.eval(), tmp_path / "heads")
+    tool = Path(__file__).resolve().parents[1] / "tools" / "drafter_accuracy.py"
+    argv = [str(tool), "--target", target, "--data", str(data), "--features", str(drafter / "features"),
+            "--hydra", str(tmp_path / "heads"), "--eagle", str(drafter), "--held-out", "2", "--per-record", "4",
+            "--depth", "3"]
+    capsys.readouterr()
+    old, sys.argv = sys.argv, argv
+    try:
+        runpy.run_path(str(tool), run_name="__main__")
+    finally:
+        sys.argv = old
+    out = json.loads(capsys.readouterr().out)
+    kinds = {e["kind"]: e for e in out["drafters"]}
+    assert set(kinds) == {"hydra", "eagle"} and len(kinds["eagle"]["greedy"]) == 3
+    for e in kinds.values():
+        assert len(e["tree"]) == {"hydra": 2, "eagle": 3}[e["kind"]] and len(e["tree"][0]) == 31
+        assert e["tree"][0][0] == pytest.approx(e["greedy"][0])  # the best node: the root's top child
+    (drafter / "accuracy.json").write_text(json.dumps(out))
+    assert set(held_out_accepts(drafter)) == {"hydra", "eagle"}
 
 
 def test_train_eagle_ranks_its_draft_vocabulary_on_the_records_it_trains_on(tmp_path):
