@@ -181,12 +181,13 @@ def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, pri
     hidden = target.model.get_input_embeddings().weight[prompt[:-1]].detach()  # (T-1, H), a plausible scale
     forecasts, loaded = [], {}
     for method, source in sources.items():
-        timing = dataclasses.replace(config, method=method, lookup_branch=0)
         heads = load_decoder_heads(source, target.model, method)
-        tree, dynamic = plan_tree(timing, source, heads.num_heads)
+        tree, dynamic = plan_tree(dataclasses.replace(config, method=method), source, heads.num_heads)
         warm_up_heads(heads, V)
+        timing = dataclasses.replace(config, method=method, lookup_branch=0)  # the chain costs both the same
         drafter = build_drafter(timing, DraftParts(tree, V, dynamic, heads=heads), SamplingConfig())
-        forecasts.append(Forecast(method, accepts[method], time_drafting(drafter, prompt, hidden)))
+        table = tuple(row[:dynamic.nodes] for row in accepts[method])  # the nodes the lookup chain leaves
+        forecasts.append(Forecast(method, table, time_drafting(drafter, prompt, hidden)))
         loaded[method] = heads
     cost = price()
     chosen, reason = choose_drafter(forecasts, cost)
