@@ -75,13 +75,16 @@ def main() -> None:
     chosen = seen if args.train_records else held
     recs, at = [records[r] for r in chosen], starts[chosen]
     target = SpeculativeDecoder(args.target, method="ar").target.model
-    # "drafters": one entry per drafter, {"kind", "path", "greedy": P(first d guesses right) for d = 1..}
-    # (speculant.drafters.choice reads the shipped drafter's file to forecast which method is faster)
+    # "drafters": one entry per drafter, {"kind", "path", "greedy": P(first d guesses right) for d = 1..,
+    # "tree": the table of the module doc} (speculant.drafters.choice reads the shipped drafter's file
+    # to forecast which method is faster)
     out = {"records": chosen, "per_record": args.per_record, "drafters": []}
+
     def shape(spec: str) -> DynamicTree:  # the method's default tree as decoding sizes it, without a lookup chain
         return dataclasses.replace(DynamicTree.parse(spec), nodes=DEFAULT_MAX_ROWS - 1)
 
     V = target.get_output_embeddings().weight.shape[0]
+    positions = answer_positions(recs, args.per_record)  # the positions heads_accuracy and depth_accuracy sample
     for path in args.hydra:
         heads = load_heads(path, target, dtype=torch.float32)
         if getattr(heads, "context", None) is not None:
@@ -89,12 +92,11 @@ def main() -> None:
         out["drafters"].append({"kind": "hydra", "path": Path(path).name,
                                 "greedy": heads_accuracy(heads, recs, hidden, at, args.depth, args.per_record),
                                 "tree": tree_accepts(DynamicTreeDrafter(heads, shape(DEFAULT_HYDRA_TREE), V),
-                                                     recs, hidden, at, answer_positions(recs, args.per_record))})
+                                                     recs, hidden, at, positions)})
     for path in args.eagle:
         model = load_eagle(path, target, dtype=torch.float32)
         acc = depth_accuracy(model, recs, hidden, at, args.depth, per_record=args.per_record, top_k=(1, 4))
-        tree = tree_accepts(EagleDrafter(model, shape(DEFAULT_EAGLE_TREE), V), recs, hidden, at,
-                            answer_positions(recs, args.per_record))
+        tree = tree_accepts(EagleDrafter(model, shape(DEFAULT_EAGLE_TREE), V), recs, hidden, at, positions)
         out["drafters"].append({"kind": "eagle", "path": Path(path).name, "greedy": acc[1], "top4": acc[4],
                                 "tree": tree})
     print(json.dumps(out, indent=1))
