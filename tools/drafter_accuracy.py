@@ -2,13 +2,14 @@
 held-out positions of a corpus, so the two kinds of drafter are compared on exactly the same text.
 
 The records are those ``train-eagle`` holds out (``eagle.train.split_records``: ``--held-out``
-records spread over the corpus), read with the target features ``train-eagle`` cached in ``DIR/features``.
+records spread over the corpus), read with the target features ``train-eagle`` cached in ``DIR/features``
+(``--features``); without them, the target computes the features of the measured records alone.
 At each sampled answer position i the drafter starts from the target's state h_i and the token
 x_{i+1} and guesses x_{i+2}, x_{i+3}, ...; depth d counts while its first d guesses are all the
 target's own tokens (``eagle.train.depth_accuracy``'s measure; sequential heads follow the same
 walk with their own states).
 
-    python tools/drafter_accuracy.py --data corpus.jsonl --features RUN/features \\
+    python tools/drafter_accuracy.py --data corpus.jsonl [--features RUN/features] \\
         --hydra src/speculant/data/heads/qwen2.5-coder-1.5b-instruct/sequential --eagle RUN [RUN2 ...]
 
 ``--train-records`` measures training records instead (the same number, spread over the rest):
@@ -22,6 +23,7 @@ continuation accepts when the tree is cut to depth d and to its m best-scored no
 import argparse
 import dataclasses
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -32,7 +34,7 @@ from speculant.drafters.choice import tree_accepts
 from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
 from speculant.eagle import EagleDrafter
 from speculant.eagle.checkpoint import load_eagle
-from speculant.eagle.train import answer_positions, depth_accuracy, load_features, split_records
+from speculant.eagle.train import answer_positions, compute_features, depth_accuracy, load_features, split_records
 from speculant.heads.checkpoint import load_heads
 from speculant.training.data import load_records
 
@@ -59,7 +61,7 @@ def heads_accuracy(heads, records, hidden, starts, depth: int, per_record: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="the corpus JSONL the features were computed for")
-    ap.add_argument("--features", required=True, help="train-eagle's DIR/features")
+    ap.add_argument("--features", help="train-eagle's DIR/features (default: computed for the measured records)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--hydra", nargs="*", default=[], help="sequential heads directories")
     ap.add_argument("--eagle", nargs="*", default=[], help="EAGLE drafter directories")
@@ -70,11 +72,18 @@ def main() -> None:
     args = ap.parse_args()
 
     records = load_records(args.data)
-    hidden, starts = load_features(args.features, records)
     held, _, seen = split_records(len(records), args.held_out)
     chosen = seen if args.train_records else held
-    recs, at = [records[r] for r in chosen], starts[chosen]
-    target = SpeculativeDecoder(args.target, method="ar").target.model
+    recs = [records[r] for r in chosen]
+    dec = SpeculativeDecoder(args.target, method="ar")  # the runtime train-eagle reads the features from
+    target, V = dec.target.model, dec.target_backend.vocab_size
+    if args.features:
+        hidden, starts = load_features(args.features, records)
+        at = starts[chosen]
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            hidden, starts = load_features(compute_features(dec.target_backend, recs, tmp, progress=False), recs)
+        at = starts[:-1]
     # "drafters": one entry per drafter, {"kind", "path", "greedy": P(first d guesses right) for d = 1..,
     # "tree": the table of the module doc} (speculant.drafters.choice reads the shipped drafter's file
     # to forecast which method is faster)
@@ -83,7 +92,6 @@ def main() -> None:
     def shape(spec: str) -> DynamicTree:  # the method's default tree as decoding sizes it, without a lookup chain
         return dataclasses.replace(DynamicTree.parse(spec), nodes=DEFAULT_MAX_ROWS - 1)
 
-    V = target.get_output_embeddings().weight.shape[0]
     positions = answer_positions(recs, args.per_record)  # the positions heads_accuracy and depth_accuracy sample
     for path in args.hydra:
         heads = load_heads(path, target, dtype=torch.float32)
