@@ -38,13 +38,20 @@ def test_the_forecast_takes_the_tree_with_most_tokens_per_ms():
 def test_the_choice_goes_to_whichever_forecast_is_faster():
     hydra = Forecast("hydra", chain_accepts([0.48, 0.24]), draft_ms=(2.0, 4.0))
     eagle_cheap = Forecast("eagle", chain_accepts([0.57, 0.32, 0.20, 0.14]), draft_ms=(3.0, 6.0, 9.0, 12.0))
+    eagle_good = Forecast("eagle", chain_accepts([0.9, 0.8, 0.7, 0.6]), draft_ms=(1.0, 2.0, 3.0, 4.0))
     eagle_dear = Forecast("eagle", eagle_cheap.accepts, draft_ms=(15.0, 30.0, 45.0, 60.0))
-    chosen, why = choose_drafter([hydra, eagle_cheap], COST)
-    assert chosen is eagle_cheap and "tokens/s for it" in why and "for hydra on this CPU" in why
+    chosen, why = choose_drafter([hydra, eagle_good], COST)
+    assert chosen is eagle_good and "tokens/s for it" in why and "for hydra on this CPU" in why
     chosen, why = choose_drafter([hydra, eagle_dear], COST)
     assert chosen is hydra and "for eagle on this CPU" in why
     same = Forecast("eagle", hydra.accepts, hydra.draft_ms)
     assert choose_drafter([hydra, same], COST)[0] is hydra  # a tie keeps the first
+    # the first keeps the choice unless another's forecast leads it by more than `lead`:
+    # hydra's best 1.48 / (31 + 2) tokens/ms, eagle_cheap's 1.57 / (31 + 3), 3% more
+    assert choose_drafter([hydra, eagle_cheap], COST, lead=1.02)[0] is eagle_cheap
+    chosen, why = choose_drafter([hydra, eagle_cheap], COST, lead=1.05)
+    assert chosen is hydra and "short of the 5% lead that switching from it takes" in why
+    assert choose_drafter([eagle_cheap, hydra], COST, lead=1.05)[0] is eagle_cheap  # the faster one first: kept
     with pytest.raises(ValueError):
         choose_drafter([], COST)
 

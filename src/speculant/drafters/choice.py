@@ -12,7 +12,9 @@ joins it). Such a step costs
 (cost: the target's measured pass cost by rows at context L, ``costmodel.PassCost``; draft(d):
 the drafter's time per step with its tree d depths deep, measured here at load). A candidate's
 forecast is its best (1 + A) / T over (d, m), the sizer's rule (``sizing.TreeSizer``) on held-out
-text; the larger forecast wins. A file with only the greedy chain's accuracy a_d (P(first d
+text; the larger forecast wins, except that the heads (the first candidate) keep the choice
+unless another beats them by more than ``SWITCH_LEAD``: the forecast times drafting alone, and in
+decoding the drafters' steps cost more than that, the EAGLE drafter's the most. A file with only the greedy chain's accuracy a_d (P(first d
 guesses all right)) gives A(d, m) = a_1 + ... + a_min(d, m): a chain of m <= d nodes. None of
 this can change the output, only the speed.
 """
@@ -32,11 +34,16 @@ from ..backends.base import HiddenNeed
 from ..costmodel import PassCost
 from .base import Drafter
 
-__all__ = ["ACCURACY_FILE", "Forecast", "chain_accepts", "choose_drafter", "held_out_accepts", "time_drafting",
-           "tree_accepts"]
+__all__ = ["ACCURACY_FILE", "SWITCH_LEAD", "Forecast", "chain_accepts", "choose_drafter", "held_out_accepts",
+           "time_drafting", "tree_accepts"]
 
 ACCURACY_FILE = "accuracy.json"
 FORECAST_CONTEXT = 512  # the context (tokens) the forecast prices a pass at: a prompt and an answer
+# how much faster another drafter's forecast must be than the first's for "auto" to switch: in decoding
+# the EAGLE drafter's steps cost 2-3x its drafting timed alone (its depth rule grows depths the sizer
+# then leaves unverified), the heads' about 1.7x, so a forecast 9% in its favour measured 5-7% against
+# it on an AMD Zen 4 (docs/design-notes.md#shipped-drafter-chosen-by-forecast)
+SWITCH_LEAD = 1.15
 
 
 @dataclass(frozen=True)
@@ -156,15 +163,22 @@ def tree_accepts(drafter, records: Sequence[dict], hidden: torch.Tensor, starts:
     return [[x / max(total, 1) for x in row] for row in sums]
 
 
-def choose_drafter(forecasts: Sequence[Forecast], cost: PassCost,
-                   context: int = FORECAST_CONTEXT) -> tuple[Forecast, str]:
-    """The candidate with the most expected tokens per ms (ties: the earlier one), and one plain
-    clause saying why, e.g. "the cost model forecasts 31.2 tokens/s for it (6-node trees, 3 deep)
-    against 29.8 for hydra on this CPU"."""
+def choose_drafter(forecasts: Sequence[Forecast], cost: PassCost, context: int = FORECAST_CONTEXT,
+                   lead: float = SWITCH_LEAD) -> tuple[Forecast, str]:
+    """The candidate with the most expected tokens per ms, where the first (the incumbent) keeps the
+    choice unless another's forecast beats its own by more than ``lead`` (a ratio; see
+    ``SWITCH_LEAD``); and one plain clause saying why, e.g. "the cost model forecasts 31.2 tokens/s
+    for it (6-node trees, 3 deep) against 29.8 for hydra on this CPU"."""
     if not forecasts:
         raise ValueError("no drafter to choose from")
     rated = [(f, *f.best(cost, context)) for f in forecasts]
     best, rate, (depth, nodes) = max(rated, key=lambda r: r[1])  # max keeps the first of equals
+    first, first_rate, first_shape = rated[0]
+    held = best is not first and rate <= lead * first_rate
+    if held:
+        best, rate, (depth, nodes) = first, first_rate, first_shape
     others = ", ".join(f"{1e3 * r:.1f} for {f.method}" for f, r, _ in rated if f is not best)
     return best, (f"the cost model forecasts {1e3 * rate:.1f} tokens/s for it ({nodes}-node trees, {depth} deep)"
-                  + (f" against {others}" if others else "") + " on this CPU")
+                  + (f" against {others}" if others else "")
+                  + (f", short of the {100 * (lead - 1):.0f}% lead that switching from it takes" if held else "")
+                  + " on this CPU")
