@@ -230,6 +230,13 @@ def test_a_depth_is_drafted_only_while_its_nodes_can_pay_for_it():
     assert not sizer.worth_deeper(confident, depth_ms=150.0)
     sizer.share(rows=7, tokens=3.0)  # the pass is wider: a token is worth cost(8) rows
     assert sizer.worth_deeper(confident, depth_ms=60.0)
+    # each node the depth adds needs a row: where rows are dear it pays only as far as p x value
+    # beats the row (AVX-512 without AMX: 4-6 ms a row against 32 ms for one)
+    dear = TreeSizer(PassCost((1, 2, 4), (100.0, 100.0, 200.0)))  # from 2 rows on, 50 ms a row
+    assert dear.worth_deeper(confident, depth_ms=150.0)  # the tree's second row comes free
+    assert not dear.worth_deeper(confident, depth_ms=1.0, rows=2)  # 4 x max(0, 0.5 x 100 - 50) = 0
+    assert dear.worth_deeper([math.log(0.9)] * 2, depth_ms=70.0, rows=2)  # 2 x (90 - 50) = 80
+    assert not dear.worth_deeper([math.log(0.9)] * 2, depth_ms=90.0, rows=2)
 
 
 def test_the_dynamic_tree_stops_deepening_when_a_depth_costs_more_than_it_can_return(seq_heads_random):

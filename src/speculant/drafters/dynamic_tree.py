@@ -138,8 +138,8 @@ class DynamicTreeDrafter(HeadsDrafter):
                 break
             flat = sc.flatten()
             best = flat.topk(min(cfg.beam, flat.numel())).indices  # (b,) expanded at the next depth
-            if self.sizer is not None and self.depth_ms and not self.sizer.worth_deeper(flat[best].tolist(),
-                                                                                       self.depth_ms):
+            if self.sizer is not None and self.depth_ms and not self.sizer.worth_deeper(
+                    flat[best].tolist(), self.depth_ms, rows=1 + d):
                 break  # the next depth would cost more than its nodes can return
             t = time.perf_counter()
             state, tok, logp = yield self._next_step(state, best // k, tok.flatten()[best], d)

@@ -74,13 +74,20 @@ class TreeSizer:
         w = self.prior_weight
         return min(max((self.heads_seen + w) / (self.heads_pred + w), 0.2), 2.0)
 
-    def worth_deeper(self, front_scores: list[float], depth_ms: float, context: int | None = None) -> bool:
+    def worth_deeper(self, front_scores: list[float], depth_ms: float, context: int | None = None,
+                     rows: int = 1) -> bool:
         """Whether drafting one more depth below nodes of these log-scores can pay for its
-        ``depth_ms``: their children's expected accepted tokens are at most Σ exp(score) (a
-        node's children together are accepted no more often than it is), calibrated by
-        ``kappa``, and a token is worth at most one single-row pass (what plain decoding pays)."""
-        gain = self.kappa * sum(math.exp(min(s, 0.0)) for s in front_scores)
-        return gain * self.cost(1 + self.others_rows, context) > depth_ms
+        ``depth_ms``. A node's children are together accepted no more often than it is (at most
+        exp(score), calibrated by ``kappa``); an accepted token is worth at most one single-row pass
+        (what plain decoding pays); and verifying any of them takes at least one more row after the
+        ``rows`` the tree needs already (the root and one node per depth drafted), at the cost
+        curve's price for that row. So the depth can return at most Σ max(0, p·value − row) over
+        the front, which must exceed its drafting time."""
+        base = self.others_rows
+        value = self.cost(1 + base, context)
+        row = max(self.cost(base + rows + 1, context) - self.cost(base + rows, context), 0.0)
+        gain = sum(max(self.kappa * math.exp(min(s, 0.0)) * value - row, 0.0) for s in front_scores)
+        return gain > depth_ms
 
     def chain_rates(self, n: int) -> list[float]:
         """r_1..r_n: the chance that the chain's first j tokens are all accepted (non-increasing)."""
