@@ -14,9 +14,9 @@ the drafter's time per step with its tree d depths deep, measured here at load).
 forecast is its best (1 + A) / T over (d, m), the sizer's rule (``sizing.TreeSizer``) on held-out
 text; the larger forecast wins, except that the heads (the first candidate) keep the choice
 unless another beats them by more than ``SWITCH_LEAD``: the forecast times drafting alone, and in
-decoding the drafters' steps cost more than that, the EAGLE drafter's the most. A file with only the greedy chain's accuracy a_d (P(first d
-guesses all right)) gives A(d, m) = a_1 + ... + a_min(d, m): a chain of m <= d nodes. None of
-this can change the output, only the speed.
+decoding the drafters' steps cost more than that, the EAGLE drafter's the most. A file with only
+the greedy chain's accuracy a_d (P(first d guesses all right)) gives A(d, m) = a_1 + ... +
+a_min(d, m): a chain of m <= d nodes. None of this can change the output, only the speed.
 """
 
 from __future__ import annotations
