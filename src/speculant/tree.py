@@ -90,29 +90,34 @@ def compile_paths(paths: Sequence[Sequence[int]]) -> TreeBuffers:
 
 @lru_cache(maxsize=4096)  # dynamic trees (drafters.dynamic_tree.DynamicTree) take many shapes
 def _compile_cached(paths: tuple[Path, ...]) -> TreeBuffers:
+    # built in Python lists, one tensor per buffer: a dynamic tree takes a new shape at most steps,
+    # and a tensor write per node and ancestor would cost a large share of a drafting step
     ordered: list[Path] = [()] + list(paths)
     index = {p: i for i, p in enumerate(ordered)}
     n = len(ordered)
-    parents = torch.tensor([-1] + [index[p[:-1]] for p in ordered[1:]], dtype=torch.long)
-    depths = torch.tensor([len(p) for p in ordered], dtype=torch.long)
-    ranks = torch.tensor([p[-1] if p else 0 for p in ordered], dtype=torch.long)
+    parent = [-1] + [index[p[:-1]] for p in ordered[1:]]
+    depth = [len(p) for p in ordered]
+    lineage: list[list[int]] = [[0]]  # node i's ancestors and itself, root first
+    for i in range(1, n):
+        lineage.append(lineage[parent[i]] + [i])
     mask = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(ordered):
-        for d in range(len(p) + 1):
-            mask[i, index[p[:d]]] = True
+    rows = [i for i, line in enumerate(lineage) for _ in line]
+    mask[rows, [j for line in lineage for j in line]] = True
     fan = max([p[-1] + 1 for p in ordered[1:]], default=0)
-    children = torch.full((n, max(fan, 1)), -1, dtype=torch.long)
-    for i, p in enumerate(ordered[1:], start=1):
-        children[parents[i], p[-1]] = i
-    max_depth = int(depths.max())
-    levels = tuple(torch.nonzero(depths == d).flatten() for d in range(max_depth + 1))
-    leaves = [i for i in range(n) if children[i, 0] < 0]
-    retrieve = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        p = ordered[leaf]
-        for d in range(len(p) + 1):
-            retrieve[row, d] = index[p[:d]]
-    return TreeBuffers(tuple(ordered), parents, depths, ranks, mask, children, levels, retrieve)
+    kids = [[-1] * max(fan, 1) for _ in range(n)]
+    for i in range(1, n):
+        kids[parent[i]][ordered[i][-1]] = i
+    max_depth = max(depth)
+    by_depth: list[list[int]] = [[] for _ in range(max_depth + 1)]
+    for i, d in enumerate(depth):
+        by_depth[d].append(i)
+    leaves = [i for i in range(n) if kids[i][0] < 0]
+    retrieve = [lineage[i] + [-1] * (max_depth + 1 - len(lineage[i])) for i in leaves]
+    return TreeBuffers(tuple(ordered), torch.tensor(parent, dtype=torch.long), torch.tensor(depth, dtype=torch.long),
+                       torch.tensor([p[-1] if p else 0 for p in ordered], dtype=torch.long), mask,
+                       torch.tensor(kids, dtype=torch.long),
+                       tuple(torch.tensor(level, dtype=torch.long) for level in by_depth),
+                       torch.tensor(retrieve, dtype=torch.long).view(len(leaves), max_depth + 1))
 
 
 def chain_paths(gamma: int) -> list[Path]:
