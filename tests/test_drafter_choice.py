@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from speculant.costmodel import PassCost
-from speculant.drafters.choice import (Forecast, chain_accepts, choose_drafter, held_out_accepts, time_drafting,
-                                      tree_accepts)
+from speculant.drafters.choice import (CacheSweep, Forecast, chain_accepts, choose_drafter, held_out_accepts,
+                                      last_level_cache_bytes, time_drafting, tree_accepts)
 from speculant.drafters.dynamic_tree import DynamicTree
 from speculant.eagle import EagleDrafter
 
@@ -111,8 +111,34 @@ def test_time_drafting_measures_every_depth_and_leaves_the_drafter_as_it_was():
     drafter = EagleDrafter(eagle_for(target, depth=3), DynamicTree(nodes=8), 64)
     prompt = torch.arange(10, 30)
     hidden = torch.randn(prompt.shape[0] - 1, target.config.hidden_size)
-    ms = time_drafting(drafter, prompt, hidden, repeats=2)
+    swept = []
+    ms = time_drafting(drafter, prompt, hidden, repeats=2, sweep=lambda: swept.append(1))
     assert len(ms) == 3 and all(t > 0 for t in ms) and drafter.depth == 3
+    assert len(swept) == 3 * 2  # every try starts from cold caches, as a decoding step does
+
+
+def test_the_cache_sweep_reads_twice_the_largest_cache():
+    llc = last_level_cache_bytes()
+    assert llc >= 1 << 20  # every x86 CPU these run on has a last-level cache of MBs (or the 64 MiB default)
+    assert CacheSweep().buffer.numel() * 4 == 2 * llc
+    sweep = CacheSweep(1 << 20)
+    assert sweep.buffer.numel() == (1 << 20) // 4
+    sweep()
+
+
+def test_the_largest_cache_is_read_from_sysfs_and_defaults_where_it_cannot_be(tmp_path, monkeypatch):
+    import speculant.drafters.choice as choice
+
+    for i, size in enumerate(("48K", "1024K", "32768K")):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    (tmp_path / "index3").mkdir()
+    (tmp_path / "index3" / "size").write_text("garbled\n")
+    real = choice.Path
+    monkeypatch.setattr(choice, "Path", lambda p: tmp_path if "cache" in str(p) else real(p))
+    assert last_level_cache_bytes() == 32 << 20
+    monkeypatch.setattr(choice, "Path", lambda p: tmp_path / "missing")
+    assert last_level_cache_bytes(default=5) == 5
 
 
 @pytest.fixture(scope="module")

@@ -34,8 +34,8 @@ from ..backends.base import HiddenNeed
 from ..costmodel import PassCost
 from .base import Drafter
 
-__all__ = ["ACCURACY_FILE", "SWITCH_LEAD", "Forecast", "chain_accepts", "choose_drafter", "held_out_accepts",
-           "time_drafting", "tree_accepts"]
+__all__ = ["ACCURACY_FILE", "SWITCH_LEAD", "CacheSweep", "Forecast", "chain_accepts", "choose_drafter",
+           "held_out_accepts", "last_level_cache_bytes", "time_drafting", "tree_accepts"]
 
 ACCURACY_FILE = "accuracy.json"
 FORECAST_CONTEXT = 512  # the context (tokens) the forecast prices a pass at: a prompt and an answer
@@ -95,13 +95,42 @@ def held_out_accepts(path: str | Path) -> dict[str, tuple[tuple[float, ...], ...
         return {}
 
 
+def last_level_cache_bytes(default: int = 64 << 20) -> int:
+    """The size of this CPU's largest cache (Linux's sysfs), ``default`` where it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=default)
+
+
+class CacheSweep:
+    """Reads a buffer twice the size of the CPU's largest cache: what a pass of the target does to
+    the drafter's weights between two decoding steps (it streams far more than the caches hold),
+    so drafting timed after a sweep is priced as decoding runs it, from memory."""
+
+    def __init__(self, nbytes: int | None = None):
+        n = (nbytes or 2 * last_level_cache_bytes()) // 4
+        self.buffer = torch.ones(max(n, 1024), dtype=torch.float32)
+
+    def __call__(self) -> None:
+        self.buffer.sum()
+
+
 @torch.inference_mode()
-def time_drafting(drafter: Drafter, prompt: torch.Tensor, hidden: torch.Tensor, repeats: int = 5) -> tuple[float, ...]:
+def time_drafting(drafter: Drafter, prompt: torch.Tensor, hidden: torch.Tensor, repeats: int = 5,
+                  sweep: CacheSweep | None = None) -> tuple[float, ...]:
     """Milliseconds of one decoding step's drafting by ``drafter`` (a dynamic-tree drafter without
     a sizer) with its tree 1, 2, ... ``drafter.depth`` depths deep, after ``prompt`` (T,) given
     target states ``hidden`` (T-1, H) at ``prompt[:-1]``: proposing the tree, then taking in the
-    accepted position (``observe``; the EAGLE drafter runs its layer over it). The fastest of
-    ``repeats`` tries of each (timing noise only adds)."""
+    accepted position (``observe``; the EAGLE drafter runs its layer over it). Each try starts
+    from cold caches (``sweep``, default a :class:`CacheSweep`: in decoding the target's pass runs
+    between two drafting steps); the fastest of ``repeats`` tries of each (timing noise only adds)."""
+    sweep = sweep or CacheSweep()
     full = drafter.hidden_need is HiddenNeed.ALL
     states = hidden if full else hidden[-1]
     accepted = hidden[-1:] if full else hidden[-1]  # the root's state, as the target returns it
@@ -113,6 +142,7 @@ def time_drafting(drafter: Drafter, prompt: torch.Tensor, hidden: torch.Tensor, 
             drafter.begin(prompt, states)
             best = math.inf
             for _ in range(repeats):
+                sweep()
                 t = time.perf_counter()
                 drafter.propose(prompt)
                 drafter.observe([0], root, accepted)

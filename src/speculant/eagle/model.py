@@ -298,6 +298,13 @@ class EagleModel(DraftVocabulary, nn.Module):
         q, k, v = self._qkv(u, torch.arange(P, P + n))
         kv = self.kv_dtype
         keys, values = cache.append(k.to(kv), v.to(kv))
+        if P == 0 and n > 1:
+            # a prompt's pairs: PyTorch's causal attention without a mask tensor, in the cache's
+            # dtype, given a batch dimension (4-D inputs take its flash path, 3-D ones its
+            # reference path): 48 ms at 1,500 pairs against 160 for either masked product
+            o = F.scaled_dot_product_attention(q.to(kv)[None], keys[None], values[None], is_causal=True,
+                                               enable_gqa=True)[0]
+            return self._rest(u, o.to(q.dtype))
         mask = torch.ones(n, P + n, dtype=torch.bool).tril_(P)
         return self._rest(u, grouped_attention(q, keys, values, mask))
 
