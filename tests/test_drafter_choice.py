@@ -120,7 +120,7 @@ def test_time_drafting_measures_every_depth_and_leaves_the_drafter_as_it_was():
 def test_the_cache_sweep_reads_twice_the_largest_cache():
     llc = last_level_cache_bytes()
     assert llc >= 1 << 20  # every x86 CPU these run on has a last-level cache of MBs (or the 64 MiB default)
-    assert CacheSweep().buffer.numel() * 4 == 2 * llc
+    assert CacheSweep().buffer.numel() * 4 == min(2 * llc, 512 << 20)  # capped: a huge cache costs no more
     sweep = CacheSweep(1 << 20)
     assert sweep.buffer.numel() == (1 << 20) // 4
     sweep()

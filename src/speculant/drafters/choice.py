@@ -42,9 +42,9 @@ ACCURACY_FILE = "accuracy.json"
 FORECAST_CONTEXT = 512  # the context (tokens) the forecast prices a pass at: a prompt and an answer
 # how much faster another drafter's forecast must be than the first's for "auto" to switch. On
 # Spec-Bench prompts the drafters are accepted less often than on their corpus's held-out text, the
-# EAGLE drafter more so: on an AMD Zen 5 its forecast led the heads' by 9% and it ran 1% slower
-# (live acceptance 61% of its forecast's, the heads' 78%); on a Zen 4, 9% ahead and 3% slower
-# (docs/design-notes.md#shipped-drafter-chosen-by-forecast)
+# EAGLE drafter more so: on an AMD Zen 5 its forecast led the heads' by 7% and the two ran even
+# (accepted per drafted step: 50% of its forecast tree's, the heads' 63%); on a Zen 4, 9% ahead
+# and 3% slower (docs/design-notes.md#shipped-drafter-chosen-by-forecast)
 SWITCH_LEAD = 1.15
 
 
@@ -116,7 +116,7 @@ class CacheSweep:
     so drafting timed after a sweep is priced as decoding runs it, from memory."""
 
     def __init__(self, nbytes: int | None = None):
-        n = (nbytes or 2 * last_level_cache_bytes()) // 4
+        n = (nbytes or min(2 * last_level_cache_bytes(), 512 << 20)) // 4
         self.buffer = torch.ones(max(n, 1024), dtype=torch.float32)
 
     def __call__(self) -> None:
