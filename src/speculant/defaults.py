@@ -163,7 +163,7 @@ def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, pri
     ``price()``: its PassCost, asked for only when there is a choice to make. Returns (config, why,
     the chosen drafter loaded, the PassCost), the last two None when nothing was compared."""
     from .config import SamplingConfig
-    from .drafters.choice import Forecast, choose_drafter, held_out_accepts, time_drafting
+    from .drafters.choice import CacheSweep, Forecast, choose_drafter, held_out_accepts, time_drafting
     from .drafters.factory import DraftParts, build_drafter, plan_tree, warm_up_heads
     from .heads import shipped_heads
     from .loading import load_decoder_heads
@@ -179,7 +179,7 @@ def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, pri
     V = backend.vocab_size
     prompt = torch.arange(64, dtype=torch.long) % V  # any tokens: only the drafting time is read
     hidden = target.model.get_input_embeddings().weight[prompt[:-1]].detach()  # (T-1, H), a plausible scale
-    forecasts, loaded = [], {}
+    forecasts, loaded, sweep = [], {}, CacheSweep()  # one buffer for every drafter's timing
     for method, source in sources.items():
         heads = load_decoder_heads(source, target.model, method)
         tree, dynamic = plan_tree(dataclasses.replace(config, method=method), source, heads.num_heads)
@@ -187,7 +187,7 @@ def choose_shipped_drafter(config: DecoderConfig, why: str, target, backend, pri
         timing = dataclasses.replace(config, method=method, lookup_branch=0)  # the chain costs both the same
         drafter = build_drafter(timing, DraftParts(tree, V, dynamic, heads=heads), SamplingConfig())
         table = tuple(row[:dynamic.nodes] for row in accepts[method])  # the nodes the lookup chain leaves
-        forecasts.append(Forecast(method, table, time_drafting(drafter, prompt, hidden)))
+        forecasts.append(Forecast(method, table, time_drafting(drafter, prompt, hidden, sweep=sweep)))
         loaded[method] = heads
     cost = price()
     chosen, reason = choose_drafter(forecasts, cost)
