@@ -126,6 +126,9 @@ def add_training_parsers(sub) -> None:
     mc.add_argument("--batch", type=int, default=16, help="prompts answered together (default: %(default)s)")
     mc.add_argument("--max-new-tokens", type=int, default=512, help="longest answer (default: %(default)s)")
     mc.add_argument("--method", default="auto", help="the (lossless) decoding method (default: %(default)s)")
+    mc.add_argument("--families", choices=("drafter", "asked"), default="drafter",
+                    help="drafter: code, maths, chat, translation and docs prompts; asked: prose prompts the "
+                         "target writes itself, grown from its own answers (default: %(default)s)")
 
     te = sub.add_parser("train-eagle", help="train an EAGLE drafter (--method eagle) on a corpus (make-corpus)")
     te.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
@@ -208,9 +211,10 @@ def cmd_make_corpus(args) -> int:
     describe = {"method": args.method, "runtime": f"{dec.config.backend}:{dec.config.target_quant}",
                 "max_new_tokens": args.max_new_tokens, "batch": args.batch,
                 "command": f"speculant make-corpus --target {args.target} --out DIR --tokens {args.tokens} "
-                           f"--batch {args.batch} --max-new-tokens {args.max_new_tokens} --method {args.method}"}
+                           f"--batch {args.batch} --max-new-tokens {args.max_new_tokens} --method {args.method}"
+                           + (f" --families {args.families}" if args.families != "drafter" else "")}
     manifest = make_corpus(dec, args.out, args.tokens, batch_size=args.batch, max_new_tokens=args.max_new_tokens,
-                           describe=describe)
+                           describe=describe, families=args.families)
     print(json.dumps({k: manifest[k] for k in ("answer_tokens", "records", "by_family", "cpu_hours")}, indent=2))
     if manifest["answer_tokens"] < args.tokens and not manifest["prompts_left"]:
         print(f"speculant: note: every prompt of the corpus's families is answered: {manifest['answer_tokens']} "

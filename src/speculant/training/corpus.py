@@ -41,10 +41,12 @@ from typing import Sequence
 from ..bench.harness import machine_info
 from .data import STDLIB_MODULES, _public, distill, german_answer, importable, load_records, stdlib_prompts, \
     wmt_prompts
+from .asked import asked_families, grow_asked
 from .prompts import de_en_prompts, english_prompt_families, german_sentences, german_writing_prompts, \
     more_chat_prompts
 
-__all__ = ["CORPUS_NAME", "MANIFEST_NAME", "SOURCES", "code_edit_prompts", "corpus_families", "german_sources",
+__all__ = ["ASKED_SOURCES", "CORPUS_NAME", "FAMILY_SETS", "MANIFEST_NAME", "SOURCES", "code_edit_prompts",
+           "corpus_families", "german_sources",
            "make_corpus"]
 
 CORPUS_NAME, MANIFEST_NAME = "corpus.jsonl", "manifest.json"
@@ -58,6 +60,14 @@ SOURCES = {
     "math": "templated word problems written for speculant, seeded numbers",
     "de-write": "prompts written for speculant asking for German prose, Apache-2.0 like the project",
 }
+ASKED_SOURCES = {
+    "ask": "subjects and list requests written for speculant (speculant.training.asked), Apache-2.0 like the project",
+    "asked": "the requests the target listed in its answers to the ask prompts",
+    "summarize": "the target's own prose answers to the asked prompts",
+    "rag": "the target's own prose answers to the asked prompts, three per prompt, and one of their questions",
+    "de-en": "the sentences of the target's own German paragraphs (ask prompts in German)",
+}
+FAMILY_SETS = ("drafter", "asked")  # corpus_families (module docstring); speculant.training.asked
 EDIT_TASKS = (
     "Add type hints and a docstring to this Python function, changing nothing else:\n\n```python\n{src}```",
     "Rewrite this Python function to be easier to read, keeping its behaviour:\n\n```python\n{src}```",
@@ -140,11 +150,15 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int = 16, max_new_tokens: int = 512,
-                seed: int = 0, progress: bool = True, describe: dict | None = None) -> dict:
+                seed: int = 0, progress: bool = True, describe: dict | None = None, families: str = "drafter") -> dict:
     """Answer the families' prompts with ``decoder`` (a ``SpeculativeDecoder`` with
     ``chat=True``; greedy) into ``out/corpus.jsonl`` until the answers hold ``tokens`` tokens (or the
     prompts run out); resumable. ``describe``: what to record about the model and the command.
+    ``families``: which set of families (:data:`FAMILY_SETS`): ``"drafter"`` (this module's) or
+    ``"asked"`` (self-instructed prose, :mod:`speculant.training.asked`).
     Returns the manifest (also written to ``out/manifest.json`` after every batch)."""
+    if families not in FAMILY_SETS:
+        raise ValueError(f"unknown family set {families!r}: use one of {', '.join(FAMILY_SETS)}")
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     path, manifest_path = directory / CORPUS_NAME, directory / MANIFEST_NAME
@@ -155,11 +169,18 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     started = old.get("started") or datetime.now(timezone.utc).isoformat(timespec="seconds")
     this_run = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
     first = None  # records and answer tokens before this run
-    families = corpus_families((), seed)  # de-en grows with the target's German, below
-    prose = set(families.get("de-write", ()))
+    family_set, sources = families, (SOURCES if families == "drafter" else ASKED_SOURCES)
+    if family_set == "asked":
+        families = asked_families()  # every family but ask grows with the target's answers, below
+    else:
+        families = corpus_families((), seed)  # de-en grows with the target's German, below
+        prose = set(families.get("de-write", ()))
     while True:
         records = load_records(path)
-        families["de-en"] = de_en_prompts(german_sources(records, decoder.tokenizer, prose))
+        if family_set == "asked":
+            grow_asked(families, records, decoder.tokenizer)
+        else:
+            families["de-en"] = de_en_prompts(german_sources(records, decoder.tokenizer, prose))
         order = interleave(families, batch_size)
         family = dict((p, f) for f, p in order)
         done = {r["prompt"] for r in records}
@@ -169,7 +190,7 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         this_run.update(seconds=round(time.perf_counter() - start, 1),
                         cpu_seconds=round(time.process_time() - cpu0, 1), records=len(records) - first[0],
                         answer_tokens=have - first[1])
-        manifest = _manifest(records, family, tokens, started, runs + [this_run], describe or {}, decoder)
+        manifest = _manifest(records, family, tokens, started, runs + [this_run], describe or {}, decoder, sources)
         manifest["prompts_left"] = len(todo)  # 0 below the goal: the families' prompts ran out
         _write_json(manifest_path, manifest)
         if have >= tokens or not todo:
@@ -180,7 +201,7 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
 
 
 def _manifest(records: list[dict], family: dict[str, str], goal: int, started: str, runs: list[dict],
-              describe: dict, decoder) -> dict:
+              describe: dict, decoder, sources: dict[str, str]) -> dict:
     """The manifest; ``runs``: every run of the command on this corpus (its machine, start, wall
     seconds, CPU seconds of all its threads, and the records and answer tokens it added), the
     current one last. CPU-hours: the runs' CPU seconds; a run recorded without them counts its
@@ -207,5 +228,5 @@ def _manifest(records: list[dict], family: dict[str, str], goal: int, started: s
         "seconds": round(seconds, 1),
         "cpu_hours": round(cpu_seconds / 3600, 3),
         "runs": runs,
-        "sources": SOURCES,
+        "sources": sources,
     }
