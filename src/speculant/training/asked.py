@@ -75,6 +75,11 @@ RAG = ("Answer the question using the documents below.\n\n{docs}\n\nQuestion: {q
 _ITEM = re.compile(r"^\s*(\d{1,2})[.)]\s+(.*\S)\s*$")
 
 
+def _answer(rec: dict, tokenizer) -> str:
+    """The decoded answer of a corpus record."""
+    return tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True)
+
+
 def listed_requests(text: str, min_words: int = 5, max_words: int = 60) -> list[str]:
     """The items of a numbered list in ``text`` (``1. ...`` or ``1) ...``, one per line), markdown
     emphasis and quotes removed, each of ``min_words`` to ``max_words`` words."""
@@ -97,7 +102,7 @@ def prose_answers(records: Sequence[dict], tokenizer, prompts: set[str], min_wor
     for rec in records:
         if rec["prompt"] not in prompts:
             continue
-        text = tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True).strip()
+        text = _answer(rec, tokenizer).strip()
         if "```" not in text and min_words <= len(text.split()) <= max_words:
             out.append((rec["prompt"], text))
     return out
@@ -112,15 +117,15 @@ def asked_families(subjects: Sequence[str] = SUBJECTS) -> dict[str, list[str]]:
 
 def grow_asked(families: dict[str, list[str]], records: Sequence[dict], tokenizer) -> None:
     """Fill the grown families of ``families`` (:func:`asked_families`) from ``records``, in place."""
-    lists, german = set(families["ask"]) - {p for p in families["ask"] if p.startswith("Schreibe")}, []
+    in_german = GERMAN_ASK.split("{s}")[0]  # the German requests' common start
+    lists = {p for p in families["ask"] if not p.startswith(in_german)}
     asked: list[str] = []
+    german: list[str] = []
     for rec in records:
-        if rec["prompt"] in lists or rec["prompt"].startswith("Schreibe"):
-            text = tokenizer.decode(rec["ids"][rec["prompt_len"]:], skip_special_tokens=True)
-            if rec["prompt"] in lists:
-                asked += listed_requests(text)
-            else:
-                german += german_sentences(text)
+        if rec["prompt"] in lists:
+            asked += listed_requests(_answer(rec, tokenizer))
+        elif rec["prompt"].startswith(in_german):
+            german += german_sentences(_answer(rec, tokenizer))
     asked = list(dict.fromkeys(a for a in asked if a not in lists))
     prose = prose_answers(records, tokenizer, set(asked))
     summarize = [SUMMARIZE[i % len(SUMMARIZE)].format(text=text) for i, (_, text) in enumerate(prose)]

@@ -137,6 +137,23 @@ def interleave(families: dict[str, list[str]], block: int) -> list[tuple[str, st
     return out
 
 
+def _family_set(name: str, seed: int):
+    """(families, grow, sources) of the family set ``name`` (:data:`FAMILY_SETS`): its prompts by
+    family before any answer, ``grow(families, records, tokenizer)`` filling in place the families
+    made from the target's answers, and each family's source."""
+    if name == "drafter":
+        families = corpus_families((), seed)
+        prose = set(families.get("de-write", ()))
+
+        def grow(fams: dict[str, list[str]], records: list[dict], tokenizer) -> None:
+            fams["de-en"] = de_en_prompts(german_sources(records, tokenizer, prose))
+
+        return families, grow, SOURCES
+    if name == "asked":
+        return asked_families(), grow_asked, ASKED_SOURCES
+    raise ValueError(f"unknown family set {name!r}: use one of {', '.join(FAMILY_SETS)}")
+
+
 def _answer_tokens(records: list[dict]) -> int:
     return sum(len(r["ids"]) - r["prompt_len"] for r in records)
 
@@ -157,8 +174,7 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     ``families``: which set of families (:data:`FAMILY_SETS`): ``"drafter"`` (this module's) or
     ``"asked"`` (self-instructed prose, :mod:`speculant.training.asked`).
     Returns the manifest (also written to ``out/manifest.json`` after every batch)."""
-    if families not in FAMILY_SETS:
-        raise ValueError(f"unknown family set {families!r}: use one of {', '.join(FAMILY_SETS)}")
+    prompts, grow, sources = _family_set(families, seed)  # an unknown set is refused before anything is written
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     path, manifest_path = directory / CORPUS_NAME, directory / MANIFEST_NAME
@@ -169,19 +185,10 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     started = old.get("started") or datetime.now(timezone.utc).isoformat(timespec="seconds")
     this_run = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
     first = None  # records and answer tokens before this run
-    family_set, sources = families, (SOURCES if families == "drafter" else ASKED_SOURCES)
-    if family_set == "asked":
-        families = asked_families()  # every family but ask grows with the target's answers, below
-    else:
-        families = corpus_families((), seed)  # de-en grows with the target's German, below
-        prose = set(families.get("de-write", ()))
     while True:
         records = load_records(path)
-        if family_set == "asked":
-            grow_asked(families, records, decoder.tokenizer)
-        else:
-            families["de-en"] = de_en_prompts(german_sources(records, decoder.tokenizer, prose))
-        order = interleave(families, batch_size)
+        grow(prompts, records, decoder.tokenizer)  # the families that grow with the target's answers
+        order = interleave(prompts, batch_size)
         family = dict((p, f) for f, p in order)
         done = {r["prompt"] for r in records}
         todo = [p for _, p in order if p not in done]
