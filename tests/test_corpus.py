@@ -227,3 +227,40 @@ def test_train_eagle_ranks_its_draft_vocabulary_on_the_records_it_trains_on(tmp_
                  "--draft-vocab", "12", "--held-out", "2"]) == 0
     vocab = load_file(str(out / "model.safetensors"))["draft_vocab"]
     assert torch.equal(vocab, torch.arange(5, 17))  # the 12 answer tokens of the training records
+
+
+def test_train_eagle_init_takes_a_draft_vocabulary_ranked_on_other_data(tmp_path, capsys):
+    """train-eagle --init --draft-vocab N ranks a new list of N tokens (here on --vocab-data, a
+    corpus it does not train on) and keeps the drafter's weights; --data FILE@N trains on N records
+    spread over FILE; a missing file, FILE@0 and a negative size are refused before any work."""
+    import torch
+    from safetensors.torch import load_file
+
+    from speculant.cli import main
+    from speculant.cli_training import _corpus_records
+
+    target = str(tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V))
+    records = [{"prompt": f"p{r}", "prompt_len": 4, "ids": [1, 2, 3, 4] + [5 + (r + j) % 12 for j in range(20)]}
+               for r in range(10)]
+    data, other = tmp_path / "corpus.jsonl", tmp_path / "other.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    other.write_text(json.dumps({"prompt": "q", "prompt_len": 1, "ids": [1] + [40 + j % 20 for j in range(60)]}) + "\n")
+    assert [r["prompt"] for r in _corpus_records([f"{data}@3"])] == ["p1", "p5", "p8"]
+    assert len(_corpus_records([f"{data}@99", str(other)])) == 11
+    first, tuned = tmp_path / "eagle", tmp_path / "tuned"
+    common = ["--target", target, "--steps", "1", "--batch-size", "2", "--seq-len", "16", "--held-out", "2"]
+    assert main(["train-eagle", *common, "--data", str(data), "--out", str(first), "--depth", "2",
+                 "--intermediate-size", "32", "--draft-vocab", "12"]) == 0
+    assert main(["train-eagle", *common, "--data", f"{data}@6", "--out", str(tuned), "--init", str(first),
+                 "--draft-vocab", "20", "--vocab-data", str(other), "--lr", "1e-12"]) == 0
+    before, after = load_file(str(first / "model.safetensors")), load_file(str(tuned / "model.safetensors"))
+    assert torch.equal(after["draft_vocab"], torch.arange(40, 60))  # other.jsonl's 20 answer tokens
+    assert json.loads((tuned / "config.json").read_text())["speculant_eagle"]["draft_vocab"] == 20
+    torch.testing.assert_close(after["fc.weight"], before["fc.weight"])  # lr ~0: the weights as they were
+    assert json.loads((tuned / "training_report.json").read_text())["train_windows"] > 0
+    for spec, said in ((str(tmp_path / "nope.jsonl"), "no file"), (f"{data}@0", "FILE@N takes N >= 1")):
+        assert main(["train-eagle", "--target", target, "--data", spec, "--out", str(tmp_path / "x")]) == 2
+        assert said in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["train-eagle", "--target", target, "--data", str(data), "--out", str(tmp_path / "x"),
+                 "--draft-vocab", "-1"]) == 2
+    assert "--draft-vocab must be >= 0" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -132,7 +132,8 @@ def add_training_parsers(sub) -> None:
 
     te = sub.add_parser("train-eagle", help="train an EAGLE drafter (--method eagle) on a corpus (make-corpus)")
     te.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
-    te.add_argument("--data", nargs="+", required=True, help="corpus JSONL file(s) (make-corpus's corpus.jsonl)")
+    te.add_argument("--data", nargs="+", required=True,
+                    help="corpus JSONL file(s) (make-corpus's corpus.jsonl); FILE@N: N of its records, evenly spread")
     te.add_argument("--out", required=True, help="output directory: the drafter, its report, checkpoints, features")
     te.add_argument("--steps", type=int, default=1000)
     te.add_argument("--batch-size", type=int, default=8, help="windows per step (default: %(default)s)")
@@ -146,8 +147,13 @@ def add_training_parsers(sub) -> None:
                     help="start from this trained EAGLE drafter (its draft vocabulary and shape) instead of a new "
                          "one; with a smaller --intermediate-size its MLP keeps the units that add the most to its "
                          "output on training windows (a cheaper drafter, fine-tuned from there)")
-    te.add_argument("--draft-vocab", type=int, default=32768,
-                    help="propose only the N most frequent answer tokens (FR-Spec; 0 = all) (default: %(default)s)")
+    te.add_argument("--draft-vocab", type=int, default=None,
+                    help="propose only the N most frequent answer tokens (FR-Spec; 0 = all) (default: 32768; with "
+                         "--init: the initial drafter's list, or N tokens ranked again)")
+    te.add_argument("--vocab-data", nargs="+", default=None, metavar="FILE",
+                    help="corpus JSONL file(s) whose answers rank the draft vocabulary, e.g. a whole corpus of which "
+                         "--data takes FILE@N (default: the records trained on, so the held-out accuracy stays "
+                         "held out)")
     te.add_argument("--held-out", type=int, default=16, help="records kept for the held-out accuracy")
     te.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
                     help="bfloat16: train under CPU autocast, 2-3x faster on AMX / AVX512-BF16 CPUs; auto: bfloat16 "
@@ -189,11 +195,29 @@ def add_training_parsers(sub) -> None:
 
 
 def _corpus_records(paths: list[str]) -> list[dict]:
-    """The records of the corpus JSONL files ``paths`` (make-corpus's corpus.jsonl), or a clear error."""
+    """The records of the corpus JSONL files ``paths`` (make-corpus's corpus.jsonl), or a clear error.
+    A path written ``FILE@N`` gives N of FILE's records, evenly spread over it (a corpus is written
+    family by family, so its first N records would all be of one kind)."""
+    from pathlib import Path
+
+    from .eagle.train import spread
     from .errors import ConfigError
     from .training.data import load_records
 
-    records = [r for path in paths for r in load_records(path)]
+    records = []
+    for spec in paths:
+        path, at, take = spec.rpartition("@")
+        if not at or not take.isdigit():
+            path, take = spec, ""
+        if not Path(path).is_file():
+            raise ConfigError(f"--data {spec}: no file {path} (a corpus.jsonl written by speculant make-corpus; "
+                              "FILE@N takes N of its records)")
+        got = load_records(path)
+        if take:
+            if int(take) < 1:
+                raise ConfigError(f"--data {spec}: FILE@N takes N >= 1 records, got {take}")
+            got = [got[i] for i in spread(len(got), min(int(take), len(got)))]
+        records += got
     if not records:
         raise ConfigError(f"no records in {', '.join(paths)}: make a corpus with speculant make-corpus")
     return records
@@ -231,7 +255,7 @@ def cmd_train_eagle(args) -> int:
     from .api import SpeculativeDecoder
     from .eagle import EagleConfig, EagleModel
     from .eagle.checkpoint import is_eagle_dir, load_eagle
-    from .eagle.narrow import check_width, narrow_mlp
+    from .eagle.narrow import check_width, narrow_mlp, with_draft_vocab
     from .eagle.train import (EagleTrainConfig, compute_features, load_features, split_records, train_eagle,
                               window_sample)
     from .errors import ConfigError
@@ -239,7 +263,10 @@ def cmd_train_eagle(args) -> int:
 
     if args.init and not is_eagle_dir(args.init):  # before the features, which can take an hour
         raise ConfigError(f"--init {args.init}: no EAGLE drafter there (a directory written by train-eagle)")
+    if args.draft_vocab is not None and args.draft_vocab < 0:
+        raise ConfigError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
     records = _corpus_records(args.data)
+    vocab_records = _corpus_records(args.vocab_data) if args.vocab_data else None
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                            held_out=args.held_out, precision=args.precision,
                            feature_noise=args.feature_noise, draft_steps=args.draft_steps)
@@ -259,18 +286,22 @@ def cmd_train_eagle(args) -> int:
     if args.features_only:
         print(json.dumps({"features": str(feats), "records": len(records), "rows": int(features[1][-1])}))
         return 0
+    V = dec.target.logits_dim
+    # ranked on the records trained on (so the held-out accuracy stays held out), or on --vocab-data
+    ranked = vocab_records or [records[r] for r in split_records(len(records), cfg.held_out)[1]]
     if init is not None:
         model = narrow_mlp(init, args.intermediate_size, *window_sample(records, features, cfg.held_out)) \
             if narrow else init
+        if args.draft_vocab is not None:  # 0: all V tokens
+            model = with_draft_vocab(model, draft_vocabulary(ranked, min(args.draft_vocab or V, V), V))
     else:
-        V = dec.target.logits_dim
+        size = 32768 if args.draft_vocab is None else args.draft_vocab
         ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None,
-                                      depth=args.depth, draft_vocab=min(args.draft_vocab, V), input_scale=True)
+                                      depth=args.depth, draft_vocab=min(size, V), input_scale=True)
         ecfg = dataclasses.replace(ecfg, vocab_size=V, base_model=dec.target.name)
         model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
-        if ecfg.draft_vocab:  # ranked on the records trained on, so the held-out accuracy stays held out
-            trained = split_records(len(records), cfg.held_out)[1]
-            model.set_draft_vocab(draft_vocabulary([records[r] for r in trained], ecfg.draft_vocab, V))
+        if ecfg.draft_vocab:
+            model.set_draft_vocab(draft_vocabulary(ranked, ecfg.draft_vocab, V))
         model = model.to(torch.float32)
         model.init_for_training(features[0][:65536], seed=cfg.seed)
     report = train_eagle(model, records, features, out, cfg)

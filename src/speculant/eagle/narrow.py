@@ -7,6 +7,10 @@ adding silu(gate_j . x) (up_j . x) down[:, j]. The units kept are those whose te
 sample of training windows, mean |silu(gate_j . x)(up_j . x)| x |down[:, j]| (the magnitude each
 adds to the output); the others' terms are dropped. Every other weight, the draft vocabulary and
 the input scale are kept. Shapes: B windows of T pairs, H hidden size, I units.
+
+A trained drafter can also take another draft vocabulary (``train-eagle --init DIR --draft-vocab N``,
+:func:`with_draft_vocab`): it projects through the target's frozen output layer, so its weights
+stay and only the list of token ids it ranks changes (a drafter fine-tuned on text of other words).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .model import EagleModel
 
-__all__ = ["check_width", "narrow_mlp", "unit_importance"]
+__all__ = ["check_width", "narrow_mlp", "unit_importance", "with_draft_vocab"]
 
 
 def check_width(model: EagleModel, width: int) -> None:
@@ -59,4 +63,18 @@ def narrow_mlp(model: EagleModel, width: int, hidden: torch.Tensor, tokens: torc
         state[key] = state[key][keep]
     state["layers.0.mlp.down_proj.weight"] = state["layers.0.mlp.down_proj.weight"][:, keep]
     out.load_weights(state)
+    return out.eval()
+
+
+@torch.no_grad()
+def with_draft_vocab(model: EagleModel, ids: torch.Tensor) -> EagleModel:
+    """A new drafter: ``model`` proposing from the token ids ``ids`` (n,) (distinct, < V) instead of
+    its own draft vocabulary (of any size); every weight is kept."""
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    config = dataclasses.replace(model.config, draft_vocab=int(ids.numel()))
+    out = EagleModel(config, *model._shared).to(model.dtype)
+    state = {k: v for k, v in model.state_dict().items() if k != "draft_vocab"}
+    state["draft_vocab"] = out.draft_vocab
+    out.load_weights(state)
+    out.set_draft_vocab(ids)
     return out.eval()
