@@ -201,6 +201,11 @@ def _drafter_accuracy(target: str, data, drafter, tmp_path, capsys) -> None:
     for e in kinds.values():
         assert len(e["tree"]) == {"hydra": 2, "eagle": 3}[e["kind"]] and len(e["tree"][0]) == 31
         assert e["tree"][0][0] == pytest.approx(e["greedy"][0])  # the best node: the root's top child
+    # a text no drafter trained on: every record measured (the shipped file's Spec-Bench answers)
+    from speculant.training.data import load_records
+    every = run("--all-records")
+    assert every["records"] == list(range(len(load_records(data)))) and len(every["records"]) > len(out["records"])
+    assert every["data"] == Path(data).name and len(every["drafters"]) == 2
     (drafter / "accuracy.json").write_text(json.dumps(out))
     assert set(held_out_accepts(drafter)) == {"hydra", "eagle"}
 

@@ -12,6 +12,14 @@ walk with their own states).
     python tools/drafter_accuracy.py --data corpus.jsonl [--features RUN/features] \\
         --hydra src/speculant/data/heads/qwen2.5-coder-1.5b-instruct/sequential --eagle RUN [RUN2 ...]
 
+``--all-records`` measures every record of a text no drafter trained on: the forecast's table for
+the shipped drafter comes from the target's greedy answers to the Spec-Bench questions the bench
+does not use (``tools/teacher_forced_tau.py gen``), text like what users ask, where the drafters
+are accepted far less often than on their corpora's held-out records:
+
+    python tools/teacher_forced_tau.py gen dev.jsonl --questions 2,3,4,5 --max-new-tokens 128
+    python tools/drafter_accuracy.py --data dev.jsonl --all-records --hydra HEADS --eagle RUN
+
 ``--train-records`` measures training records instead (the same number, spread over the rest):
 the gap to the held-out figure is what a drafter memorised.
 
@@ -69,11 +77,15 @@ def main() -> None:
     ap.add_argument("--per-record", type=int, default=64, help="answer positions sampled per record")
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--train-records", action="store_true", help="measure training records instead")
+    ap.add_argument("--all-records", action="store_true",
+                    help="measure every record (a text no drafter trained on, e.g. teacher_forced_tau.py gen's)")
     args = ap.parse_args()
+    if args.all_records and (args.train_records or args.features):
+        raise SystemExit("--all-records measures a text no drafter trained on: without --train-records or --features")
 
     records = load_records(args.data)
     held, _, seen = split_records(len(records), args.held_out)
-    chosen = seen if args.train_records else held
+    chosen = list(range(len(records))) if args.all_records else seen if args.train_records else held
     recs = [records[r] for r in chosen]
     dec = SpeculativeDecoder(args.target, method="ar")  # the runtime train-eagle reads the features from
     target, V = dec.target.model, dec.target_backend.vocab_size
@@ -87,7 +99,7 @@ def main() -> None:
     # "drafters": one entry per drafter, {"kind", "path", "greedy": P(first d guesses right) for d = 1..,
     # "tree": the table of the module doc} (speculant.drafters.choice reads the shipped drafter's file
     # to forecast which method is faster)
-    out = {"records": chosen, "per_record": args.per_record, "drafters": []}
+    out = {"data": Path(args.data).name, "records": chosen, "per_record": args.per_record, "drafters": []}
 
     def shape(spec: str) -> DynamicTree:  # the method's default tree as decoding sizes it, without a lookup chain
         return dataclasses.replace(DynamicTree.parse(spec), nodes=DEFAULT_MAX_ROWS - 1)

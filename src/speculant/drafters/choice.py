@@ -12,10 +12,10 @@ joins it). Such a step costs
 (cost: the target's measured pass cost by rows at context L, ``costmodel.PassCost``; draft(d):
 the drafter's time per step with its tree d depths deep, measured here at load from cold caches,
 as decoding runs it). A candidate's forecast is its best (1 + A) / T over (d, m), the sizer's rule
-(``sizing.TreeSizer``) on held-out text; the larger forecast wins, except that the heads (the first
-candidate) keep the choice unless another beats them by more than ``SWITCH_LEAD``: held-out text
-is the drafters' own corpus, and on other prompts they are accepted less often than there, the
-EAGLE drafter (trained on that corpus) the more so. A file with only
+(``sizing.TreeSizer``), on text like what users ask: the shipped file is measured on the target's
+answers to the Spec-Bench questions the bench does not use (on their own corpora's held-out text
+the drafters are accepted far more often, the EAGLE drafter the more so). The larger forecast
+wins; a tie keeps the first candidate (the heads). A file with only
 the greedy chain's accuracy a_d (P(first d guesses all right)) gives A(d, m) = a_1 + ... +
 a_min(d, m): a chain of m <= d nodes. None of this can change the output, only the speed.
 """
@@ -35,17 +35,11 @@ from ..backends.base import HiddenNeed
 from ..costmodel import PassCost
 from .base import Drafter
 
-__all__ = ["ACCURACY_FILE", "SWITCH_LEAD", "CacheSweep", "Forecast", "chain_accepts", "choose_drafter",
+__all__ = ["ACCURACY_FILE", "CacheSweep", "Forecast", "chain_accepts", "choose_drafter",
            "held_out_accepts", "last_level_cache_bytes", "time_drafting", "tree_accepts"]
 
 ACCURACY_FILE = "accuracy.json"
 FORECAST_CONTEXT = 512  # the context (tokens) the forecast prices a pass at: a prompt and an answer
-# how much faster another drafter's forecast must be than the first's for "auto" to switch. On
-# Spec-Bench prompts the drafters are accepted less often than on their corpus's held-out text, the
-# EAGLE drafter more so: on an AMD Zen 5 its forecast led the heads' by 7% and the two ran even
-# (accepted per drafted step: 50% of its forecast tree's, the heads' 63%); on a Zen 4, 9% ahead
-# and 3% slower (docs/design-notes.md#shipped-drafter-chosen-by-forecast)
-SWITCH_LEAD = 1.15
 
 
 @dataclass(frozen=True)
@@ -195,22 +189,15 @@ def tree_accepts(drafter, records: Sequence[dict], hidden: torch.Tensor, starts:
     return [[x / max(total, 1) for x in row] for row in sums]
 
 
-def choose_drafter(forecasts: Sequence[Forecast], cost: PassCost, context: int = FORECAST_CONTEXT,
-                   lead: float = SWITCH_LEAD) -> tuple[Forecast, str]:
-    """The candidate with the most expected tokens per ms, where the first (the incumbent) keeps the
-    choice unless another's forecast beats its own by more than ``lead`` (a ratio; see
-    ``SWITCH_LEAD``); and one plain clause saying why, e.g. "the cost model forecasts 31.2 tokens/s
-    for it (6-node trees, 3 deep) against 29.8 for hydra on this CPU"."""
+def choose_drafter(forecasts: Sequence[Forecast], cost: PassCost,
+                   context: int = FORECAST_CONTEXT) -> tuple[Forecast, str]:
+    """The candidate with the most expected tokens per ms (the first of equals), and one plain
+    clause saying why, e.g. "the cost model forecasts 31.2 tokens/s for it (6-node trees, 3 deep)
+    against 29.8 for hydra on this CPU"."""
     if not forecasts:
         raise ValueError("no drafter to choose from")
     rated = [(f, *f.best(cost, context)) for f in forecasts]
     best, rate, (depth, nodes) = max(rated, key=lambda r: r[1])  # max keeps the first of equals
-    first, first_rate, first_shape = rated[0]
-    held = best is not first and rate <= lead * first_rate
-    if held:
-        best, rate, (depth, nodes) = first, first_rate, first_shape
     others = ", ".join(f"{1e3 * r:.1f} for {f.method}" for f, r, _ in rated if f is not best)
     return best, (f"the cost model forecasts {1e3 * rate:.1f} tokens/s for it ({nodes}-node trees, {depth} deep)"
-                  + (f" against {others}" if others else "")
-                  + (f", short of the {100 * (lead - 1):.0f}% lead that switching from it takes" if held else "")
-                  + " on this CPU")
+                  + (f" against {others}" if others else "") + " on this CPU")
