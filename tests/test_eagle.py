@@ -294,6 +294,15 @@ def test_a_loaded_bf16_drafter_drafts_in_int4_and_decodes_as_plain_decoding(tmp_
         pytest.skip("no x86 int4 kernel on this machine: the drafter stays bf16")
     # every linear whose shape the kernel takes (the MLP's down projection reads 96 inputs: not a group multiple)
     assert {"fc", "layers.0.self_attn.q_proj", "layers.0.mlp.gate_proj"} <= set(int4), int4
+    # q/k/v and gate/up joined into one int4 call each, with the bits of the separate layers
+    drafter = dec.heads
+    attn, mlp = drafter.layers[0].self_attn, drafter.layers[0].mlp
+    assert isinstance(attn.qkv, Int4Linear) and isinstance(mlp.gate_up, Int4Linear)
+    u = torch.randn(3, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    fused = (*drafter._qkv(u, torch.arange(5, 8)), mlp(u))
+    attn.qkv, mlp.gate_up = None, None
+    apart = (*drafter._qkv(u, torch.arange(5, 8)), mlp(u))
+    assert all(torch.equal(a, b) for a, b in zip(fused, apart))
 
 
 def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):

@@ -192,7 +192,11 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
         drafter = load_eagle(source, target_model)
         # int4 wherever speculant's kernel runs: ~33M weights read for a handful of rows per depth
         # (Why: docs/design-notes.md#eagle-drafter-in-int4)
-        if not int4_heads(drafter, always=True):
+        if int4_heads(drafter, always=True):
+            from .quant import joined
+
+            drafter.fuse_projections(joined)  # q/k/v and gate/up: one int4 call each, the same bits
+        else:
             pack_linears(drafter)
         return drafter
     if method == "eagle":

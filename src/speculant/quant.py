@@ -300,3 +300,11 @@ def quantize_linears(model: nn.Module, mode: str, group_size: int = 64) -> nn.Mo
         new = Int8Linear(mod) if mode == "int8" else Int4Linear(mod, group_size)
         setattr(parent, child, new)
     return model
+
+
+def joined(layers: list[nn.Module]) -> nn.Module | None:
+    """:meth:`Int4Linear.concat` of ``layers`` (e.g. q, k and v projections: one kernel call, the
+    same bits) if they are int4 layers of speculant's layout it can join, else None."""
+    if all(isinstance(l, Int4Linear) and l.kind != "torch" and l.weight is None for l in layers):
+        return Int4Linear.concat(layers)
+    return None

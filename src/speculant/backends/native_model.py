@@ -82,11 +82,9 @@ class NativeBlock(nn.Module):
 
 def _joined(layers: list[nn.Module]) -> nn.Module | None:
     """Int4Linear.concat of ``layers`` if they are int4 layers it can join, else None."""
-    from ..quant import Int4Linear
+    from ..quant import joined
 
-    if all(isinstance(l, Int4Linear) and l.kind != "torch" and l.weight is None for l in layers):
-        return Int4Linear.concat(layers)
-    return None
+    return joined(layers)
 
 
 class NativeModel(nn.Module):

@@ -153,6 +153,7 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * D, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * D, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_attention_heads * D, c.hidden_size, bias=False)
+        self.qkv: nn.Module | None = None  # q, k and v as one layer, for decoding (EagleModel.fuse_projections)
 
 
 class _MLP(nn.Module):
@@ -161,8 +162,12 @@ class _MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_up: nn.Module | None = None  # gate and up as one layer, for decoding
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, -1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -238,9 +243,14 @@ class EagleModel(DraftVocabulary, nn.Module):
         """u (..., n, H) -> q (..., Hq, n, D), k and v (..., Hkv, n, D); q and k rotated."""
         c, attn = self.config, self.layers[0].self_attn
         D = c.dims
-        q = attn.q_proj(u).unflatten(-1, (c.num_attention_heads, D)).transpose(-3, -2)
-        k = attn.k_proj(u).unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
-        v = attn.v_proj(u).unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
+        if attn.qkv is not None:
+            q, k, v = attn.qkv(u).split([c.num_attention_heads * D, c.num_key_value_heads * D,
+                                         c.num_key_value_heads * D], -1)
+        else:
+            q, k, v = attn.q_proj(u), attn.k_proj(u), attn.v_proj(u)
+        q = q.unflatten(-1, (c.num_attention_heads, D)).transpose(-3, -2)
+        k = k.unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
+        v = v.unflatten(-1, (c.num_key_value_heads, D)).transpose(-3, -2)
         cos, sin = self._rotation(positions, u.dtype)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
@@ -354,6 +364,16 @@ class EagleModel(DraftVocabulary, nn.Module):
             self.fc.weight[:, :H] = torch.randn(H, H, generator=g) * (feature_rms / (max(e_rms, 1e-12) * H ** 0.5))
         self.layers[0].self_attn.o_proj.weight.zero_()
         self.layers[0].mlp.down_proj.weight.zero_()
+
+    def fuse_projections(self, join) -> bool:
+        """For decoding: q, k and v run as one layer, and gate and up as one, where ``join`` (a list
+        of layers -> one layer computing them side by side with the same bits, or None:
+        ``quant.joined``) can join them: fewer, larger calls for the few rows a drafting step has.
+        Returns whether both were joined."""
+        attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
+        attn.qkv = join([attn.q_proj, attn.k_proj, attn.v_proj])
+        mlp.gate_up = join([mlp.gate_proj, mlp.up_proj])
+        return attn.qkv is not None and mlp.gate_up is not None
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         self.load_state_dict(state)
