@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
 from ..packing import unpack_linears
-from ..quant import QUANT_MODES, Int4Linear, quantize_linear
+from ..quant import QUANT_MODES, Int4Linear, joined, quantize_linear
 
 SUPPORTED = ("llama", "qwen2")
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -64,8 +64,8 @@ class NativeBlock(nn.Module):
         self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
         for name in _PROJ:
             setattr(self, name, proj[name])
-        self.qkv = qkv if qkv is not None else _joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
-        self.gate_up = gate_up if gate_up is not None else _joined([proj["gate_proj"], proj["up_proj"]])
+        self.qkv = qkv if qkv is not None else joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
+        self.gate_up = gate_up if gate_up is not None else joined([proj["gate_proj"], proj["up_proj"]])
         self.widths = (proj["q_proj"].out_features, proj["k_proj"].out_features, proj["v_proj"].out_features)
 
     def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,13 +78,6 @@ class NativeBlock(nn.Module):
             return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         gate, up = self.gate_up(h).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
-
-
-def _joined(layers: list[nn.Module]) -> nn.Module | None:
-    """Int4Linear.concat of ``layers`` if they are int4 layers it can join, else None."""
-    from ..quant import joined
-
-    return joined(layers)
 
 
 class NativeModel(nn.Module):
