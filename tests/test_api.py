@@ -150,3 +150,44 @@ def test_bad_prompts(plain):
         plain.generate([], 4)
     with pytest.raises(ConfigError, match="max_new_tokens must be >= 1"):
         plain.generate(PROMPT, 0)
+
+
+CHAT = "{% for m in messages %}<{{ m.role }}> {{ m.content }} {% endfor %}<assistant>"
+NOT_TEXT = [  # (where, prompt or messages, stop, message)
+    ("prompt", "\ud800 w1 w2", None,
+     "the prompt has a lone surrogate U\\+D800 at character 0: give valid Unicode text"),
+    ("prompt", "w1 w2 \udcff", None, "lone surrogate U\\+DCFF at character 6 \\(the byte 0xFF, which is not UTF-8\\)"),
+    ("prompt", "w1 \ud83d\ude00", None, "surrogate pair U\\+D83D U\\+DE00 at character 3: .* U\\+1F600 itself"),
+    ("prompt", "w1 \x00 w2", None, "the prompt has a NUL character \\(U\\+0000\\) at character 3"),
+    ("messages", [{"role": "user", "content": "w1 \udc80"}], None, "messages\\[0\\] \\(user\\) content has a lone"),
+    ("system prompt", [{"role": "system", "content": "w3\x00"}, {"role": "user", "content": "w1"}], None,
+     "messages\\[0\\] \\(system\\) content has a NUL character"),
+    ("stop", PROMPT, "w5\ud801", "the stop string has a lone surrogate U\\+D801 at character 2"),
+    ("stops", PROMPT, ["w5", "\x00"], "stop string 1 has a NUL character"),
+    ("token ids", [3, 64, 5], None, "token id 64 is outside the vocabulary \\(ids 0 to 63\\)"),
+    ("token ids", [-1, 5], None, "token id -1 is outside the vocabulary"),
+]
+
+
+@pytest.mark.parametrize("method", ["ar", "lookup"])
+def test_text_that_is_not_valid_unicode_is_refused_and_the_decoder_stays_usable(dirs, method):
+    """Invalid text anywhere a model reads it (prompt, chat messages, system prompt, stop strings)
+    or token ids outside the vocabulary: a ConfigError that says what and where, from generate,
+    stream and a batch alike, before any pass; the next generation is the usual one."""
+    from speculant.text_check import check_text
+
+    dec = SpeculativeDecoder(dirs["target"], method=method, dtype="float32", tree_budget="fixed")
+    dec.tokenizer.chat_template = CHAT
+    want = dec.generate(PROMPT, 8).token_ids
+    chat = dec.generate([{"role": "user", "content": "w1 w2"}], 8).token_ids
+    for where, prompt, stop, message in NOT_TEXT:
+        with pytest.raises(ConfigError, match=message):
+            dec.generate(prompt, 8, stop=stop)
+        with pytest.raises(ConfigError, match=message):
+            next(dec.stream(prompt, 8, stop=stop))
+        if where == "prompt":
+            with pytest.raises(ConfigError, match=message):
+                dec.generate([PROMPT, prompt], 8)  # a batch: checked before any sequence runs
+        assert dec.generate(PROMPT, 8).token_ids == want, where
+    assert dec.generate([{"role": "user", "content": "w1 w2"}], 8).token_ids == chat
+    assert check_text("w1 é 漢字 \U0001F600") == "w1 é 漢字 \U0001F600"  # valid text passes as it is

@@ -411,6 +411,12 @@ def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):
     assert "shard-0000006.safetensors" in after  # missing: made
     h2, s2 = load_features(out, changed)
     assert torch.equal(h2[:starts[3]], hidden[:starts[3]]) and torch.equal(s2, starts)
+    # read lazily: a slice across shards, a row, the whole table
+    whole = torch.cat([hidden[int(starts[r]):int(starts[r + 1])] for r in range(len(records))])
+    assert hidden.shape == whole.shape and torch.equal(hidden[:], whole)
+    a, b = int(starts[2]) + 1, int(starts[6]) + 2  # from inside shard 0 to inside shard 2
+    assert torch.equal(hidden[a:b], whole[a:b]) and torch.equal(hidden[b], whole[b])
+    assert torch.equal(hidden[-1], whole[-1])
     with pytest.raises(ConfigError, match="no features from record 0"):
         load_features(tmp_path / "empty", records)
 
@@ -428,7 +434,7 @@ def test_features_in_batched_passes_equal_one_record_passes(target, tmp_path):
                              records)
     alone = load_features(compute_features(backend, records, tmp_path / "b", rows_per_pass=1, progress=False),
                           records)
-    assert torch.equal(together[0], alone[0]) and torch.equal(together[1], alone[1])
+    assert torch.equal(together[0][:], alone[0][:]) and torch.equal(together[1], alone[1])
     target.to(torch.float32)
 
 

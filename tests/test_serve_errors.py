@@ -1,6 +1,7 @@
 """``speculant serve`` refuses bad requests with a 4xx in OpenAI's error shape and a message that
-names the problem, and still answers correctly afterwards; an API key is enforced; SIGTERM lets a
-request in flight finish before the process exits; the default target answers the openai client."""
+names the problem (text that is not Unicode, NUL, deep nesting and numbers out of range too), and
+still answers correctly afterwards; an API key is enforced; SIGTERM lets a request in flight finish
+before the process exits; the default target answers the openai client."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def _with(**fields):
 
 
 LONG = " ".join(f"w{i % 50 + 3}" for i in range(600))  # the tiny models' context is 512 tokens
+HEAD = b'{"model": "default", "max_tokens": 8, '
+CHAT = HEAD + b'"messages": [{"role": "user", "content": "w1"}], '
 BAD = [
     # (name, body or raw bytes, extra headers, status, words the message must contain)
     ("invalid JSON", b'{"model": "default", "messages": [', {}, 400, "not valid JSON"),
@@ -74,6 +77,32 @@ BAD = [
     ("prompt and max_tokens beyond the context", _with(messages=[{"role": "user", "content": LONG[:1200]}],
                                                        max_tokens=300), {}, 400, "but the model's context is 512"),
     ("oversized body", b'{"model": "default", "pad": "' + b"x" * (70 * 1024) + b'"}', {}, 413, "limit"),
+    ("a lone surrogate", HEAD + rb'"messages": [{"role": "user", "content": "\ud800 hi"}]}', {}, 400,
+     "messages[0].content has a lone surrogate U+D800 at character 0"),
+    ("a lone surrogate in a text part", HEAD + rb'"messages": [{"role": "user", "content": [{"type": "text", '
+                                               rb'"text": "w1 \udc00"}]}]}', {}, 400, "messages[0].content[0].text"),
+    ("a lone surrogate in a field name", CHAT + rb'"\ud83d": 1}', {}, 400, "a field name in the request body"),
+    ("a lone surrogate in the role", HEAD + rb'"messages": [{"role": "\ud800", "content": "w1"}]}', {}, 400,
+     "messages[0].role has a lone surrogate U+D800"),
+    ("a lone surrogate in the model", rb'{"model": "\udfff", "messages": []}', {}, 400, "model has a lone surrogate U+DFFF"),
+    ("NUL in the content", _with(messages=[{"role": "user", "content": "w1\u0000"}]), {}, 400,
+     "messages[0].content has a NUL character"),
+    ("NUL in a stop string", _with(stop=["w1", "w\u0000"]), {}, 400, "stop[1] has a NUL character"),
+    ("NUL in a name", _with(messages=[{"role": "user", "content": "w1", "name": "\u0000"}]), {}, 400,
+     "messages[0].name has a NUL"),
+    ("a name that is not a string", _with(messages=[{"role": "user", "content": "w1", "name": 5}]), {}, 400,
+     "messages[0].name must be a string"),
+    ("nested 10,000 deep", CHAT + b'"metadata": ' + b"[" * 10000 + b"]" * 10000 + b"}", {}, 400, "nested too deeply"),
+    ("nested 100 deep", CHAT + b'"metadata": ' + b"[" * 100 + b"]" * 100 + b"}", {}, 400, "nested deeper than 64"),
+    ("NaN", CHAT + b'"temperature": NaN}', {}, 400, "NaN is not a JSON number"),
+    ("an integer of 5000 digits", CHAT + b'"seed": ' + b"7" * 5000 + b"}", {}, 400, "not valid JSON"),
+    ("a huge integer temperature", _with(temperature=10**400), {}, 400, "'temperature' must be between 0 and 2"),
+    ("a temperature too small to divide by", _with(temperature=5e-324), {}, 400,
+     "'temperature' must be 0 (greedy) or"),
+    ("a seed beyond 64 bits", _with(seed=2**64), {}, 400, "'seed' must be an integer from"),
+    ("a huge top_k", _with(top_k=2**40), {}, 400, "'top_k' must be an integer from 0"),
+    ("max_tokens beyond 32 bits", _with(max_tokens=2**63), {}, 400, "'max_tokens' must be an integer >= 1"),
+    ("a user that is not a string", _with(user=["me"]), {}, 400, "'user' must be a string"),
     ("missing API key", GOOD, {"Authorization": ""}, 401, "a valid API key is required"),
     ("wrong API key", GOOD, {"Authorization": "Bearer nope"}, 401, "a valid API key is required"),
 ]
@@ -91,6 +120,24 @@ def test_a_bad_request_is_a_clear_4xx_and_the_server_still_answers(server, name,
     assert set(error) == {"message", "type", "param", "code"} and words in error["message"], error
     ok = server.post("/v1/chat/completions", GOOD, headers=AUTH)
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == server.expected
+
+
+def test_the_lone_surrogate_of_issue_51_is_a_400_naming_the_field_and_the_server_goes_on(server):
+    """The request that once stopped the worker: valid JSON whose content is a lone UTF-16 surrogate."""
+    body = rb'{"model":"default","messages":[{"role":"user","content":"\ud800 hi"}],"max_tokens":4}'
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        raw = body if path.endswith("chat/completions") else rb'{"model":"default","prompt":"\ud800 hi","max_tokens":4}'
+        for stream in (b"", b', "stream": true'):
+            r = server.post(path, content=raw[:-1] + stream + b"}",
+                            headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == ("messages[0].content" if "chat" in path else "prompt"), error
+            assert "lone surrogate U+D800" in error["message"] and error["type"] == "invalid_request_error"
+    ok = server.post("/v1/chat/completions", GOOD, headers=AUTH, timeout=30)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == server.expected
+    health = httpx.get(server.url + "/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
 def test_the_api_key_guards_v1_but_not_health(server):

@@ -34,6 +34,7 @@ from .lora import adapter_note
 from .models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
+from .text_check import check_text
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -140,15 +141,30 @@ class SpeculativeDecoder:
             text = chat_messages_prompt(self.tokenizer, prompt)
             ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
         elif isinstance(prompt, str):
+            check_text(prompt, "the prompt")
             if not prompt.strip():
                 raise ConfigError("the prompt is empty: give some text to continue")
             text = chat_prompt(self.tokenizer, prompt) if self.chat else prompt
             ids = self.tokenizer(text, add_special_tokens=not self.chat, return_tensors="pt").input_ids[0]
         else:
-            ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+            try:
+                ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+            except (TypeError, ValueError, RuntimeError):
+                raise ConfigError(f"cannot read the prompt ({type(prompt).__name__}) as token ids: give text, chat "
+                                  "messages or a list of token ids") from None
+            rows = self._input_rows()
+            if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < rows):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise ConfigError(f"the prompt's token id {bad} is outside the vocabulary (ids 0 to {rows - 1}): "
+                                  "give ids of this model's tokenizer")
         if ids.numel() == 0:
             raise ConfigError("the prompt is empty: give at least one token")
         return ids
+
+    def _input_rows(self) -> int:
+        """How many token ids the models take as input (the smallest input embedding)."""
+        models = [self.target] + ([self.draft] if self.draft is not None else [])
+        return min(m.model.get_input_embeddings().weight.shape[0] for m in models)
 
     def _embedding(self) -> torch.Tensor | None:
         """The target's input embeddings (V, H), for the distance acceptance rule only."""

@@ -7,7 +7,8 @@ import json
 import sys
 
 from .cli_training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
-                           cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
+                           cmd_make_conversations, cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
+from .cli_drafter import add_drafter_parser, cmd_train_drafter
 from .config import DEFAULT_LOOKUP_BRANCH, METHODS
 from .errors import SpeculantError
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "hydra+lookup (default: %(default)s)")
 
     add_training_parsers(sub)
+    add_drafter_parser(sub)
     return parser
 
 
@@ -227,12 +229,14 @@ def cmd_generate(args) -> int:
     from .config import SamplingConfig
     from .errors import ConfigError
     from .stopping import parse_stop
+    from .text_check import check_text
 
     prompt = _stdin_text() if args.prompt == "-" else args.prompt
     # validate cheap arguments before loading any model
     SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    check_text(prompt, "the prompt")
     if not prompt.strip():
         raise ConfigError("the prompt is empty: give some text to continue")
     parse_stop(args.stop)
@@ -340,11 +344,17 @@ def cmd_bench_serve(args, argv: list[str] | None = None) -> int:
 
     from .bench.harness import command_line
     from .bench.serve_bench import ServeBenchConfig, format_table, run_serve_bench
+    from .errors import ConfigError
 
-    rows = {"rows": tuple(r for r in args.rows.split(",") if r)} if args.rows else {}
+    rows = {"rows": tuple(r for r in args.rows.split(",") if r)} if args.rows is not None else {}
+    try:
+        serve_args = tuple(shlex.split(args.serve_args))
+    except ValueError as e:  # an unclosed quote
+        raise ConfigError(f"cannot split --serve-args {args.serve_args!r} into options ({e}): quote it as a shell "
+                          "would, e.g. --serve-args \"--target PRESET\"") from None
     cfg = ServeBenchConfig(**rows, per_category=args.per_category, max_new_tokens=args.max_new_tokens,
                            categories=tuple(args.categories.split(",")) if args.categories else None,
-                           questions=args.questions, serve_args=tuple(shlex.split(args.serve_args)),
+                           questions=args.questions, serve_args=serve_args,
                            json_out=args.json_out, concurrency=_int_list(args.concurrency, "--concurrency"))
     result = run_serve_bench(cfg, command=command_line(argv))
     print(format_table(result))
@@ -398,11 +408,16 @@ def main(argv: list[str] | None = None) -> int:
                     "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree,
                     "export-heads": cmd_export_heads, "make-corpus": cmd_make_corpus,
+                    "make-conversations": cmd_make_conversations, "train-drafter": cmd_train_drafter,
                     "train-eagle": cmd_train_eagle, "export-eagle": cmd_export_eagle,
                     "cut-vocab": cmd_cut_vocab}
         return commands[args.command](args)
     except SpeculantError as e:
         print(f"speculant: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file or directory the command could not read or write
+        where = f": {e.filename}" if e.filename else ""
+        print(f"speculant: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

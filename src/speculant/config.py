@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import operator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -40,6 +41,8 @@ MAX_GAMMA = 64  # the longest draft chain (sd, lookup, bpd) a step may verify
 # most DEFAULT_MAX_ROWS - 1 - lookup_branch nodes; "fixed" keeps the static tree shipped with the heads.
 # Why: docs/design-notes.md#medusa-tree-sized-per-step
 DEFAULT_MEDUSA_TREE = "dynamic"
+# sampling temperatures outside these bounds would overflow (or flatten) logits / temperature in float32
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
 
 
 
@@ -60,6 +63,16 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.temperature and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise ConfigError(f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g} "
+                              f"(logits / temperature must stay finite), got {self.temperature}")
+        if self.seed is not None:
+            try:
+                seed = operator.index(self.seed)
+            except TypeError:
+                raise ConfigError(f"seed must be an integer (or None), got {self.seed!r}") from None
+            if not -2**63 <= seed < 2**64:
+                raise ConfigError(f"seed must be an integer from -2**63 to 2**64 - 1 (or None), got {seed}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (1 disables nucleus filtering), got {self.top_p}")
         if self.top_k < 0:

@@ -46,6 +46,7 @@ import torch
 from .errors import ConfigError, ModelLoadError, VocabMismatchError
 from .presets import PRESETS, Part, Preset  # noqa: F401 - re-exported: models.PRESETS is public
 from .runtime import file_lock
+from .text_check import check_text
 
 GGUF_MAGIC = b"GGUF"
 COMPLETE_MARKER = "SPECULANT_COMPLETE.json"
@@ -494,5 +495,6 @@ def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict]) -> str:
             raise ConfigError(f"messages[{i}] has role {m.get('role')!r}: use one of {', '.join(CHAT_ROLES)}")
         if not isinstance(m.get("content"), str):
             raise ConfigError(f"messages[{i}].content must be a string, got {type(m.get('content')).__name__}")
+        check_text(m["content"], f"messages[{i}] ({m['role']}) content")
     return tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
                                          tokenize=False, add_generation_prompt=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import ConfigError
+from .text_check import check_text
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 
@@ -26,11 +27,12 @@ def parse_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
         raise ConfigError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
     if len(stop) > MAX_STOP_STRINGS:
         raise ConfigError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stop)}: drop some")
-    for s in stop:
+    for i, s in enumerate(stop):
         if not isinstance(s, str):
             raise ConfigError(f"every stop string must be a string, got {type(s).__name__}")
         if not s:
             raise ConfigError("a stop string is empty: remove it (an empty string would stop before any text)")
+        check_text(s, f"stop string {i}" if len(stop) > 1 else "the stop string")
     return tuple(stop)
 
 

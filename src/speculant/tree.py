@@ -25,6 +25,16 @@ from .errors import ConfigError
 
 Path = tuple[int, ...]
 
+# the most drafted nodes a tree may have: a pass verifies every node (and builds an n x n mask), and
+# past a few dozen rows a pass costs more than the tokens it can add
+MAX_TREE_NODES = 1024
+
+
+def _shown(spec) -> str:
+    """``spec`` as an error message quotes it: its repr, cut short if long (a whole file read as one)."""
+    text = repr(spec)
+    return text if len(text) <= 80 else text[:77] + "..."
+
 
 @dataclass(frozen=True)
 class TreeBuffers:
@@ -146,19 +156,27 @@ def parse_tree_spec(spec: str | Sequence[Sequence[int]]) -> list[Path]:
         try:
             value = json.loads(s)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"tree spec {spec!r} is not valid JSON ({e}); expected e.g. [[0],[0,0],[1]]") from None
+            raise ConfigError(f"tree spec {_shown(spec)} is not valid JSON ({e}); expected e.g. "
+                              "[[0],[0,0],[1]]") from None
         if not isinstance(value, list):
-            raise ConfigError(f"tree spec {spec!r} must be a JSON list of paths, e.g. [[0],[0,0],[1]]")
+            raise ConfigError(f"tree spec {_shown(spec)} must be a JSON list of paths, e.g. [[0],[0,0],[1]]")
         return value
     parts = s.lower().split("x")
     try:
         ks = [int(k) for k in parts]
     except ValueError:
         raise ConfigError(
-            f"malformed tree spec {spec!r}: use a k-config like 4x2x2x1 (candidates per depth), "
+            f"malformed tree spec {_shown(spec)}: use a k-config like 4x2x2x1 (candidates per depth), "
             "or a JSON list of paths like [[0],[0,0],[1]]") from None
     if not ks or any(k < 1 for k in ks):
-        raise ConfigError(f"malformed tree spec {spec!r}: every factor of a k-config must be >= 1")
+        raise ConfigError(f"malformed tree spec {_shown(spec)}: every factor of a k-config must be >= 1")
+    nodes, width = 0, 1
+    for k in ks:  # counted before the paths are made
+        width *= k
+        nodes += width
+        if nodes > MAX_TREE_NODES:
+            raise ConfigError(f"tree spec {_shown(spec)} has more than {MAX_TREE_NODES} nodes (a pass verifies "
+                              "every one): use fewer or smaller factors, e.g. 4x2x2x1")
     if len(ks) == 1:
         return chain_paths(ks[0]) if ks[0] > 0 else []
     return kconfig_paths(ks)
@@ -168,7 +186,10 @@ def build_tree(spec: str | Sequence[Sequence[int]]) -> TreeBuffers:
     """Parse and compile a tree spec (compiled trees are cached by their paths)."""
     paths = parse_tree_spec(spec)
     if not paths:
-        raise ConfigError(f"tree spec {spec!r} has no nodes")
+        raise ConfigError(f"tree spec {_shown(spec)} has no nodes")
+    if len(paths) > MAX_TREE_NODES:
+        raise ConfigError(f"tree spec {_shown(spec)} has {len(paths)} nodes, more than {MAX_TREE_NODES} (a pass "
+                          "verifies every one): give a smaller tree")
     return compile_paths(paths)
 
 

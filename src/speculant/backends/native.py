@@ -94,7 +94,7 @@ class NativeBackend(CacheBacked):
                                                    is_causal=True, enable_gqa=True)  # (1, Hq, n, D)
                 return o[0].transpose(0, 1).reshape(n, Hkv, g, D)
             return attend
-        x86 = x86_kernels() if m.dtype == torch.bfloat16 else None
+        x86 = x86_kernels() if m.dtype == torch.bfloat16 and m.kernel_shapes else None
         if x86 is not None:  # speculant's own: row-invariant by construction at any width, no padding
             allowed = self._mask(n, past, tree_mask) if tree_mask is not None else _CAUSAL
 
@@ -111,7 +111,7 @@ class NativeBackend(CacheBacked):
                 o = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask)
                 return o.view(Hkv, g, n, D).permute(2, 0, 1, 3)
             return attend
-        kernels = cpu_kernels() if m.dtype == torch.bfloat16 else None
+        kernels = cpu_kernels() if m.dtype == torch.bfloat16 and m.kernel_shapes else None
         if kernels is not None:  # speculant's AVX-512 kernel: row-invariant by construction, no padding
 
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
@@ -171,7 +171,7 @@ class NativeBackend(CacheBacked):
             first += n
         linear = _linear_plan([(r0, n, f) for (_, _, n, r0, *_), f in zip(seqs, fast)])
         x = m.embed[torch.cat([r.tokens for r in requests])] if len(requests) > 1 else m.embed[requests[0].tokens]
-        fused = x86_kernels() if m.dtype == torch.bfloat16 else None
+        fused = x86_kernels() if m.dtype == torch.bfloat16 and m.kernel_shapes else None
         if fused is not None:  # layer_x86.cpp: norms, RoPE + cache write, SiLU * up in one call each
             rope = [(f.cos().contiguous(), f.sin().contiguous()) for *_, f in seqs]
             for i, blk in enumerate(m.blocks):

@@ -106,6 +106,12 @@ class NativeModel(nn.Module):
         theta = _rope_theta(config)
         self.inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim)
         self.vocab_size = lm_head.out_features
+        # speculant's x86 kernels (bf16 norms, RoPE, attention) take head dims that are multiples of 16 up
+        # to 256, 1 to 8 query heads per kv head and widths that are multiples of 16; others run on PyTorch
+        width = getattr(config, "intermediate_size", None) or 0
+        g = self.heads // self.kv_heads
+        self.kernel_shapes = (self.head_dim % 16 == 0 and self.head_dim <= 256 and 1 <= g <= 8
+                              and self.hidden % 16 == 0 and width % 16 == 0)
 
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head

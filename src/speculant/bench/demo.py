@@ -29,6 +29,8 @@ def parse_methods(spec: str) -> tuple[str, ...]:
 
 def run_demo(max_new_tokens: int = 128, methods: str = "auto") -> None:
     chosen = parse_methods(methods)
+    if max_new_tokens < 1:  # before the models load
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     console = Console()
     rt = choose_runtime(TARGET, "bfloat16")
     console.print("[bold]speculant demo[/bold]: Qwen2.5-Coder-1.5B-Instruct (0.5B draft for sd/mcsd; the shipped "

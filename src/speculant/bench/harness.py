@@ -47,13 +47,14 @@ from pathlib import Path
 import torch
 
 from ..api import BACKENDS, TREE_BUDGETS, SpeculativeDecoder, auto_draft_quant, load_native
-from ..config import DEFAULT_LOOKUP_BRANCH
+from ..config import DEFAULT_LOOKUP_BRANCH, SamplingConfig
 from ..defaults import choose_runtime
 from ..eagle.checkpoint import is_eagle_dir
 from ..errors import ConfigError
 from ..loading import load_adapted
 from ..lora import check_adapter_dir
 from ..models import chat_prompt, check_vocab_compatible, load
+from ..output_paths import check_output_file
 from .llama_server import LlamaServer, llama_server_unavailable
 from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401
                       read_tree, split_method, tree_budget_of)
@@ -112,21 +113,40 @@ class BenchConfig:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
         if not self.temperature >= 0:
             raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        SamplingConfig(self.temperature, seed=self.seed)  # a temperature or seed no row can sample with
         if self.lookup_branch < 1:
             raise ConfigError(f"--lookup-branch must be >= 1 for the +lookup methods, got {self.lookup_branch}")
         if self.lora is not None:
             check_adapter_dir(self.lora)
+        if self.questions is not None:
+            load_questions(self.questions)  # a file that cannot be read fails here, not after the models load
+        if self.json_out:
+            check_output_file(self.json_out, "--json-out")  # before the run, not after it
 
 
 def load_questions(path: str | None = None) -> list[dict]:
-    """Spec-Bench questions; MT-bench's eight categories (ids 81-160) are grouped as mt_bench."""
-    if path:
-        text = Path(path).read_text()
-    else:
-        text = resources.files("speculant").joinpath("data/spec_bench_questions.jsonl").read_text()
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    for r in rows:
-        r["group"] = "mt_bench" if 81 <= r["question_id"] <= 160 else r["category"]
+    """Spec-Bench questions; MT-bench's eight categories (ids 81-160) are grouped as mt_bench. A
+    ``path`` that cannot be read, or a line that is no such question, is a ConfigError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8") if path else \
+            resources.files("speculant").joinpath("data/spec_bench_questions.jsonl").read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or "it is not UTF-8 text"
+        raise ConfigError(f"cannot read --questions {path}: {why}") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        try:
+            r = json.loads(line) if line.strip() else None
+        except ValueError:
+            r = False
+        if r is not None and not (isinstance(r, dict) and isinstance(r.get("question_id"), int)
+                                  and isinstance(r.get("category"), str) and r.get("turns")
+                                  and isinstance(r["turns"], list) and isinstance(r["turns"][0], str)):
+            raise ConfigError(f'--questions {path} line {n} is not a question: write one JSON object per line, '
+                              '{"question_id": 1, "category": "qa", "turns": ["the prompt"]}')
+        if r is not None:
+            r["group"] = "mt_bench" if 81 <= r["question_id"] <= 160 else r["category"]
+            rows.append(r)
     return rows
 
 

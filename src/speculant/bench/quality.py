@@ -83,16 +83,16 @@ def sampled_nll(backend, prompt: torch.Tensor, tokens: list[int], temperature: f
         return None
     ids = torch.cat([prompt, torch.tensor(tokens, dtype=torch.long)])
     backend.reset()
-    n0, nll = prompt.shape[0], 0.0
-    for s in range(0, ids.shape[0] - 1, CHUNK):
+    n0, n, nll = prompt.shape[0], ids.shape[0], 0.0
+    # position p predicts token p + 1: positions n0 - 1 .. n - 2 predict the generated tokens
+    for s in range(0, n - 1, CHUNK):
         chunk = ids[s:s + CHUNK]
-        rows = torch.arange(max(n0 - 1 - s, 0), chunk.shape[0])  # rows predicting a generated token
-        rows = rows[s + rows + 1 < ids.shape[0]]
-        if rows.numel() == 0:
-            backend.forward(chunk, rows=torch.empty(0, dtype=torch.long))
-            continue
-        lp = (backend.forward(chunk, rows=rows).logits.float() / temperature).log_softmax(-1)  # (r, V)
-        nll -= lp.gather(1, ids[s + rows + 1][:, None]).sum().item()
+        first, last = max(n0 - 1, s), min(s + chunk.shape[0], n - 1)  # this chunk's such positions [first, last)
+        rows = torch.arange(first - s, last - s) if first < last else torch.empty(0, dtype=torch.long)
+        out = backend.forward(chunk, rows=rows)  # a chunk of the prompt alone fills the cache only
+        if rows.numel():
+            lp = (out.logits.float() / temperature).log_softmax(-1)  # (r, V)
+            nll -= lp.gather(1, ids[s + rows + 1][:, None]).sum().item()
     backend.reset()
     return nll / len(tokens)
 
@@ -124,10 +124,21 @@ def teacher_forced(backend, prompt: torch.Tensor, ref: list[int]) -> tuple[int, 
     return sum(same), len(ref), first
 
 
-def run_quality(target: str, modes=("none", "int8", "int4", "int8+head", "int4+head"),
-                max_new_tokens: int = 64, json_out: str | None = None) -> dict:
+MODES = ("none", "int8", "int4", "int8+head", "int4+head")
+
+
+def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: str | None = None) -> dict:
     from datetime import datetime, timezone
 
+    from ..errors import ConfigError
+    from ..output_paths import check_output_file
+
+    if not modes or any(m not in MODES for m in modes):  # before the model loads
+        raise ConfigError(f"--modes takes a comma-separated list of {', '.join(MODES)}; got {','.join(modes)!r}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if json_out:
+        check_output_file(json_out, "--json-out")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     lm = load(target, "bfloat16")
     tok = lm.tokenizer
@@ -175,7 +186,7 @@ def run_quality(target: str, modes=("none", "int8", "int4", "int8+head", "int4+h
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="quality cost of target quantization")
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--modes", default="none,int8,int4,int8+head,int4+head")
+    p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--json-out", default=None)
     a = p.parse_args(argv)

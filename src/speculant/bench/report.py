@@ -24,7 +24,8 @@ Summary (per method; key, then its column in the tables):
 - ``target_nll`` (nll; with ``--temperature`` only): the mean -log p_T of the generated tokens
   under the target at that temperature; lossless methods sample p_T, so theirs matches ``ar``'s
   up to sampling noise, while an approximate rule that favours likely tokens lowers it. Sampled
-  outputs are not compared (``identical_to_plain`` is None);
+  outputs are not compared (``identical_to_plain`` and ``identical_to_ar`` are None): the tables
+  show the nll in the place of same as plain;
 - ``bleu``, ``math_em``: corpus BLEU (sacrebleu) on ``translation`` and exact match of the final
   number on ``math_reasoning`` (GSM8K's ``#### N``), where Spec-Bench has references.
 """
@@ -192,7 +193,16 @@ def _num(v, fmt: str = ".2f") -> str:
 
 LEGEND = ("tok/s: new tokens per second, prefill included; decode: without the prefill; vs ar, vs peer: "
           "ratio to the ar row and to the fastest peer row; τ: tokens per target call; α: drafted tokens "
-          "accepted; same: outputs equal to the plain row of the same runtime (ar, llama-server, openvino)")
+          "accepted; ")
+SAME_LEGEND = "same: outputs equal to the plain row of the same runtime (ar, llama-server, openvino)"
+NLL_LEGEND = ("nll: mean -log p_T of the sampled tokens under the target at the bench's temperature (outputs "
+              "are not compared when sampling; a lossless row's nll matches ar's up to sampling noise, a lower "
+              "one = an approximate rule favouring likely tokens)")
+
+
+def is_sampled(summary: dict) -> bool:
+    """Whether the summary is of a sampled run (``--temperature`` > 0): its rows carry a target NLL."""
+    return any(s.get("target_nll") is not None for s in summary.values())
 
 
 def _table(headers: list[str]):
@@ -213,14 +223,13 @@ def print_summary(summary: dict, title: str) -> None:
     and quality by category; every line within 80 columns, no header cut."""
     from rich.console import Console
 
+    sampled = is_sampled(summary)  # sampled outputs are not compared: the last column is the target NLL
     table = _table(["method", "tok/s", "decode\ntok/s", "vs ar", "decode\nvs ar", "vs\npeer", "decode\nvs peer",
-                    "τ", "α", "same"])
+                    "τ", "α", "nll" if sampled else "same"])
     for m, s in summary.items():
-        same = s.get("identical_to_plain")
         table.add_row(m, f"{s['tokens_per_s']:.2f}", _num(s.get("decode_tokens_per_s")), _x(s.get("speedup")),
                       _x(s.get("decode_speedup")), _x(s.get("vs_best_peer")), _x(s.get("decode_vs_best_peer")),
-                      _num(s.get("tokens_per_call")), _num(s.get("acceptance_rate")),
-                      f"{same}/{s['prompts']}" if same is not None else "-")
+                      _num(s.get("tokens_per_call")), _num(s.get("acceptance_rate")), _last_cell(s, sampled))
     first = next(iter(summary.values()), {})
     best, best_decode = first.get("best_peer"), first.get("best_peer_decode")
     if best:
@@ -243,17 +252,20 @@ def print_summary(summary: dict, title: str) -> None:
     console = Console(width=WIDTH)
     console.print(title, style="italic", markup=False, highlight=False)
     console.print(table)
-    console.print(LEGEND, style="dim", markup=False, highlight=False)
+    console.print(LEGEND + (NLL_LEGEND if sampled else SAME_LEGEND), style="dim", markup=False, highlight=False)
     console.print(note, markup=False, highlight=False)
-    nll = {m: s["target_nll"] for m, s in summary.items() if s.get("target_nll") is not None}
-    if nll:
-        console.print("nll: mean -log p_T of the sampled tokens under the target at the bench's temperature "
-                      "(lossless methods match ar's up to noise; lower = an approximate rule favouring likely "
-                      "tokens): " + ", ".join(f"{m} {v:.3f}" for m, v in nll.items()), markup=False, highlight=False)
     console.print("tokens/s by category, prefill included" + (f" ({', '.join(short)})" if short else "")
                   + ("; BLEU on translation, exact match of the final number on math" if quality else ""),
                   style="italic", markup=False, highlight=False)
     console.print(by_cat)
+
+
+def _last_cell(s: dict, sampled: bool) -> str:
+    """The table's last cell of summary row ``s``: its target NLL (sampled), else same-as-plain."""
+    if sampled:
+        return f"{s['target_nll']:.2f}" if s.get("target_nll") is not None else "-"
+    same = s.get("identical_to_plain")
+    return f"{same}/{s['prompts']}" if same is not None else "-"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,6 +387,8 @@ def caption(result: dict, link: str | None = None, markdown: bool = True) -> str
     runtime = f" on {runtime}" + (f", {quant} weights" if quant else "") if runtime else ""
     what = (f"{cfg.get('target')}{runtime}, {result['summary']['ar'].get('prompts', '?')} Spec-Bench prompts x "
             f"{cfg.get('max_new_tokens')} new tokens" if cfg.get("target") else "")
+    if what and (cfg.get("temperature") or 0) > 0:
+        what += f", sampled at temperature {cfg['temperature']:g}"
     head = f"{machine_line(result)}, {date}" + (f"; {what}" if what else "")
     if not markdown:
         return f"{head}. Command: {command_of(result)}" + (f". Raw data: {link}" if link else "")
@@ -419,25 +433,32 @@ def markdown_table(result: dict, link: str | None = None) -> str:
     def bold(text: str, win: bool) -> str:
         return f"**{text}**" if win and text != "–" else text
 
+    sampled = is_sampled(s)
     lines = [f"*{caption(result, link)}*", "",
-             "| method | tok/s | decode tok/s | vs `ar` | vs best peer | decode vs best peer | τ | same as plain |",
+             "| method | tok/s | decode tok/s | vs `ar` | vs best peer | decode vs best peer | τ | "
+             + ("target nll |" if sampled else "same as plain |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for m, v in s.items():
         note = _row_note(result, m)
-        same = v.get("identical_to_plain")
         cells = [f"`{m}`" + (f" ({note})" if note else ""),
                  bold(f"{v['tokens_per_s']:.2f}", tps[m] == max(tps.values())),
                  bold(_num(v.get("decode_tokens_per_s")), dec[m] > 0 and dec[m] == max(dec.values())),
                  _x(v.get("speedup")), _x(v.get("vs_best_peer")),
                  _x(v.get("decode_vs_best_peer", dec[m] / best_peer_dec if dec[m] and best_peer_dec else None)),
-                 _num(v.get("tokens_per_call")), f"{same}/{v['prompts']}" if same is not None else "–"]
+                 _num(v.get("tokens_per_call")), _last_cell(v, sampled)]
         lines.append("| " + " | ".join(c if c != "-" else "–" for c in cells) + " |")
     ours = [v for m, v in s.items() if m not in peers and v.get("identical_to_plain") is not None]
     lossless = ours and all(v["identical_to_plain"] == v["prompts"] for v in ours)
+    if sampled:
+        last = ("Target nll: the mean −log p_T of the sampled tokens under the target at the bench's temperature "
+                "(sampled outputs are not compared; a lossless row's matches `ar`'s up to sampling noise, a lower "
+                "one comes from an approximate rule that favours likely tokens).")
+    else:
+        last = ("Same as plain: prompts whose output equals plain decoding on the same runtime (`ar` for "
+                "speculant's rows)" + (f"; every speculant row matches it on all {ours[0]['prompts']}." if lossless
+                                       else "."))
     lines += ["", "tok/s: new tokens per second, the prompt's prefill included; decode: without it. τ: tokens per "
-              "target pass. Same as plain: prompts whose output equals plain decoding on the same runtime (`ar` "
-              "for speculant's rows)" + (f"; every speculant row matches it on all {ours[0]['prompts']}." if lossless
-                                         else ".")]
+              "target pass. " + last]
     return "\n".join(lines) + "\n"
 
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SpeculantError
+from ..output_paths import check_output_file
 from .harness import git_info, load_questions, machine_info, select
 from .llama_server import LlamaServer, _free_port, llama_server_unavailable
 
@@ -68,6 +69,10 @@ class ServeBenchConfig:
             raise ConfigError("--per-category and --max-new-tokens must be >= 1")
         if not self.concurrency or any(c < 1 or c > 64 for c in self.concurrency):
             raise ConfigError(f"--concurrency takes levels from 1 to 64, got {list(self.concurrency)}")
+        if self.questions is not None:
+            load_questions(self.questions)  # a file that cannot be read fails before any server starts
+        if self.json_out:
+            check_output_file(self.json_out, "--json-out")
 
 
 class SpeculantServer:
@@ -92,14 +97,20 @@ class SpeculantServer:
         env = {k: v for k, v in os.environ.items() if k != "SPECULANT_API_KEY"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"speculant serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if _healthy(self.url):
-                return self
-            time.sleep(1.0)
-        self.close()
-        raise RuntimeError(f"speculant serve did not become healthy in {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:  # e.g. a bad --serve-args option: its own error line says why
+                    last = next((x for x in reversed(self.log_tail().splitlines()) if x.strip()), "no output")
+                    raise SpeculantError(f"`speculant {' '.join(cmd[3:])}` exited with status {self.proc.returncode}: "
+                                         f"{last.strip()}")
+                if _healthy(self.url):
+                    return self
+                time.sleep(1.0)
+            raise RuntimeError(f"speculant serve did not become healthy in {self.startup_timeout:.0f} s:\n"
+                               f"{self.log_tail()}")
+        except BaseException:  # Ctrl-C while it starts included: no server is left running
+            self.close()
+            raise
 
     def log_tail(self, n: int = 3000) -> str:
         if self._log is None:
@@ -184,12 +195,13 @@ def _summary(runs: list[dict]) -> dict[str, Any]:
             "ttft_median_s": statistics.median(r["ttft_s"] for r in runs)}
 
 
-def _start(row: str, cfg: ServeBenchConfig):
+def _server(row: str, cfg: ServeBenchConfig):
+    """Row ``row``'s server, not started yet."""
     slots = max(cfg.concurrency)
     if row in _LLAMA_CONFIG:
-        return LlamaServer(_LLAMA_CONFIG[row], n_parallel=slots).start()
+        return LlamaServer(_LLAMA_CONFIG[row], n_parallel=slots)
     args = ("--max-batch", str(slots), "--max-queue", str(max(16, 2 * slots)), *cfg.serve_args)
-    return SpeculantServer("ar" if row == "speculant-ar" else None, args, cfg.startup_timeout).start()
+    return SpeculantServer("ar" if row == "speculant-ar" else None, args, cfg.startup_timeout)
 
 
 def _concurrent(url: str, row: str, questions: list[dict], clients: int, max_new_tokens: int) -> dict[str, Any]:
@@ -227,7 +239,8 @@ def run_serve_bench(cfg: ServeBenchConfig, command: str | None = None, log=print
     try:
         for row in rows:
             log(f"starting {row} ...")
-            servers[row] = _start(row, cfg)
+            servers[row] = _server(row, cfg)  # closed at the end even if it fails to start
+            servers[row].start()
             stream_chat(servers[row].url, request_body(row, "Say hello.", 8))  # warm-up, untimed
         per_row: dict[str, list[dict]] = {row: [] for row in rows}
         levels: dict[int, dict[str, dict]] = {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from ..tree import chain, compile_paths
+from ..tree import MAX_TREE_NODES, chain, compile_paths
 from .base import Draft, PassPlan, drive
 from .head_eval import HeadsCandidates, HeadsDrafter, HeadsLike, HeadsStep
 from .lookup import LookupDrafter
@@ -57,6 +57,9 @@ class DynamicTree:
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "depth" else 1):
                 raise ConfigError(f"dynamic tree {name} must be an integer >= {0 if name == 'depth' else 1}, "
                                   f"got {value!r}")
+        if self.nodes > MAX_TREE_NODES:
+            raise ConfigError(f"a dynamic tree of {self.nodes} nodes: at most {MAX_TREE_NODES} (a pass verifies "
+                              "every one), e.g. dynamic:32")
 
     @classmethod
     def parse(cls, spec: str) -> "DynamicTree":

@@ -19,7 +19,6 @@ Shapes: B windows of T pairs, H hidden size, V' drafted tokens.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -32,8 +31,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..backends.base import Backend, ForwardRequest, HiddenNeed, forward_batch
 from ..errors import ConfigError
+from .features import FeatureRows, compute_features, features_cost, load_features
 from .model import EagleCache, EagleModel
 
 __all__ = ["EagleTrainConfig", "answer_positions", "compute_features", "depth_accuracy", "features_cost",
@@ -65,6 +64,11 @@ class EagleTrainConfig:
     draft_steps: int = 1
     step_decay: float = 0.8
     max_grad_norm: float = 0.5  # gradient clipping (0: none); the features' outliers make spikes otherwise
+    # the token loss's target: "data", the record's next token (the target's own greedy answers);
+    # "target", the target's own distribution there, softmax(lm_head(h_{i+1})) over the drafted
+    # vocabulary (soft cross-entropy: EAGLE's and HASS's distillation), for text the target did not
+    # write (teacher-forced conversations), where the record's next token is not the target's
+    token_target: str = "data"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "eval_depth", "checkpoint_every", "draft_steps"):
@@ -76,6 +80,8 @@ class EagleTrainConfig:
         if self.precision not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"EAGLE training precision must be 'auto', 'float32' or 'bfloat16', "
                               f"got {self.precision!r}")
+        if self.token_target not in ("data", "target"):
+            raise ConfigError(f"EAGLE training token_target must be 'data' or 'target', got {self.token_target!r}")
         if self.precision == "auto":
             object.__setattr__(self, "precision", training_precision())
 
@@ -88,124 +94,19 @@ def training_precision() -> str:
     return "bfloat16" if cpu_has_avx512_bf16() else "float32"
 
 
-def _fingerprint(records: Sequence[dict]) -> str:
-    """A digest of the records' token ids: a feature shard is reused only for the records it was
-    computed for."""
-    h = hashlib.sha256()
-    for rec in records:
-        h.update(len(rec["ids"]).to_bytes(4, "little"))
-        h.update(torch.tensor(rec["ids"], dtype=torch.int32).numpy().tobytes())
-    return h.hexdigest()[:16]
+def answer_mask(record: dict) -> torch.Tensor:
+    """(L + 1,) bool: which of the record's L tokens are answer tokens (its ``spans``, or every
+    token from ``prompt_len`` on: :func:`..training.conversations.answer_spans`); the extra last
+    entry repeats the last token's, so ``mask[j + 1]`` says whether h_j predicts an answer token
+    for every position j."""
+    from ..training.conversations import answer_spans
 
-
-def _shards(n: int, shard_records: int) -> list[tuple[int, int]]:
-    return [(a, min(a + shard_records, n)) for a in range(0, n, shard_records)]
-
-
-def _passes(records: Sequence[dict], rows_per_pass: int):
-    """``records`` in order, in groups of up to ``rows_per_pass`` tokens (a longer record alone)."""
-    group, rows = [], 0
-    for rec in records:
-        if group and rows + len(rec["ids"]) > rows_per_pass:
-            yield group
-            group, rows = [], 0
-        group.append(rec)
-        rows += len(rec["ids"])
-    if group:
-        yield group
-
-
-@torch.no_grad()
-def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | os.PathLike,
-                     shard_records: int = 256, rows_per_pass: int = 1024, progress: bool = True) -> Path:
-    """The target's final hidden states at every position of ``records`` (their ``ids``) through
-    ``backend`` (prompt passes of several records, up to ``rows_per_pass`` rows, on siblings of
-    ``backend``: a runtime may take its prefill kernels), into
-    safetensors shards of ``shard_records`` records under ``out_dir``. Each shard is written whole
-    and moved in place, so a stopped run resumes at the first shard missing; a shard computed for
-    other records is computed again. Each shard's metadata also holds what it took (``seconds``,
-    ``cpu_seconds``: :func:`features_cost`)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-    from tqdm.auto import tqdm
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    spans = _shards(len(records), shard_records)
-    bar = tqdm(total=len(records), desc="target features", unit="record", disable=not progress)
-    pool: list[Backend] = [backend]
-    for a, b in spans:
-        path, mark = out / f"shard-{a:07d}.safetensors", _fingerprint(records[a:b])
-        if path.is_file():
-            with safe_open(str(path), "pt") as f:
-                meta = f.metadata() or {}
-            if meta.get("records") == mark and meta.get("count") == str(b - a):
-                bar.update(b - a)
-                continue
-        rows, wall0, cpu0 = [], time.perf_counter(), time.process_time()
-        for group in _passes(records[a:b], rows_per_pass):
-            while len(pool) < len(group):
-                pool.append(backend.sibling())
-            for be in pool:
-                be.reset()
-            reqs = [ForwardRequest(torch.tensor(r["ids"], dtype=torch.long), rows=torch.empty(0, dtype=torch.long),
-                                   want_hidden=HiddenNeed.ALL, prefill=True) for r in group]
-            rows += [o.hidden.to(torch.bfloat16) for o in forward_batch(pool[:len(group)], reqs)]
-            bar.update(len(group))
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        took = {"seconds": f"{time.perf_counter() - wall0:.3f}", "cpu_seconds": f"{time.process_time() - cpu0:.3f}"}
-        save_file({"hidden": torch.cat(rows).contiguous()}, str(tmp),
-                  metadata={"records": mark, "count": str(b - a), **took})
-        os.replace(tmp, path)
-    bar.close()
-    for be in pool:
-        be.reset()
-    return out
-
-
-def features_cost(out_dir: str | os.PathLike) -> dict:
-    """What computing the features under ``out_dir`` took, summed over its shards: ``seconds``
-    and ``cpu_seconds`` (None when a shard does not say: written by an earlier version) and
-    ``shards``."""
-    from safetensors import safe_open
-
-    paths = sorted(Path(out_dir).glob("shard-*.safetensors"))
-    metas = []
-    for path in paths:
-        with safe_open(str(path), "pt") as f:
-            metas.append(f.metadata() or {})
-    total = {k: (round(sum(float(m[k]) for m in metas), 3) if metas and all(k in m for m in metas) else None)
-             for k in ("seconds", "cpu_seconds")}
-    return {**total, "shards": len(paths)}
-
-
-def load_features(out_dir: str | os.PathLike, records: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden (N, H) bf16, starts (R + 1,)) of :func:`compute_features` over ``records``: record r's
-    rows are ``starts[r] .. starts[r+1]-1``. Raises ConfigError when a shard is missing or was
-    computed for other records."""
-    from safetensors import safe_open
-
-    out = Path(out_dir)
-    lengths = torch.tensor([len(r["ids"]) for r in records], dtype=torch.long)
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    hidden, a = None, 0
-    while a < len(records):
-        path = out / f"shard-{a:07d}.safetensors"
-        if not path.is_file():
-            raise ConfigError(f"{out} has no features from record {a} on: compute the features (again)")
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-            b = a + int(meta.get("count", 0))
-            if b <= a or b > len(records) or meta.get("records") != _fingerprint(records[a:b]):
-                raise ConfigError(f"{path} was computed for other records: compute the features again")
-            part = f.get_tensor("hidden")
-        if hidden is None:
-            hidden = torch.empty(int(starts[-1]), part.shape[1], dtype=part.dtype)
-        hidden[starts[a]:starts[b]] = part
-        a = b
-    if hidden is None:
-        raise ConfigError(f"{out} holds no features: compute them first")
-    return hidden, starts
+    L = len(record["ids"])
+    mask = torch.zeros(L + 1, dtype=torch.bool)
+    for a, b in answer_spans(record):
+        mask[max(a, 0):min(b, L)] = True
+    mask[L] = mask[L - 1] if L else False
+    return mask
 
 
 def _windows(records: Sequence[dict], seq_len: int) -> list[tuple[int, int, int]]:
@@ -213,9 +114,10 @@ def _windows(records: Sequence[dict], seq_len: int) -> list[tuple[int, int, int]
     out = []
     for r, rec in enumerate(records):
         pairs = len(rec["ids"]) - 1  # pair i = (h_i, x_{i+1}), i < L - 1
+        mask = answer_mask(rec)
         for a in range(0, pairs, seq_len):
             n = min(seq_len, pairs - a)
-            if a + n + 1 > rec["prompt_len"]:  # some x_{i+2} in the answer
+            if bool(mask[a + 2:a + n + 2].any()):  # some x_{i+2} in an answer
                 out.append((r, a, n))
     return out
 
@@ -224,10 +126,10 @@ def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1):
     """Padded tensors of ``windows`` for ``steps`` draft steps (T pairs each, S = ``steps``):
     input features (B, T, H) = h_{a+p}, tokens (B, T + S - 1) = x_{a+p+1}, target features
     (B, T + S - 1, H) = h_{a+p+1}, target token indices into the drafted vocabulary
-    (B, T + S - 1) = x_{a+p+2} (-1: no loss: prompt or past the record), feature mask
-    (B, T + S - 1) (h_{a+p+1} exists and is an answer's, or the last prompt position's), and which
-    rows hold a pair of the window (B, T) (the others are padding: no loss at any step).
-    ``vocab_index`` None: no token targets (all -1)."""
+    (B, T + S - 1) = x_{a+p+2} (-1: no loss: not an answer token, or past the record), feature mask
+    (B, T + S - 1) (h_{a+p+1} exists and predicts an answer token), and which rows hold a pair of
+    the window (B, T) (the others are padding: no loss at any step).
+    ``vocab_index`` None: no token targets (all -1). ``hidden``: a tensor or :class:`FeatureRows`."""
     T, H = max(n for *_, n in windows), hidden.shape[1]
     B, S = len(windows), steps
     h_in, h_out = torch.zeros(B, T, H, dtype=hidden.dtype), torch.zeros(B, T + S - 1, H, dtype=hidden.dtype)
@@ -236,17 +138,19 @@ def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1):
     real = torch.zeros(B, T, dtype=torch.bool)
     for b, (r, a, n) in enumerate(windows):
         real[b, :n] = True
-        ids, s, P = records[r]["ids"], int(starts[r]), records[r]["prompt_len"]
+        ids, s = records[r]["ids"], int(starts[r])
+        answer = answer_mask(records[r])
         m = min(n + S - 1, len(ids) - 1 - a)  # pairs of the window and the steps' lookahead in the record
-        h_in[b, :n] = hidden[s + a:s + a + n]
-        h_out[b, :m] = hidden[s + a + 1:s + a + m + 1]
+        rows = hidden[s + a:s + a + m + 1]
+        h_in[b, :n] = rows[:n]
+        h_out[b, :m] = rows[1:m + 1]
         tok[b, :m] = torch.tensor(ids[a + 1:a + m + 1], dtype=torch.long)
         if vocab_index is not None:
             nxt = torch.tensor(ids[a + 2:a + m + 2], dtype=torch.long)  # x_{i+2}, one shorter at the record's end
-            pos = torch.arange(a + 2, a + 2 + nxt.shape[0])
             idx = vocab_index[nxt]
-            tgt[b, :nxt.shape[0]] = torch.where(pos >= P, idx, torch.full_like(idx, -1))
-        feat_mask[b, :m] = torch.arange(a + 1, a + m + 1) >= P - 1  # h_{i+1} of the answer's positions
+            keep = answer[a + 2:a + 2 + nxt.shape[0]]
+            tgt[b, :nxt.shape[0]] = torch.where(keep, idx, torch.full_like(idx, -1))
+        feat_mask[b, :m] = answer[a + 2:a + m + 2]  # h_{i+1} predicts an answer token
     return h_in, tok, h_out, tgt, feat_mask, real
 
 
@@ -284,7 +188,12 @@ def _loss(model: EagleModel, rows: torch.Tensor, batch, cfg: EagleTrainConfig) -
             scored = (want >= 0) & real  # the output layer only where a token is scored (answers, not prompts)
             if scored.any():
                 logits = F.linear(f[scored], rows.to(f.dtype)).float()  # (n, V')
-                ce = F.cross_entropy(logits, want[scored])
+                if cfg.token_target == "target":  # the target's own next-token distribution at h_{i+1}
+                    with torch.no_grad():
+                        teacher = F.linear(h_out[:, s:s + T][scored].to(f.dtype), rows.to(f.dtype)).float()
+                    ce = -(teacher.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+                else:
+                    ce = F.cross_entropy(logits, want[scored])
             else:
                 ce = f.sum() * 0
             total = total + cfg.step_decay ** s * (cfg.feature_weight * reg + cfg.token_weight * ce)
@@ -344,7 +253,8 @@ def answer_positions(records: Sequence[dict], per_record: int, seed: int = 0) ->
     rng = random.Random(seed)
     out = []
     for rec in records:
-        spots = list(range(max(rec["prompt_len"] - 2, 0), len(rec["ids"]) - 2))
+        answer = answer_mask(rec)
+        spots = [i for i in range(len(rec["ids"]) - 2) if bool(answer[i + 2])]
         out.append(rng.sample(spots, min(per_record, len(spots))))
     return out
 
@@ -430,7 +340,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     report = {"config": asdict(cfg), "steps": step, "train_loss_last": losses[-10:], "held_out_records": len(held),
               "depth_accuracy_before": initial, "depth_accuracy": final[1],
               "depth_accuracy_top4": final[4], "depth_accuracy_train_records": on_train,
-              "train_windows": len(wins), "answer_tokens": sum(len(r["ids"]) - r["prompt_len"] for r in records),
+              "train_windows": len(wins), "answer_tokens": sum(int(answer_mask(r)[:-1].sum()) for r in records),
               "train_seconds": round(spent["seconds"], 1), "train_cpu_seconds": round(spent["cpu_seconds"], 1),
               "machines": spent["machines"]}
     if (out_dir / "features").is_dir():  # train-eagle's layout: the features it trained on, beside the checkpoints

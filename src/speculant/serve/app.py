@@ -2,8 +2,11 @@
 
 ``create_app(decoder, ServeConfig(...))`` builds it. Requests are checked (``schema``), queued
 (``scheduler``) and answered as OpenAI answers: a JSON body, or with ``"stream": true`` server-sent
-events in OpenAI's chunk format ending with ``data: [DONE]``. Every error has OpenAI's shape.
-A client that goes away has its generation cancelled within one decoding step.
+events in OpenAI's chunk format ending with ``data: [DONE]``. Every error has OpenAI's shape,
+including a fault after a stream has begun (an error event, then the stream ends). A client that
+goes away has its generation cancelled within one decoding step. If the scheduler's worker stops
+for good, ``/health`` answers 503 with the reason, new requests get 503, and
+``app.state.shutdown(reason)`` (set by ``server.serve``) is called to end the process.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -20,12 +24,14 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .errors import APIError, bad_request
 from .metrics import Metrics
-from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, Token
-from .schema import CompletionRequest, parse_request
+from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, Token, WorkerStopped
+from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
 
+log = logging.getLogger("speculant.serve")
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
 
 
@@ -50,6 +56,17 @@ class _ClientGone(Exception):
     pass
 
 
+def _error(event: Failed) -> APIError:
+    return APIError(event.status, event.message, param=event.param,
+                    type="invalid_request_error" if event.status < 500 else "server_error",
+                    code="worker_stopped" if event.status == 503 else None)
+
+
+def _stopped(reason: str) -> APIError:
+    return APIError(503, f"the server's decoding worker stopped ({reason}); the server is shutting down: "
+                         "retry when it is back", type="server_error", code="worker_stopped")
+
+
 def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     """The application serving ``decoder`` (a SpeculativeDecoder); its scheduler starts with it."""
     model_id = config.model_id or decoder.target.name
@@ -60,7 +77,12 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         if isinstance(event, Finished):
             metrics.generation(ticket.prompt_tokens, len(event.token_ids), event.finish_reason, event.stats)
 
-    scheduler = Scheduler(decoder, config.max_queue, on_finish=finished, max_batch=config.max_batch)
+    def fatal(reason: str) -> None:
+        shutdown = getattr(app.state, "shutdown", None)
+        if shutdown is not None:
+            shutdown(reason)
+
+    scheduler = Scheduler(decoder, config.max_queue, on_finish=finished, max_batch=config.max_batch, on_fatal=fatal)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -108,9 +130,14 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         except UnicodeDecodeError as e:
             raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}): send UTF-8 JSON") from None
         try:
-            return json.loads(text)
+            return json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
             raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        except RecursionError:
+            raise bad_request(f"the request body is nested too deeply to read (at most {MAX_DEPTH} levels): "
+                              "send a flatter body") from None
+        except ValueError as e:  # NaN / Infinity, or an integer of thousands of digits
+            raise bad_request(f"the request body is not valid JSON: {e}") from None
 
     async def next_event(ticket: Ticket, request: Request):
         """The ticket's next event; cancels the job if the client goes away while waiting."""
@@ -118,6 +145,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             try:
                 return await asyncio.wait_for(ticket.events.get(), timeout=0.25)
             except asyncio.TimeoutError:
+                if scheduler.problem is not None and ticket.events.empty():
+                    return Failed(503, _stopped(scheduler.problem).message)
                 if await request.is_disconnected():
                     ticket.cancel()
                     raise _ClientGone from None
@@ -128,7 +157,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             authorize(request)
             req = parse_request(await read_json(request), kind)
             if req.model not in (model_id, "default"):
-                raise APIError(404, f"the model {req.model!r} is not served here; use {model_id!r} "
+                raise APIError(404, f"the model {show(req.model)} is not served here; use {model_id!r} "
                                     "(GET /v1/models lists it)", param="model", code="model_not_found")
             context = decoder.max_length
             if req.max_tokens is not None and context is not None and req.max_tokens >= context:
@@ -141,33 +170,44 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 raise APIError(429, f"the server is busy: {config.max_queue} requests are already waiting; "
                                     f"retry in {config.retry_after} s", type="rate_limit_error",
                                code="queue_full", headers={"Retry-After": str(config.retry_after)}) from None
+            except WorkerStopped as e:
+                raise _stopped(str(e)) from None
             metrics.set_queue(scheduler.waiting, scheduler.running)
             first = await next_event(ticket, request)
             if isinstance(first, Failed):
-                raise APIError(first.status, first.message, type="invalid_request_error" if first.status < 500
-                               else "server_error")
+                raise _error(first)
         except APIError as e:
             metrics.request(endpoint, e.status)
             return e.response()
-        except _ClientGone:
+        except (_ClientGone, ClientDisconnect):
             metrics.request(endpoint, 499)
             return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001 -- a fault of this request's own: a 500 in OpenAI's shape
+            log.exception("request failed")
+            metrics.request(endpoint, 500)
+            return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
         meta = _Meta(kind, model_id, decoder.method, arrived, metrics)
         if req.stream:
             metrics.request(endpoint, 200)
-            return StreamingResponse(_sse(ticket, req, meta), media_type="text/event-stream",
+            return StreamingResponse(_sse(ticket, req, meta, scheduler), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             while not isinstance(event := await next_event(ticket, request), (Finished, Failed)):
                 meta.token(event)
+            if isinstance(event, Failed):
+                metrics.request(endpoint, event.status)
+                return _error(event).response()
+            answer = JSONResponse(meta.body(event, ticket.prompt_tokens))
         except _ClientGone:
             metrics.request(endpoint, 499)
             return Response(status_code=499)
-        if isinstance(event, Failed):
-            metrics.request(endpoint, event.status)
-            return APIError(event.status, event.message, type="server_error").response()
+        except Exception as e:  # noqa: BLE001
+            log.exception("request failed")
+            ticket.cancel()
+            metrics.request(endpoint, 500)
+            return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
         metrics.request(endpoint, 200)
-        return JSONResponse(meta.body(event, ticket.prompt_tokens))
+        return answer
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -185,8 +225,13 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_id, "method": decoder.method,
-                "waiting": scheduler.waiting, "running": scheduler.running}
+        state = {"model": model_id, "method": decoder.method, "waiting": scheduler.waiting,
+                 "running": scheduler.running}
+        problem = scheduler.problem
+        if problem is not None:  # ASCII JSON, as errors are: the reason may quote anything
+            return Response(json.dumps({"status": "failed", "error": _stopped(problem).message, **state}),
+                            status_code=503, media_type="application/json")
+        return {"status": "ok", **state}
 
     @app.get("/metrics")
     async def prometheus():
@@ -245,13 +290,23 @@ class _Meta:
         return f"data: {json.dumps(body)}\n\n"
 
 
-async def _sse(ticket: Ticket, req: CompletionRequest, meta: _Meta) -> AsyncIterator[str]:
-    """The stream of one request; cancelling it (the client went away) cancels its generation."""
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number: send a finite number")
+
+
+async def _sse(ticket: Ticket, req: CompletionRequest, meta: _Meta, scheduler: Scheduler) -> AsyncIterator[str]:
+    """The stream of one request; cancelling it (the client went away) cancels its generation. A
+    fault after the stream has begun is sent as OpenAI does, ``data: {"error": {...}}``, and ends it."""
     try:
         if meta.kind == "chat":
             yield meta.chunk(role=True)
         while True:
-            event = await ticket.events.get()
+            try:
+                event = await asyncio.wait_for(ticket.events.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if scheduler.problem is None or not ticket.events.empty():
+                    continue
+                event = Failed(503, _stopped(scheduler.problem).message)
             if isinstance(event, Token):
                 meta.token(event)
                 if event.text:
@@ -262,10 +317,14 @@ async def _sse(ticket: Ticket, req: CompletionRequest, meta: _Meta) -> AsyncIter
                     yield meta.chunk(usage=meta.usage(event, ticket.prompt_tokens))
                 break
             elif isinstance(event, Failed):
-                yield f"data: {json.dumps(APIError(event.status, event.message, type='server_error').body())}\n\n"
+                yield f"data: {json.dumps(_error(event).body())}\n\n"
                 break
             elif isinstance(event, Started):
                 continue
-        yield "data: [DONE]\n\n"
+    except Exception as e:  # noqa: BLE001 -- the headers are sent: the fault goes in the stream
+        log.exception("stream failed")
+        error = APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error")
+        yield f"data: {json.dumps(error.body())}\n\n"
     finally:
         ticket.cancel()  # a no-op when it finished; else it stops within one decoding step
+    yield "data: [DONE]\n\n"

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 
 class APIError(Exception):
@@ -19,8 +20,10 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        # ASCII JSON: a message or param that quotes a client's broken text still encodes
+        return Response(json.dumps(self.body()), status_code=self.status, headers=self.headers,
+                        media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -12,6 +12,12 @@ once, so a new request never waits for the others to end. With ``max_batch`` 1 t
 after another. ``Ticket.cancel`` ends its generation before the next step (or skips it if it
 has not started). A job that fails is reported and the next one starts clean: every generation
 gets a KV cache and a drafter of its own.
+
+Whatever one job's preparation or decoding raises ends that job alone (``Failed``: 400 for input
+it cannot take, 500 otherwise) and the worker goes on. Should the worker itself stop (a fault
+outside any job's own handling), ``fatal`` says why, every job still open gets ``Failed(500)``,
+``submit`` refuses new ones (``WorkerStopped``) and ``on_fatal(reason)`` is called, so that the
+server can report it and exit rather than hang.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 
 from ..batching import Batch
 from ..errors import ConfigError
+from ..text_check import text_problem
 
 log = logging.getLogger("speculant.serve")
 
@@ -66,10 +73,15 @@ class Finished:
 class Failed:
     status: int  # 400: the request cannot be served as asked; 500: the server failed
     message: str
+    param: str | None = None  # the request field at fault, if one is
 
 
 class QueueFull(Exception):
     pass
+
+
+class WorkerStopped(Exception):
+    """The worker has stopped (the message says why): no job can run any more."""
 
 
 class Ticket:
@@ -98,19 +110,23 @@ class Ticket:
 class Scheduler:
     """Runs jobs on ``decoder`` (a SpeculativeDecoder), up to ``max_batch`` at once, at most
     ``max_queue`` waiting. ``on_finish(ticket, event)``: called in the worker after every job
-    (metrics)."""
+    (metrics). ``on_fatal(reason)``: called once if the worker stops for good."""
 
     def __init__(self, decoder, max_queue: int, on_finish: Callable[[Ticket, Any], None] | None = None,
-                 max_batch: int = 1):
+                 max_batch: int = 1, on_fatal: Callable[[str], None] | None = None):
         if max_queue < 1:
             raise ConfigError(f"--max-queue must be >= 1, got {max_queue}")
         if max_batch < 1:
             raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
-        self.decoder, self.on_finish, self.max_batch = decoder, on_finish, max_batch
+        self.decoder, self.on_finish, self.on_fatal, self.max_batch = decoder, on_finish, on_fatal, max_batch
         self._queue: queue.Queue[Ticket | None] = queue.Queue(maxsize=max_queue)
         self._running = 0
+        self.fatal: str | None = None  # why the worker stopped, if it did
+        self._closed = False
+        self._open: set[Ticket] = set()  # submitted, not yet ended
+        self._lock = threading.Lock()  # guards _open and fatal
         work = self._work if max_batch == 1 else self._work_batched
-        self._thread = threading.Thread(target=work, name="speculant-worker", daemon=True)
+        self._thread = threading.Thread(target=self._guard, args=(work,), name="speculant-worker", daemon=True)
         self._thread.start()
 
     @property
@@ -121,41 +137,89 @@ class Scheduler:
     def running(self) -> int:
         return self._running
 
+    @property
+    def problem(self) -> str | None:
+        """Why no job can run (None: the worker is running)."""
+        if self.fatal is not None:
+            return self.fatal
+        if not self._closed and not self._thread.is_alive():
+            return "the decoding worker thread has ended"
+        return None
+
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket:
         ticket = Ticket(job, loop)
-        try:
-            self._queue.put_nowait(ticket)
-        except queue.Full:
-            raise QueueFull from None
+        with self._lock:
+            if self.fatal is not None:
+                raise WorkerStopped(self.fatal)
+            try:
+                self._queue.put_nowait(ticket)
+            except queue.Full:
+                raise QueueFull from None
+            self._open.add(ticket)
         return ticket
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the queued jobs, then stop the worker (waits at most ``timeout`` s)."""
+        self._closed = True
+        if self.fatal is not None or not self._thread.is_alive():
+            return
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
             return
         self._thread.join(timeout)
 
+    def _guard(self, work: Callable[[], None]) -> None:
+        """Run the worker loop; if anything escapes it, stop for good and say so (module doc)."""
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 -- nothing may end the worker unreported
+            reason = f"{type(e).__name__}: {e}"
+            log.critical("the decoding worker stopped: %s", reason, exc_info=True)
+            self._stop(reason)
+
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            self.fatal = reason
+            tickets, self._open = list(self._open), set()
+        self._running = 0
+        for ticket in tickets:
+            self._end(ticket, Failed(500, f"the server's decoding worker stopped ({reason}); the server is shutting "
+                                          "down: retry when it is back"))
+        if self.on_fatal is not None:
+            try:
+                self.on_fatal(reason)
+            except Exception:  # noqa: BLE001
+                log.exception("on_fatal failed")
+
+    def _take(self, block: bool = True) -> Ticket | None:
+        """The next job from the queue (None: close); queue.Empty when ``block`` is off and there is none."""
+        return self._queue.get(block=block)
+
     def _work(self) -> None:
         while True:
-            ticket = self._queue.get()
+            ticket = self._take()
             if ticket is None:
                 return
             if ticket.cancelled:  # its client left while it waited
+                self._forget(ticket)
                 continue
             self._running = 1
             try:
                 event = self._run_one(ticket)
             except Exception as e:  # noqa: BLE001 -- a failed job must not stop the worker
-                log.exception("generation failed")
-                event = Failed(500, f"the generation failed: {type(e).__name__}: {e}")
+                event = _failure(e)
             finally:
                 self._running = 0
             self._end(ticket, event)
 
+    def _forget(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._open.discard(ticket)
+
     def _end(self, ticket: Ticket, event) -> None:
         """Send a job's last event and count it."""
+        self._forget(ticket)
         ticket.send(event)
         if self.on_finish is not None:
             try:
@@ -164,77 +228,101 @@ class Scheduler:
                 log.exception("metrics update failed")
 
     def _work_batched(self) -> None:
-        """The continuous-batching worker (see the module doc)."""
+        """The continuous-batching worker (see the module doc). Every call that belongs to one job
+        is guarded so that its fault ends that job alone."""
         batch = Batch(self.max_batch, getattr(self.decoder, "batch_pacer", None))
         live: dict[Any, Ticket] = {}  # generation -> its ticket
         closing = False
 
         def stream(gen, events) -> None:
-            for ev in events:
-                live[gen].send(Token(ev.token_id, ev.text))
+            ticket = live.get(gen)
+            if ticket is not None:
+                for ev in events:
+                    ticket.send(Token(ev.token_id, ev.text))
 
         def failed(gen, error: Exception) -> None:
-            log.error("generation failed: %s: %s", type(error).__name__, error)
-            message = str(error) if isinstance(error, ConfigError) else \
-                f"the generation failed: {type(error).__name__}: {error}"
-            self._end(live.pop(gen), Failed(400 if isinstance(error, ConfigError) else 500, message))
+            ticket = live.pop(gen, None)
+            if ticket is not None:
+                self._end(ticket, _failure(error))
+
+        def drop(gen, event) -> None:
+            """End ``gen`` with ``event`` (Failed), taking it out of the batch if it is still in."""
+            try:
+                self.decoder.leave(batch, gen)
+            except Exception:  # noqa: BLE001 -- it is out of ``live``; the batch drops it on its next fault
+                log.exception("taking a generation out of the batch failed")
+            ticket = live.pop(gen, None)
+            if ticket is not None:
+                self._end(ticket, event)
 
         while True:
             while not closing and not batch.full:  # admit: wait for work only when there is none
                 try:
-                    ticket = self._queue.get(block=not live)
+                    ticket = self._take(block=not live)
                 except queue.Empty:
                     break
                 if ticket is None:
                     closing = True
                     break
                 if ticket.cancelled:  # its client left while it waited
+                    self._forget(ticket)
                     continue
-                gen = self._prepare(ticket)
-                if isinstance(gen, Failed):
-                    self._end(ticket, gen)
-                    continue
-                live[gen] = ticket
-                try:
-                    self.decoder.join(batch, gen, on_events=stream, on_error=failed)
-                except ConfigError as e:
-                    del live[gen]
-                    self._end(ticket, Failed(400, str(e)))
-                except Exception as e:  # noqa: BLE001
-                    log.exception("generation failed")
-                    del live[gen]
-                    self._end(ticket, Failed(500, f"the generation failed: {type(e).__name__}: {e}"))
+                self._admit(ticket, batch, live, stream, failed, drop)
             for gen, ticket in list(live.items()):  # cancelled requests leave at once
                 if ticket.cancelled and gen.finish_reason is None:
-                    self.decoder.leave(batch, gen)
+                    try:
+                        self.decoder.leave(batch, gen)
+                    except Exception as e:  # noqa: BLE001
+                        drop(gen, _failure(e))
             self._running = len(batch)
             if len(batch):
                 try:
                     with torch.inference_mode():
                         batch.step()
                 except Exception as e:  # noqa: BLE001 -- the step's sequences fail, the worker goes on
-                    log.exception("generation failed")
-                    status = 400 if isinstance(e, ConfigError) else 500
+                    event = _failure(e)
                     for gen in list(live):
                         if gen.finish_reason is None:
-                            self.decoder.leave(batch, gen)
-                            self._end(live.pop(gen), Failed(status, f"the generation failed: {type(e).__name__}: {e}"))
+                            drop(gen, event)
             for gen, ticket in list(live.items()):  # finished (or cancelled) sequences report
                 if gen.finish_reason is not None:
                     del live[gen]
-                    self._end(ticket, Finished(list(gen.token_ids), gen.text, gen.finish_reason, gen.stats))
+                    try:
+                        event = Finished(list(gen.token_ids), gen.text, gen.finish_reason, gen.stats)
+                    except Exception as e:  # noqa: BLE001
+                        event = _failure(e)
+                    self._end(ticket, event)
             self._running = len(batch)
             if closing and not live:
                 return
 
+    def _admit(self, ticket: Ticket, batch: Batch, live: dict, stream, failed, drop) -> None:
+        """Start ``ticket``'s generation in ``batch``, or end it with Failed."""
+        gen = None
+        try:
+            gen = self._prepare(ticket)
+            if isinstance(gen, Failed):
+                self._end(ticket, gen)
+                return
+            live[gen] = ticket
+            self.decoder.join(batch, gen, on_events=stream, on_error=failed)
+        except Exception as e:  # noqa: BLE001 -- this job fails, the worker goes on
+            if gen is not None and gen in live:
+                drop(gen, _failure(e))
+            else:
+                self._end(ticket, _failure(e))
+
     def _prepare(self, ticket: Ticket):
         """The job's Generation, checked against the context (Started sent), or Failed(400)."""
         job, dec = ticket.job, self.decoder
+        problem = _input_problem(job)
+        if problem is not None:
+            return problem
         try:
             gen = dec.start(job.prompt, job.max_tokens or 1, temperature=job.temperature, top_k=job.top_k,
                             top_p=job.top_p, seed=job.seed, stop=list(job.stop), cancel=lambda: ticket.cancelled)
-        except ConfigError as e:
-            return Failed(400, str(e))
+        except Exception as e:  # noqa: BLE001 -- encoding the prompt failed: this job alone
+            return _failure(e)
         context = dec.max_length
         if context is not None and gen.prompt_tokens >= context:
             return Failed(400, f"the prompt has {gen.prompt_tokens} tokens but the model's context is {context} "
@@ -244,7 +332,8 @@ class Scheduler:
         elif context is not None and gen.prompt_tokens + job.max_tokens > context:
             return Failed(400, f"the prompt has {gen.prompt_tokens} tokens and max_tokens is {job.max_tokens}, "
                                f"{gen.prompt_tokens + job.max_tokens} in all, but the model's context is {context} "
-                               f"tokens: ask for at most {context - gen.prompt_tokens} tokens or shorten the prompt")
+                               f"tokens: ask for at most {context - gen.prompt_tokens} tokens or shorten the prompt",
+                          "max_tokens")
         ticket.prompt_tokens = gen.prompt_tokens
         ticket.send(Started(gen.prompt_tokens))
         return gen
@@ -254,9 +343,40 @@ class Scheduler:
         gen = self._prepare(ticket)
         if isinstance(gen, Failed):
             return gen
-        try:
-            for ev in gen:
-                ticket.send(Token(ev.token_id, ev.text))
-        except ConfigError as e:
-            return Failed(400, str(e))
+        for ev in gen:
+            ticket.send(Token(ev.token_id, ev.text))
         return Finished(list(gen.token_ids), gen.text, gen.finish_reason, gen.stats)
+
+
+def _input_problem(job: Job) -> Failed | None:
+    """Failed(400) if the job has text the tokenizer cannot take (the server's schema refuses it
+    first; this guards any other caller)."""
+    texts: list[tuple[str, Any]] = [("prompt", job.prompt)] if isinstance(job.prompt, str) else []
+    if isinstance(job.prompt, (list, tuple)):
+        texts += [(f"messages[{i}].{key}", m.get(key)) for i, m in enumerate(job.prompt) if isinstance(m, dict)
+                  for key in ("role", "content")]
+    texts += [(f"stop[{i}]", s) for i, s in enumerate(job.stop)]
+    for where, text in texts:
+        problem = text_problem(text) if isinstance(text, str) else None
+        if problem:
+            return Failed(400, f"{where} {problem}", where)
+    return None
+
+
+def _failure(error: BaseException) -> Failed:
+    """The Failed event of a job that raised ``error``: 400 if its input was at fault, else 500."""
+    if isinstance(error, ConfigError):
+        return Failed(400, str(error))
+    if _template_refused(error):
+        return Failed(400, f"the model's chat template refused the messages: {error}", "messages")
+    log.error("generation failed: %s: %s", type(error).__name__, error, exc_info=error)
+    return Failed(500, f"the generation failed: {type(error).__name__}: {error}")
+
+
+def _template_refused(error: BaseException) -> bool:
+    """A chat template's own ``raise_exception`` (e.g. "roles must alternate"), not a broken template."""
+    try:
+        from jinja2.exceptions import TemplateError
+    except ImportError:
+        return False
+    return type(error) is TemplateError

@@ -113,12 +113,17 @@ class TrainConfig:
         if self.feature_noise < 0 or self.eval_every < 0 or self.weight_decay < 0:
             raise ConfigError("feature_noise, eval_every and weight_decay must be >= 0, got "
                               f"{self.feature_noise}, {self.eval_every}, {self.weight_decay}")
+        for name in ("lr_heads", "lr_backbone", "lr_context"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} (the learning rate) must be > 0, got {value}")
         if self.feature_weight < 0 or self.teacher_weight < 0:
             raise ConfigError(f"feature_weight and teacher_weight must be >= 0, got {self.feature_weight}, "
                               f"{self.teacher_weight}")
         if self.train_vocab not in ("full", "data"):
             raise ConfigError(f"train_vocab must be 'full' or 'data', got {self.train_vocab!r}")
-        for name in ("batch_size", "grad_accum", "seq_len", "save_every", "keep_checkpoints", "lora_r"):
+        for name in ("batch_size", "grad_accum", "seq_len", "save_every", "keep_checkpoints", "lora_r",
+                     "rows_per_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seq_len < 3:

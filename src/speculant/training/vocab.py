@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..errors import ConfigError, ModelLoadError
+from .conversations import answer_spans
 
 __all__ = ["cut_draft_vocab", "draft_vocabulary"]
 
@@ -32,7 +33,7 @@ def draft_vocabulary(records: Sequence[dict], n: int, vocab_size: int,
     pool = range(vocab_size) if allowed is None else sorted(t for t in allowed if 0 <= t < vocab_size)
     if n > len(pool):
         raise ConfigError(f"a draft vocabulary of {n} tokens cannot be drawn from {len(pool)}")
-    counts = Counter(t for r in records for t in r["ids"][r["prompt_len"]:]
+    counts = Counter(t for r in records for a, b in answer_spans(r) for t in r["ids"][a:b]
                      if 0 <= t < vocab_size and (allowed is None or t in allowed))
     chosen = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
     taken = set(chosen)
