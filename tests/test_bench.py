@@ -258,7 +258,7 @@ def test_summary_table_folds_long_method_specs(capsys):
 def test_bench_config_accepts_the_peer_rows():
     BenchConfig("t", "d", methods=("ar", *PEERS))
     assert set(PEERS) == {"hf-assisted", "llama-server", "llama-server+draft", "llama-server+ngram",
-                          "openvino", "openvino+lookup", "openvino+draft"}
+                          "llama-server+ngram-mod", "llama-server+ngram-map-k", "openvino", "openvino+lookup", "openvino+draft"}
     for methods, msg in [(("ar", "llamacpp"), "unknown bench method"), (("ar", "llama-server+eagle"), "unknown"),
                          (("ar", "openvino:typical"), "own methods"), (("ar", "openvino+lookup@fixed"), "medusa, hydra and eagle"),
                          (("llama-server",), "baseline")]:

@@ -59,3 +59,14 @@ def test_plain_stops_at_eos_or_limit_and_is_deterministic(server, tokenizer):
     cut1, _, _ = server.run(long, 8)
     cut2, _, _ = server.run(long, 8)
     assert cut1 == cut2 and len(cut1) == 8 and eos not in cut1
+
+
+@pytest.mark.parametrize("config", ["ngram-mod", "ngram-map-k"])
+def test_ngram_modes_run_and_speculate(config, tokenizer):
+    """Each of llama.cpp's n-gram modes starts with its own --spec-type and writes the reply."""
+    text = "def add(a, b):\n    return a + b\n"
+    ids = _ids(tokenizer, f"Repeat this code exactly, with nothing else:\n{text}")
+    with LlamaServer(config) as s:
+        assert s.args(8080)[s.args(8080).index("--spec-type") + 1] == config
+        out, _, timing = s.run(ids, 24)
+    assert 0 < len(out) <= 24 and "return a + b" in tokenizer.decode(out)

@@ -111,13 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
     b.add_argument("--methods", default="ar,auto,lookup,sd,llama-server,llama-server+draft,llama-server+ngram,"
-                                        "openvino,openvino+lookup,openvino+draft",
+                                        "llama-server+ngram-mod,openvino,openvino+lookup,openvino+draft",
                    help="comma-separated: ar, auto (what `generate` picks), sd, mcsd, lookup, medusa, medusa+lookup, "
                         "hydra, hydra+lookup, bpd "
                         "(speculant's own; each optionally NAME:RULE with an approximate acceptance rule, e.g. "
                         "medusa:typical, bpd:topk=2+min=1), and peer rows: hf-assisted (transformers' assisted "
-                        "generation); llama-server, llama-server+draft, llama-server+ngram (llama.cpp's server "
-                        "on the target's GGUF: plain, the draft's GGUF as draft model, n-gram lookup; needs "
+                        "generation); llama-server, llama-server+draft, llama-server+ngram, llama-server+ngram-mod, "
+                        "llama-server+ngram-map-k (llama.cpp's server on the target's GGUF: plain, the draft's GGUF "
+                        "as draft model, its n-gram lookups --spec-type ngram-simple, ngram-mod, ngram-map-k; needs "
                         "`make install-llama-server`); openvino, openvino+lookup, openvino+draft (OpenVINO GenAI, "
                         "int4: plain, prompt lookup, the 0.5B draft; needs `make install-openvino`); a peer "
                         "that is not installed is skipped with a message. One of ours may end in @KEY=VALUE "

@@ -10,9 +10,9 @@ Peer rows (``PEERS``): other runtimes, fed the same prompt token ids, each at it
 configuration of its kind:
 
 - ``hf-assisted``: transformers' ``generate(assistant_model=...)`` on the same two models;
-- ``llama-server``, ``llama-server+draft``, ``llama-server+ngram``: llama.cpp's server on the
-  target's GGUF: plain, the draft's GGUF as draft model (3 tokens), n-gram lookup
-  (``bench.llama_server``; needs ``make install-llama-server``);
+- ``llama-server``, ``llama-server+draft``, ``llama-server+ngram``, ``+ngram-mod``, ``+ngram-map-k``:
+  llama.cpp's server on the target's GGUF: plain, the draft's GGUF as draft model (3 tokens), its
+  n-gram lookups (``bench.llama_server``; needs ``make install-llama-server``);
 - ``openvino``, ``openvino+lookup``, ``openvino+draft``: OpenVINO GenAI on int4 IR of the Qwen
   presets: plain, prompt lookup (3 tokens), the 0.5B draft (3 tokens) (``bench.openvino``; needs
   ``make install-openvino``; target ``qwen2.5-coder-1.5b-instruct`` only).

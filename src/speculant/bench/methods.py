@@ -29,7 +29,8 @@ from ..errors import ConfigError
 
 OURS = ("ar", "auto", "sd", "mcsd", "lookup", "medusa", "medusa+lookup", "hydra", "hydra+lookup", "eagle",
         "eagle+lookup", "bpd")
-LLAMA_SERVER = {"llama-server": "plain", "llama-server+draft": "draft", "llama-server+ngram": "ngram"}
+LLAMA_SERVER = {"llama-server": "plain", "llama-server+draft": "draft", "llama-server+ngram": "ngram",
+                "llama-server+ngram-mod": "ngram-mod", "llama-server+ngram-map-k": "ngram-map-k"}
 OPENVINO = {"openvino": "plain", "openvino+lookup": "lookup", "openvino+draft": "draft"}
 PEERS = ("hf-assisted", *LLAMA_SERVER, *OPENVINO)
 

@@ -405,6 +405,8 @@ ROW_NOTES = {
     "eagle+lookup": "speculant, EAGLE drafter + prompt lookup", "bpd": "speculant, blockwise parallel decoding",
     "hf-assisted": "transformers, assisted generation", "llama-server": "llama.cpp, plain",
     "llama-server+draft": "llama.cpp, draft model", "llama-server+ngram": "llama.cpp, n-gram lookup",
+    "llama-server+ngram-mod": "llama.cpp, n-gram lookup (ngram-mod)",
+    "llama-server+ngram-map-k": "llama.cpp, n-gram lookup (ngram-map-k)",
     "openvino": "OpenVINO GenAI, plain", "openvino+lookup": "OpenVINO GenAI, prompt lookup",
     "openvino+draft": "OpenVINO GenAI, draft model",
 }
