@@ -425,7 +425,8 @@ def test_long_prompts_take_the_prefill_kernels_and_every_method_still_equals_pla
     layer_prefill, plan = Int4Linear.forward_prefill, NativeBackend._attention_plan
     monkeypatch.setattr(Int4Linear, "forward_prefill", lambda self, x: widths.append(x.shape[0]) or layer_prefill(self, x))
     monkeypatch.setattr(NativeBackend, "_attention_plan",
-                        lambda self, n, past, mask, g, prefill=False: plans.append(prefill) or plan(self, n, past, mask, g, prefill))
+                        lambda self, n, past, mask, g, prefill=False, *rest: plans.append(prefill) or
+                        plan(self, n, past, mask, g, prefill, *rest))
     g = torch.Generator().manual_seed(7)
     rep = torch.randint(0, V, (12,), generator=g)
     prompt = torch.cat([torch.randint(0, V, (native.PREFILL_MIN_ROWS,), generator=g), rep, rep])

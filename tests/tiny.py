@@ -93,3 +93,60 @@ def fixed_prompts(vocab: int = 64) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(3)
     rep = torch.randint(0, vocab, (6,), generator=g).repeat(3)
     return [torch.randint(0, vocab, (9,), generator=g), rep, torch.tensor([5])]
+
+
+def tiny_family(family: str, seed: int = 0, vocab: int = 64, hidden: int = 64, layers: int = 2, scale: float = 4.0,
+                dtype: torch.dtype = torch.float32):
+    """A 2-layer model of one of the families the native runtime runs besides Llama 2 / Qwen2, with
+    random weights, in the features that family adds:
+
+    - ``llama3``: Llama 3.x RoPE scaling (rope_type llama3, factor 8, original context 64, so the
+      scaled low frequencies matter at test lengths) and tied embeddings (Llama 3.2 1B / 3B);
+    - ``llama-yarn``: YaRN RoPE scaling (factor 4 over an original context of 128);
+    - ``qwen3``: per-head q/k RMSNorm (its weights made non-trivial), head_dim 32 independent of
+      hidden / heads;
+    - ``mistral``: a Mistral with a sliding window (4096: wider than any test);
+    - ``phi3``: Phi-3's fused qkv_proj and gate_up_proj;
+    - ``phi3-window``: a Phi-3 with a sliding window of 12 (shorter than the tests' sequences);
+    - ``gemma3``: a Gemma 3 text model: a sliding layer (window 8) and a global one with their own
+      RoPE bases, (1 + w) norms (made non-trivial), sandwich norms, q/k norms, GELU-tanh, scaled
+      embeddings, query_pre_attn_scalar 32 (not head_dim 16), tied embeddings."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    if family == "llama3":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=True))
+    elif family == "llama-yarn":
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128}
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False))
+    elif family == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif family == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(**common, sliding_window=4096, tie_word_embeddings=False))
+    elif family in ("phi3", "phi3-window"):
+        window = 12 if family == "phi3-window" else None
+        model = tf.Phi3ForCausalLM(tf.Phi3Config(**common, pad_token_id=0, sliding_window=window,
+                                                 tie_word_embeddings=False))
+    elif family == "gemma3":
+        cfg = tf.Gemma3TextConfig(**common, head_dim=16, sliding_window=8, query_pre_attn_scalar=32,
+                                  layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True)
+        model = tf.Gemma3ForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.uniform_(-0.5, 0.5)
+    else:
+        raise ValueError(family)
+    model = model.float().eval()
+    if not model.config.tie_word_embeddings:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+    return model.to(dtype)

@@ -29,11 +29,11 @@ from typing import Callable
 import torch
 
 from .config import DEFAULT_LOOKUP_BRANCH, DecoderConfig
+from .backends.native_arch import SUPPORTED, native_refusal
 from .costmodel import PassCost
 
 __all__ = ["Runtime", "choose_method", "choose_runtime", "choose_shipped_drafter", "resolve"]
 
-NATIVE_ARCHS = ("llama", "qwen2")
 AUTO_LOOKUP_BRANCH = DEFAULT_LOOKUP_BRANCH  # hydra+lookup's chain
 AUTO_LOOKUP_GAMMA = 8  # lookup's longest chain when sized per step
 DEFAULT_GAMMA = 4  # sd's chain, bpd's and a fixed lookup chain's length
@@ -92,9 +92,12 @@ def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "au
     kernel = int4_kernel_name()
     why = ""
     if backend == "auto":
-        if arch not in NATIVE_ARCHS:
+        refusal = native_refusal(cfg) if arch in SUPPORTED else None
+        if arch not in SUPPORTED:
             backend, why = "hf", (f"transformers runs {arch or 'this model'} (speculant's native runtime covers "
-                                  f"{' and '.join(NATIVE_ARCHS)} models)")
+                                  f"{', '.join(SUPPORTED)} models)")
+        elif refusal:
+            backend, why = "hf", f"transformers runs it ({refusal})"
         elif dtype != torch.bfloat16 or kernel is None or not int4_fits(cfg):
             backend = "hf"
             why = ("transformers runs it in float32 (the native int4 runtime needs bfloat16)" if dtype != torch.bfloat16

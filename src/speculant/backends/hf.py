@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from ..kv_cache import KVCache
 from ..packing import pack_linears
 from .base import CacheBacked, ForwardOut, HiddenNeed
 from .hf_attention import use_tree_attention
+from .native_arch import attention_windows
 
 
 class HFBackend(CacheBacked):
@@ -32,8 +34,19 @@ class HFBackend(CacheBacked):
         self.vocab_size = self.head.out_features
         self.dtype = next(model.parameters()).dtype
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        self.num_layers = model.config.get_text_config().num_hidden_layers
+        text = model.config.get_text_config()
+        self.num_layers = text.num_hidden_layers
         self.cache = KVCache(self.num_layers)
+        # sliding-window layers: the masks speculant passes must leave out the keys past the window
+        # too; a model with both kinds of layer takes one mask per kind (transformers' mapping)
+        try:
+            windows = set(attention_windows(text)) - {0}
+        except (ConfigError, AttributeError, TypeError):
+            windows = set()
+        if len(windows) > 1:
+            raise ConfigError(f"sliding windows of {sorted(windows)} tokens in one model are not supported")
+        self.window = windows.pop() if windows else 0
+        self.per_kind = bool(self.window) and bool(getattr(text, "layer_types", None))
 
     @torch.no_grad()
     def forward(self, tokens, positions=None, tree_mask=None, rows=None,
@@ -48,8 +61,11 @@ class HFBackend(CacheBacked):
                 tree_mask = torch.ones(n, n, dtype=torch.bool).tril_()
             free = past + n - tree_mask.shape[1]  # cached entries every new token may see
             allowed = torch.cat([torch.ones(n, free, dtype=torch.bool), tree_mask], dim=1)  # (n, past+n)
-            mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            mask = self._additive(allowed)
+            if self.window:  # the committed keys at positions 0 .. past-1, the new ones at ``positions``
+                keys = torch.cat([torch.arange(past), positions])
+                windowed = self._additive(allowed & (keys[None, :] > positions[:, None] - self.window))
+                mask = {"full_attention": mask, "sliding_attention": windowed} if self.per_kind else windowed
         out = self.decoder(
             input_ids=tokens.view(1, n),
             position_ids=positions.view(1, n),
@@ -64,6 +80,11 @@ class HFBackend(CacheBacked):
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return ForwardOut(logits, {HiddenNeed.NONE: None, HiddenNeed.LAST: h, HiddenNeed.ALL: full}[want_hidden])
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """(1, 1, n, T) additive mask of ``allowed`` (n, T) bool."""
+        mask = torch.zeros(1, 1, *allowed.shape, dtype=self.dtype)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
 
     def reset(self) -> None:
         self.cache = KVCache(self.num_layers)

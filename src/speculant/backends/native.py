@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from ..kernels import cpu_kernels, x86_kernels
 from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed
 from .native_cache import StaticKVCache
@@ -59,18 +60,28 @@ class NativeBackend(CacheBacked):
         m = self.model
         self.cache = StaticKVCache(len(m.blocks), m.kv_heads, m.head_dim, m.dtype, capacity)
 
-    def _mask(self, n: int, past: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
-        """(n, T) bool, True = may attend; columns before the tree window are committed context."""
+    def _mask(self, n: int, past: int, tree_mask: torch.Tensor | None, positions: torch.Tensor | None = None,
+              window: int = 0) -> torch.Tensor:
+        """(n, T) bool, True = may attend; columns before the tree window are committed context.
+        ``window`` > 0: a sliding window too, key position > query position - window (the new
+        tokens at ``positions`` (n,), the committed ones at 0 .. past-1)."""
         T = past + n
         if tree_mask is None:
-            return torch.ones(n, T, dtype=torch.bool).tril_(diagonal=past)
-        allowed = torch.ones(n, T, dtype=torch.bool)
-        allowed[:, T - tree_mask.shape[1]:] = tree_mask
+            allowed = torch.ones(n, T, dtype=torch.bool).tril_(diagonal=past)
+        else:
+            allowed = torch.ones(n, T, dtype=torch.bool)
+            allowed[:, T - tree_mask.shape[1]:] = tree_mask
+        if window:
+            pos = positions if positions is not None else torch.arange(past, T)
+            keys = torch.cat([torch.arange(past), pos])
+            allowed &= keys[None, :] > pos[:, None] - window
         return allowed
 
-    def _attention_plan(self, n: int, past: int, tree_mask: torch.Tensor | None, g: int, prefill: bool = False):
+    def _attention_plan(self, n: int, past: int, tree_mask: torch.Tensor | None, g: int, prefill: bool = False,
+                        positions: torch.Tensor | None = None, window: int = 0):
         """``attend(q (n, Hkv, g, D), layer) -> (n, Hkv, g, D)``: attention of the n new tokens
-        over the cache (positions 0 .. past+n-1) under the causal or tree mask.
+        over the cache (positions 0 .. past+n-1) under the causal or tree mask (and a sliding
+        ``window`` over the new tokens' ``positions``, when > 0).
 
         ``prefill`` (a prompt of ``PREFILL_MIN_ROWS`` tokens or more on an empty cache): one call of
         PyTorch's causal flash attention (fastest for long inputs; not row-invariant, which a
@@ -86,22 +97,26 @@ class NativeBackend(CacheBacked):
         every method) take one call; query row j*n + i is head j of token i."""
         m, cache = self.model, self.cache
         Hkv, D, T = m.kv_heads, m.head_dim, past + n
+        windowed = window and T > window  # a window that leaves keys out
         if prefill and past == 0 and tree_mask is None:
+            mask = self._mask(n, past, None, positions, window)[None, None] if windowed else None
 
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
                 keys, values = cache.kv[layer, 0, :, :n][None], cache.kv[layer, 1, :, :n][None]  # (1, Hkv, n, D)
                 o = F.scaled_dot_product_attention(q.reshape(n, Hkv * g, D).transpose(0, 1)[None], keys, values,
-                                                   is_causal=True, enable_gqa=True)  # (1, Hq, n, D)
+                                                   attn_mask=mask, is_causal=mask is None,
+                                                   enable_gqa=True)  # (1, Hq, n, D)
                 return o[0].transpose(0, 1).reshape(n, Hkv, g, D)
             return attend
         x86 = x86_kernels() if m.dtype == torch.bfloat16 and m.kernel_shapes else None
         if x86 is not None:  # speculant's own: row-invariant by construction at any width, no padding
-            allowed = self._mask(n, past, tree_mask) if tree_mask is not None else _CAUSAL
+            allowed = self._mask(n, past, tree_mask, positions, window) if tree_mask is not None or windowed \
+                else _CAUSAL
 
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
                 return x86.attend(q.contiguous(), cache.kv[layer, 0], cache.kv[layer, 1], allowed, past, 0)
             return attend
-        allowed = self._mask(n, past, tree_mask)  # (n, T)
+        allowed = self._mask(n, past, tree_mask, positions, window if windowed else 0)  # (n, T)
         if n > INVARIANT_ROWS:
             mask = torch.zeros(n, T, dtype=m.dtype).masked_fill_(~allowed, float("-inf")).repeat(g, 1)[None, None]
 
@@ -158,52 +173,82 @@ class NativeBackend(CacheBacked):
         m = backends[0].model
         Hq, Hkv, D = m.heads, m.kv_heads, m.head_dim
         g = Hq // Hkv
-        seqs = []  # (backend, past, n, first row, attend, RoPE angles (n, D/2))
+        # per sequence: (backend, past, n, first row, {window: attend}, [RoPE angles (n, D/2) per rope])
+        seqs = []
         first, fast = 0, []
         exact_prefill = bool(os.environ.get("SPECULANT_EXACT_PREFILL"))
         for b, r in zip(backends, requests):
             n, past = r.tokens.shape[0], b.cache.length
             positions = r.positions if r.positions is not None else torch.arange(past, past + n)
             b.cache.reserve(past + n)
-            freqs = positions.float()[:, None] * m.inv_freq[None, :]  # (n, D/2)
+            if m.max_context and n and int(positions.max()) >= m.max_context:
+                raise ConfigError(f"position {int(positions.max())} is past the {m.max_context} tokens this model "
+                                  "runs exactly on the native backend (its original RoPE context): shorten the "
+                                  "prompt or max_new_tokens, or use backend='hf'")
+            freqs = [positions.float()[:, None] * rope.inv_freq[None, :] for rope in m.ropes]  # (n, D/2) each
             fast.append(r.prefill and n >= PREFILL_MIN_ROWS and not exact_prefill)
-            seqs.append((b, past, n, first, b._attention_plan(n, past, r.tree_mask, g, fast[-1]), freqs))
+            plans = {w: b._attention_plan(n, past, r.tree_mask, g, fast[-1], positions, w) for w in set(m.windows)}
+            seqs.append((b, past, n, first, plans, freqs))
             first += n
         linear = _linear_plan([(r0, n, f) for (_, _, n, r0, *_), f in zip(seqs, fast)])
         x = m.embed[torch.cat([r.tokens for r in requests])] if len(requests) > 1 else m.embed[requests[0].tokens]
+        if m.arch.embed_scale != 1.0:  # Gemma: the embeddings scaled by sqrt(H), in the model's dtype
+            x = x * torch.tensor(m.arch.embed_scale, dtype=x.dtype)
         fused = x86_kernels() if m.dtype == torch.bfloat16 and m.kernel_shapes else None
+        gelu = m.arch.act == "gelu_tanh"
         if fused is not None:  # layer_x86.cpp: norms, RoPE + cache write, SiLU * up in one call each
-            rope = [(f.cos().contiguous(), f.sin().contiguous()) for *_, f in seqs]
+            tables = [[((f.cos() * rope.scale).contiguous(), (f.sin() * rope.scale).contiguous()) if rope.scale != 1.0
+                       else (f.cos().contiguous(), f.sin().contiguous()) for f, rope in zip(fs, m.ropes)]
+                      for *_, fs in seqs]
+            norm = lambda t, w: fused.rms_norm(t.contiguous(), w, m.eps, 0)  # noqa: E731
             for i, blk in enumerate(m.blocks):
-                h = fused.rms_norm(x, blk.in_norm, m.eps, 0)
+                h = norm(x, blk.in_norm)
                 qkv = linear(blk.qkv, h) if blk.qkv is not None else torch.cat(blk.project_qkv(h), dim=-1)
+                if blk.q_norm is not None:  # each head's query and key normed first (Qwen3, Gemma 3)
+                    qkv = _qk_normed(qkv, blk, Hq, Hkv, D, norm)
                 outs = []
-                for (b, past, n, r0, attend, _), (cos, sin) in zip(seqs, rope):
+                for (b, past, n, r0, plans, _), tab in zip(seqs, tables):
+                    cos, sin = tab[m.layer_rope[i]]
                     part = qkv[r0:r0 + n].contiguous()
                     q = fused.rope_qkv(part, cos, sin, Hq, Hkv, b.cache.kv[i], past, 0)  # (n, Hq, D)
-                    outs.append(attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
-                o = outs[0] if len(outs) == 1 else torch.cat(outs)
-                x = x + linear(blk.o_proj, o)
-                h = fused.rms_norm(x, blk.post_norm, m.eps, 0)
+                    outs.append(plans[m.windows[i]](q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
+                o = linear(blk.o_proj, outs[0] if len(outs) == 1 else torch.cat(outs))
+                x = x + (norm(o, blk.attn_out_norm) if blk.attn_out_norm is not None else o)
+                h = norm(x, blk.post_norm)
                 gu = linear(blk.gate_up, h) if blk.gate_up is not None else torch.cat([blk.gate_proj(h), blk.up_proj(h)], -1)
-                x = x + linear(blk.down_proj, fused.silu_mul(gu.contiguous(), 0))
+                if gelu:
+                    gate, up = gu.chunk(2, dim=-1)
+                    act = F.gelu(gate, approximate="tanh") * up
+                else:
+                    act = fused.silu_mul(gu.contiguous(), 0)
+                f = linear(blk.down_proj, act)
+                x = x + (norm(f, blk.ffn_out_norm) if blk.ffn_out_norm is not None else f)
         else:
-            rope = []
-            for *_, f in seqs:
-                emb = torch.cat((f, f), dim=-1)[:, None, :]  # (n, 1, D)
-                rope.append((emb.cos().to(m.dtype), emb.sin().to(m.dtype)))
+            tables = []
+            for *_, fs in seqs:
+                tab = []
+                for f, rope in zip(fs, m.ropes):
+                    emb = torch.cat((f, f), dim=-1)[:, None, :]  # (n, 1, D)
+                    tab.append(((emb.cos() * rope.scale).to(m.dtype), (emb.sin() * rope.scale).to(m.dtype)))
+                tables.append(tab)
             for i, blk in enumerate(m.blocks):
                 h = _rms_norm(x, blk.in_norm, m.eps)
                 q_all, k_all, v_all = blk.project_qkv(h)
+                if blk.q_norm is not None:  # each head's query and key normed first (Qwen3, Gemma 3)
+                    q_all = _rms_norm(q_all.reshape(-1, Hq, D), blk.q_norm, m.eps).reshape(q_all.shape)
+                    k_all = _rms_norm(k_all.reshape(-1, Hkv, D), blk.k_norm, m.eps).reshape(k_all.shape)
                 outs = []
-                for (b, past, n, r0, attend, _), (cos, sin) in zip(seqs, rope):
+                for (b, past, n, r0, plans, _), tab in zip(seqs, tables):
+                    cos, sin = tab[m.layer_rope[i]]
                     q = _rotate(q_all[r0:r0 + n].reshape(n, Hq, D), cos, sin)
                     k = _rotate(k_all[r0:r0 + n].reshape(n, Hkv, D), cos, sin)
                     v = v_all[r0:r0 + n].reshape(n, Hkv, D)
                     b.cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
-                    outs.append(attend(q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
-                x = x + blk.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
-                x = x + blk.mlp(_rms_norm(x, blk.post_norm, m.eps))
+                    outs.append(plans[m.windows[i]](q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
+                o = blk.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+                x = x + (_rms_norm(o, blk.attn_out_norm, m.eps) if blk.attn_out_norm is not None else o)
+                f = blk.mlp(_rms_norm(x, blk.post_norm, m.eps), gelu)
+                x = x + (_rms_norm(f, blk.ffn_out_norm, m.eps) if blk.ffn_out_norm is not None else f)
         for b, _, n, *_ in seqs:
             b.cache.advance(n)
         norm = (lambda t: fused.rms_norm(t.contiguous(), m.norm, m.eps, 0)) if fused is not None else \
@@ -230,6 +275,16 @@ class NativeBackend(CacheBacked):
 
     def reset(self) -> None:
         self.cache.reset()
+
+
+def _qk_normed(qkv: torch.Tensor, blk: NativeBlock, Hq: int, Hkv: int, D: int, norm) -> torch.Tensor:
+    """``qkv`` (N, (Hq + 2 Hkv) D) with each head's query and key RMS-normed by ``norm(rows (M, D),
+    weight (D,))``, the values as they are: every row on its own, so the bits do not depend on N."""
+    N = qkv.shape[0]
+    q, k, v = qkv.split((Hq * D, Hkv * D, Hkv * D), dim=-1)
+    q = norm(q.reshape(N * Hq, D).contiguous(), blk.q_norm).reshape(N, Hq * D)
+    k = norm(k.reshape(N * Hkv, D).contiguous(), blk.k_norm).reshape(N, Hkv * D)
+    return torch.cat((q, k, v), dim=-1)
 
 
 def _linear_plan(spans: list[tuple[int, int, bool]]):

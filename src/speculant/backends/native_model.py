@@ -20,32 +20,58 @@ from torch import nn
 from ..errors import ConfigError, ModelLoadError
 from ..packing import unpack_linears
 from ..quant import QUANT_MODES, Int4Linear, joined, quantize_linear
+from .native_arch import SUPPORTED, Arch, arch_for, layer_plan  # noqa: F401 (SUPPORTED re-exported)
 
-SUPPORTED = ("llama", "qwen2")
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _rope_theta(cfg) -> float:
-    params = getattr(cfg, "rope_parameters", None) or {}
-    scaling = getattr(cfg, "rope_scaling", None) or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ConfigError(f"the native backend supports plain RoPE only; this model uses rope_type "
-                          f"{rope_type!r}: use backend='hf'")
-    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
-    if theta is None:
-        raise ConfigError("the model config has no rope_theta")
-    return float(theta)
-
-
 def _check_config(cfg) -> None:
-    if cfg.model_type not in SUPPORTED:
-        raise ConfigError(f"the native backend runs {', '.join(SUPPORTED)} models, not {cfg.model_type!r}: "
-                          "use backend='hf'")
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise ConfigError(f"the native backend needs a SiLU MLP, not {cfg.hidden_act!r}: use backend='hf'")
-    if getattr(cfg, "use_sliding_window", False):
-        raise ConfigError("the native backend does not implement sliding-window attention: use backend='hf'")
+    arch_for(cfg)
+
+
+def block_norms(arch: Arch, weight) -> dict[str, torch.Tensor | None]:
+    """A layer's norm weights as NativeBlock takes them, ``weight(name)`` giving the checkpoint's
+    tensor of that layer (``input_layernorm``, ``self_attn.q_norm``, ...) or None: Gemma's
+    (1 + w) folded in, and its query scale folded into the query norm."""
+    def w(name: str, scale: float = 1.0) -> torch.Tensor | None:
+        t = weight(name)
+        if t is None or (not arch.norm_offset and scale == 1.0):
+            return t
+        return ((t.float() + arch.norm_offset) * scale).to(t.dtype)
+
+    if arch.sandwich:
+        return {"in_norm": w("input_layernorm"), "post_norm": w("pre_feedforward_layernorm"),
+                "attn_out_norm": w("post_attention_layernorm"), "ffn_out_norm": w("post_feedforward_layernorm"),
+                "q_norm": w("self_attn.q_norm", arch.q_scale), "k_norm": w("self_attn.k_norm")}
+    if arch.q_scale != 1.0:
+        raise ConfigError("a query scale other than 1/sqrt(head_dim) needs q/k norms to fold it into")
+    return {"in_norm": w("input_layernorm"), "post_norm": w("post_attention_layernorm"),
+            "q_norm": w("self_attn.q_norm"), "k_norm": w("self_attn.k_norm")}
+
+
+def final_norm(arch: Arch, t: torch.Tensor) -> torch.Tensor:
+    return ((t.float() + arch.norm_offset).to(t.dtype)) if arch.norm_offset else t
+
+
+def split_linear(lin: nn.Linear, widths: tuple[int, ...]) -> list[nn.Linear]:
+    """``lin`` (dense, out = sum of ``widths``) as one linear per block of its output rows, each
+    sharing its rows of the weight (and bias): Phi-3's fused ``qkv_proj`` / ``gate_up_proj``."""
+    out, at = [], 0
+    for w in widths:
+        part = nn.Linear(lin.in_features, w, bias=lin.bias is not None, device="meta")
+        part.weight = nn.Parameter(lin.weight[at:at + w], requires_grad=False)
+        if lin.bias is not None:
+            part.bias = nn.Parameter(lin.bias[at:at + w], requires_grad=False)
+        out.append(part)
+        at += w
+    return out
+
+
+def _fused_widths(cfg) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """The output widths of a fused q/k/v and of a fused gate/up projection of ``cfg``."""
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return (heads * D, kv * D, kv * D), (cfg.intermediate_size, cfg.intermediate_size)
 
 
 class NativeBlock(nn.Module):
@@ -57,11 +83,19 @@ class NativeBlock(nn.Module):
     own)."""
 
     def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, proj: dict[str, nn.Module],
-                 qkv: nn.Module | None = None, gate_up: nn.Module | None = None):
+                 qkv: nn.Module | None = None, gate_up: nn.Module | None = None,
+                 q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                 attn_out_norm: torch.Tensor | None = None, ffn_out_norm: torch.Tensor | None = None):
         """``qkv`` / ``gate_up``: the joined layers when the caller has them (``proj``'s are then
-        views of them); else they are joined here where possible."""
+        views of them); else they are joined here where possible. ``q_norm`` / ``k_norm`` (D,):
+        RMSNorm weights applied to each head's query / key before RoPE (Qwen3, Gemma 3), or None;
+        ``attn_out_norm`` / ``ffn_out_norm`` (H,): norms of the attention's and the MLP's outputs
+        before their residual adds (Gemma's sandwich), or None. ``in_norm`` is the attention's
+        input norm, ``post_norm`` the MLP's."""
         super().__init__()
         self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.attn_out_norm, self.ffn_out_norm = attn_out_norm, ffn_out_norm
         for name in _PROJ:
             setattr(self, name, proj[name])
         self.qkv = qkv if qkv is not None else joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
@@ -73,11 +107,13 @@ class NativeBlock(nn.Module):
             return self.q_proj(h), self.k_proj(h), self.v_proj(h)
         return self.qkv(h).split(self.widths, dim=-1)
 
-    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+    def mlp(self, h: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+        """down(act(gate(h)) * up(h)), act SiLU or (``gelu``) GELU-tanh."""
         if self.gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            gate, up = self.gate_proj(h), self.up_proj(h)
+        else:
+            gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return self.down_proj((F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up)
 
 
 class NativeModel(nn.Module):
@@ -103,8 +139,15 @@ class NativeModel(nn.Module):
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
         self.eps = float(config.rms_norm_eps)
-        theta = _rope_theta(config)
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim)
+        self.arch = arch_for(config)
+        # the distinct RoPEs, each layer's among them, each layer's sliding window (0: none)
+        self.ropes, self.layer_rope, self.windows = layer_plan(config, self.head_dim)
+        self.rope = self.ropes[0]
+        self.inv_freq = self.rope.inv_freq  # (D/2,): the first layer's
+        # positions past this are refused (0: none): a RoPE fixed at its original context's
+        # frequencies, beyond which the native backend would not compute what the reference does
+        limits = [r.max_context for r in self.ropes if r.max_context]
+        self.max_context = min(limits) if limits else 0
         self.vocab_size = lm_head.out_features
         # speculant's x86 kernels (bf16 norms, RoPE, attention) take head dims that are multiples of 16 up
         # to 256, 1 to 8 query heads per kv head and widths that are multiples of 16; others run on PyTorch
@@ -134,19 +177,33 @@ class NativeModel(nn.Module):
         """
         unpack_linears(model)  # plain nn.Linear weights to share (a no-op unless an HFBackend packed them)
         cfg = model.config.get_text_config()
-        _check_config(cfg)
+        arch = arch_for(cfg)
         _check_quant(quant, next(model.parameters()).dtype)
         decoder = model.get_decoder()
         q = lambda lin: lin if quant == "none" else quantize_linear(lin, quant, group_size, keep_dense)
         blocks = []
+        qkv_widths, gu_widths = _fused_widths(cfg)
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            proj = {n: q(getattr(attn if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else mlp, n))
-                    for n in _PROJ}
-            blocks.append(NativeBlock(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, proj))
+            if hasattr(attn, "qkv_proj"):  # Phi-3: q/k/v and gate/up fused in the checkpoint
+                parts = dict(zip(("q_proj", "k_proj", "v_proj"), split_linear(attn.qkv_proj, qkv_widths)))
+                parts.update(zip(("gate_proj", "up_proj"), split_linear(mlp.gate_up_proj, gu_widths)))
+                parts.update(o_proj=attn.o_proj, down_proj=mlp.down_proj)
+                proj = {n: q(parts[n]) for n in _PROJ}
+            else:
+                proj = {n: q(getattr(attn if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else mlp, n))
+                        for n in _PROJ}
+            def weight(name: str, layer=layer) -> torch.Tensor | None:
+                mod = layer
+                for part in name.split("."):
+                    mod = getattr(mod, part, None)
+                return None if mod is None else mod.weight
+
+            norms = block_norms(arch, weight)
+            blocks.append(NativeBlock(norms.pop("in_norm"), norms.pop("post_norm"), proj, **norms))
         head = model.get_output_embeddings()
         head = q(head) if quant_head else head
-        return cls(cfg, decoder.embed_tokens.weight, blocks, decoder.norm.weight, head,
+        return cls(cfg, decoder.embed_tokens.weight, blocks, final_norm(arch, decoder.norm.weight), head,
                    getattr(model, "generation_config", None), quant)
 
     @classmethod
@@ -260,12 +317,24 @@ class NativeModel(nn.Module):
                 return quantize_linear(lin, quant, group_size, keep_dense=keep_dense)
             return lin
 
+        def split(name: str, names: tuple[str, ...], widths: tuple[int, ...]) -> dict[str, nn.Module]:
+            dense = split_linear(linear(name, False), widths)
+            return {n: quantize_linear(d, quant, group_size, keep_dense=keep_dense) if quant != "none" else d
+                    for n, d in zip(names, dense)}
+
+        arch = arch_for(cfg)
+        qkv_widths, gu_widths = _fused_widths(cfg)
         blocks = []
         for i in range(cfg.num_hidden_layers):
             p = f"{prefix}layers.{i}."
-            proj = {n: linear(p + ("self_attn." if n in _PROJ[:4] else "mlp.") + n, True) for n in _PROJ}
-            blocks.append(NativeBlock(get(p + "input_layernorm.weight"), get(p + "post_attention_layernorm.weight"),
-                                      proj))
+            if p + "self_attn.qkv_proj.weight" in where:  # Phi-3: fused in the checkpoint
+                proj = {**split(p + "self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj"), qkv_widths),
+                        **split(p + "mlp.gate_up_proj", ("gate_proj", "up_proj"), gu_widths),
+                        "o_proj": linear(p + "self_attn.o_proj", True), "down_proj": linear(p + "mlp.down_proj", True)}
+            else:
+                proj = {n: linear(p + ("self_attn." if n in _PROJ[:4] else "mlp.") + n, True) for n in _PROJ}
+            norms = block_norms(arch, lambda name: get(p + name + ".weight") if p + name + ".weight" in where else None)
+            blocks.append(NativeBlock(norms.pop("in_norm"), norms.pop("post_norm"), proj, **norms))
             if quant != "none":
                 release_memory()  # the layer's dense weights and quantizing temporaries, freed: give them back
         untied = "lm_head.weight" in where and not getattr(cfg, "tie_word_embeddings", False)
@@ -277,7 +346,7 @@ class NativeModel(nn.Module):
             head.weight = nn.Parameter(embed, requires_grad=False)
             if quant_head and quant != "none":
                 head = quantize_linear(head, quant, group_size, keep_dense=True)  # embed stays anyway
-        norm = get(f"{prefix}norm.weight")
+        norm = final_norm(arch, get(f"{prefix}norm.weight"))
         model = cls(cfg, embed, blocks, norm, head, gen, quant)
         model.requires_grad_(False)
         return model.eval()

@@ -50,6 +50,9 @@ def save_store(model, path: Path, kind: str, group: int, quant_head: bool) -> No
     t: dict[str, torch.Tensor] = {"embed": model.embed.contiguous(), "norm": model.norm.contiguous()}
     for i, blk in enumerate(model.blocks):
         t[f"layers.{i}.in_norm"], t[f"layers.{i}.post_norm"] = blk.in_norm.contiguous(), blk.post_norm.contiguous()
+        for name in ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm"):
+            if getattr(blk, name) is not None:
+                t[f"layers.{i}.{name}"] = getattr(blk, name).contiguous()
         for name, layer in (("qkv", blk.qkv), ("o_proj", blk.o_proj), ("gate_up", blk.gate_up),
                             ("down_proj", blk.down_proj)):
             t[f"layers.{i}.{name}.qweight"] = layer.qweight.contiguous()
@@ -148,7 +151,10 @@ def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bo
                 proj = {"q_proj": qkv.rows(0, a), "k_proj": qkv.rows(a, b), "v_proj": qkv.rows(b, b + widths[2]),
                         "o_proj": layer(p + "o_proj", widths[0]), "gate_proj": gate_up.rows(0, F),
                         "up_proj": gate_up.rows(F, 2 * F), "down_proj": layer(p + "down_proj", F)}
-                blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=qkv, gate_up=gate_up))
+                extra = {n: get(p + n) if p + n in keys else None
+                         for n in ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")}
+                blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=qkv, gate_up=gate_up,
+                                          **extra))
             norm = get("norm")
             head_q = "lm_head.qweight" in keys
             head_w = get("lm_head.weight") if "lm_head.weight" in keys else None
