@@ -134,7 +134,9 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
     assert report["steps"] == 20 and len(report["depth_accuracy"]) == 5
     assert report["features"]["shards"] == 1 and report["features"]["cpu_seconds"] > 0  # what the features took
     capsys.readouterr()
-    args = ["generate", "--target", target, "--max-new-tokens", "16", "--json", "w1 w2 w3 w1 w2"]
+    # float32: this tiny model runs on transformers (its widths do not fit the int4 layout), where bf16 tree
+    # passes are not row-invariant and a near-tie could flip with the tree's shape, which is timed per step
+    args = ["generate", "--target", target, "--dtype", "float32", "--max-new-tokens", "16", "--json", "w1 w2 w3 w1 w2"]
     assert main(args + ["--method", "ar"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main(args + ["--method", "eagle", "--heads", str(drafter)]) == 0

@@ -1,7 +1,7 @@
 """What runs when the user names only a model: the fastest lossless setup of this CPU.
 
-runtime   Llama / Qwen2 models in bf16 run on speculant's native runtime with int4 weights (the
-          output layer too) wherever speculant's int4 kernel runs (every x86-64 CPU with a C++
+runtime   models of the native runtime's families (``backends.native_arch``) in bf16 run on it with
+          int4 weights (the output layer too) wherever speculant's int4 kernel runs (every x86-64 CPU with a C++
           compiler: its AMX, AVX-512 VNNI, AVX2 or portable path); its passes are row-invariant, so
           speculative output equals plain output bit for bit. Other architectures (and float32)
           run on transformers.

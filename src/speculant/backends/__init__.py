@@ -1,5 +1,5 @@
 """Model runtimes behind the Backend protocol (see base.py): hf.py (any transformers causal LM)
-and native.py (speculant's own Llama / Qwen2 forward with a static KV cache)."""
+and native.py (speculant's own decoder forward, backends.native_arch's families, with a static KV cache)."""
 
 from .base import Backend, ForwardOut
 from .hf import HFBackend

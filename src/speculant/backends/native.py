@@ -1,4 +1,4 @@
-"""A plain-PyTorch runtime for the Llama / Qwen2 family behind the Backend protocol.
+"""A plain-PyTorch runtime for the decoder families of ``native_arch`` behind the Backend protocol.
 
 Why: the transformers backend spends a good part of a decoding step in framework overhead (cache
 objects, mask preparation, generic attention dispatch), and it cannot drop a layer's dense weight

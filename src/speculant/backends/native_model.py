@@ -1,4 +1,4 @@
-"""The weights of a Llama / Qwen2 causal LM for speculant's native runtime (``native.NativeBackend``).
+"""The weights of a causal LM of the native runtime's families (``native_arch``) for ``native.NativeBackend``.
 
 ``NativeModel`` holds the weights and architecture constants: ``from_hf`` shares the tensors of a
 loaded transformers model (no copy), ``from_dir`` reads a transformers safetensors directory tensor
@@ -117,7 +117,7 @@ class NativeBlock(nn.Module):
 
 
 class NativeModel(nn.Module):
-    """Weights + architecture constants of a Llama / Qwen2 causal LM, for NativeBackend.
+    """Weights + architecture constants of a causal LM of ``native_arch``'s families, for NativeBackend.
 
     ``config`` and ``generation_config`` are the transformers ones; ``get_output_embeddings()``
     returns the output layer (so heads sharing it and ``LoadedModel.logits_dim`` work as with a
@@ -369,7 +369,8 @@ def _check_quant(quant: str, dtype: torch.dtype) -> None:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, scaled in the model dtype (as transformers' Llama / Qwen2 do)."""
+    """RMSNorm in float32, scaled in the model dtype (as transformers' Llama / Qwen2 do; Gemma's
+    (1 + w) is folded into its weights when they are read)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
