@@ -609,3 +609,27 @@ def test_bench_at_a_temperature(tiny, tmp_path, capsys):
     assert "nll:" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="temperature"):
         _cfg(tiny, ("ar",), tmp_path, temperature=-1.0)
+
+
+def test_results_say_where_they_come_from_and_the_readme_takes_clean_runs_only(tmp_path):
+    """A run from a tree with uncommitted changes records the diff's hash (and a source that
+    changed during the run says so); the README's table refuses such a run."""
+    from speculant.bench.harness import provenance, provenance_warning
+
+    clean = {"commit": "a" * 40, "dirty": False}
+    edited = {"commit": "a" * 40, "dirty": True, "diff_sha256": "d" * 64}
+    assert provenance(clean, clean) == clean and provenance_warning(clean) is None
+    during = provenance(clean, edited)
+    assert during["dirty"] and during["changed_during_run"] and "changed while the bench ran" in \
+        provenance_warning(during)
+    stayed = provenance(edited, edited)
+    assert stayed["diff_sha256"] == "d" * 64 and "changed_during_run" not in stayed
+    assert "uncommitted changes (diff sha256 dddddddddddd)" in provenance_warning(stayed)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{BEGIN}\nold\n{END}\n")
+    (tmp_path / "b").mkdir()
+    path = _saved(tmp_path / "b")
+    result = {**load_result(path), **stayed}
+    with pytest.raises(ConfigError, match="uncommitted changes"):
+        update_readme(readme, result, path)
+    assert readme.read_text() == f"{BEGIN}\nold\n{END}\n"

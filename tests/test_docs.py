@@ -112,3 +112,29 @@ def test_every_design_note_the_code_points_to_exists():
     assert cited, "no pointers found: the search is broken"
     missing = sorted(f"{name}: #{a}" for name, a in cited if a not in anchors)
     assert not missing, f"pointers to sections docs/design-notes.md lacks: {missing}"
+
+
+def test_readme_method_table_lists_every_method_of_the_cli():
+    """The README's table of methods has one row for each --method the CLI takes, no more."""
+    from speculant.config import METHODS
+
+    lines = README.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| `--method` |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(re.match(r"\| `([a-z0-9+]+)`", line).group(1))
+    assert sorted(rows) == sorted(METHODS)
+
+
+def test_docs_index_lists_every_page_and_method():
+    """docs/index.md links every page of the site and names every --method."""
+    from speculant.config import METHODS
+
+    text = (DOCS / "index.md").read_text()
+    for page in sorted(DOCS.glob("*.md")):
+        if page.name != "index.md":
+            assert f"]({page.name})" in text, page.name
+    methods = text[text.index("[Methods](methods.md)"):].split("\n- ")[0]
+    assert all(f"`{m}`" in methods for m in METHODS)

@@ -52,6 +52,8 @@ from ..defaults import choose_runtime
 from ..eagle.checkpoint import is_eagle_dir
 from ..errors import ConfigError
 from ..loading import load_adapted
+from ..provenance import (CAPPING_ENV, CPU_FLAGS, command_line, git_info, machine_info,  # noqa: F401 (re-exported)
+                          provenance, provenance_warning)
 from ..lora import check_adapter_dir
 from ..models import chat_prompt, check_vocab_compatible, load
 from ..output_paths import check_output_file
@@ -65,7 +67,7 @@ from .quality import sampled_nll
 from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401
                      summarize)
 
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "fma")
+
 
 
 @dataclass(frozen=True)
@@ -297,7 +299,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None) -> dict:
                     peers[m] = LlamaServer(LLAMA_SERVER[m], target=cfg.target, draft=cfg.draft)
                 except ConfigError as e:  # no GGUF behind the target or draft
                     skip(m, str(e))
-        return _run(cfg, methods, peers, skipped, console, date, command)
+        return _run(cfg, methods, peers, skipped, console, date, command, git_info())
     finally:
         for p in peers.values():
             try:
@@ -307,7 +309,8 @@ def run_bench(cfg: BenchConfig, command: str | None = None) -> dict:
 
 
 def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, console, date: str,
-         command: str | None) -> dict:
+         command: str | None, cfg_source: dict) -> dict:
+    """The bench's run proper; ``cfg_source``: :func:`git_info` when the run started."""
     from rich.console import Console
 
     needs_draft = any(m in ("sd", "mcsd", "hf-assisted") for m in methods)
@@ -397,8 +400,11 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     others = " (the peers' own processes not included)" if peers else ""
     Console().print(f"peak RSS of this process (every model of the run loaded): {peak_gb:.2f} GB{others}")
     best = next(iter(summary.values()), {})
+    source = provenance(cfg_source, git_info())
+    if (why := provenance_warning(source)) is not None:
+        Console(stderr=True).print(f"[yellow]speculant bench: {why}[/yellow]")
     result = {"config": {k: v for k, v in cfg.__dict__.items()}, "command": command, "date": date,
-              "machine": machine_info(), **git_info(), "eos_token_ids": sorted(eos_ids), "skipped": skipped,
+              "machine": machine_info(), **source, "eos_token_ids": sorted(eos_ids), "skipped": skipped,
               "peers": details,
               "best_peer": {"tokens_per_s": best.get("best_peer"), "decode_tokens_per_s": best.get("best_peer_decode")},
               "resolved": resolved, "runs": runs, "summary": summary, "peak_rss_gb": peak_gb}
@@ -444,61 +450,3 @@ def _run_one(runner, ids: torch.Tensor, max_new_tokens: int, temperature: float 
         return res.token_ids, wall, min(float(stats.get("prefill_s", 0.0)), wall), stats, None
     tokens, wall, timing = runner.run(ids, max_new_tokens)
     return tokens, wall, min(float(timing.get("prefill_s") or 0.0), wall), None, dict(timing)
-
-
-def machine_info() -> dict:
-    """CPU model, its relevant ISA flags, cores, torch's threads and version."""
-    cpu, flags = None, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and cpu is None:
-                cpu = value.strip()
-            elif key == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    info = {"cpu": cpu, "flags": [f for f in CPU_FLAGS if f in flags], "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__}
-    capped = {k: os.environ[k] for k in CAPPING_ENV if os.environ.get(k)}
-    if capped:  # the run used fewer of the CPU's instructions than it has
-        info["env"] = capped
-    return info
-
-
-# environment variables that make speculant (or the peers' oneDNN) use fewer instructions than the
-# CPU has; a run under any of them records it, and is not taken as the machine's own result
-CAPPING_ENV = ("SPECULANT_NO_AMX", "SPECULANT_INT4_ISA", "SPECULANT_NO_KERNELS", "SPECULANT_EXACT_PREFILL",
-               "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
-
-
-def git_info() -> dict:
-    """``commit``: HEAD of the git repository this package's source is tracked in, and ``dirty``:
-    whether its tracked files have changes; both None when the package is not run from a checkout."""
-    here = Path(__file__).resolve()
-    none = {"commit": None, "dirty": None}
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True,
-                              timeout=30, stdin=subprocess.DEVNULL)
-
-    try:
-        if git("ls-files", "--error-unmatch", here.name).returncode != 0:
-            return none  # an installed copy (or no git): whatever repository holds it is not its source
-        head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return none
-    if head.returncode != 0:
-        return none
-    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
-
-
-def command_line(argv: list[str] | None = None) -> str:
-    """The command that ran: ``speculant`` and ``argv`` (default: this process's arguments; a
-    module run as a script keeps its own path)."""
-    if argv is None:
-        if Path(sys.argv[0]).name not in ("speculant", "cli.py", "__main__.py"):
-            return shlex.join(["python", *sys.argv])
-        argv = sys.argv[1:]
-    return shlex.join(["speculant", *argv])

@@ -468,6 +468,10 @@ def update_readme(readme: str | Path, result: dict, json_path: str | Path) -> No
     """Replace the text between ``<!-- results:begin -->`` and ``<!-- results:end -->`` in ``readme``
     with the results table of ``result``, linking ``json_path`` relative to the README."""
     p = Path(readme)
+    if result.get("dirty") or result.get("changed_during_run"):
+        raise ConfigError(f"{json_path} was measured from a tree with uncommitted changes (or one that changed "
+                          "during the run): the README's table comes from a clean run at a commit; commit, run the "
+                          "bench again, then update the README from that run")
     try:
         text = p.read_text()
     except OSError as e:

@@ -266,7 +266,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     from accelerate import Accelerator
     from tqdm.auto import tqdm
 
-    from ..bench.harness import machine_info
+    from ..provenance import machine_info
     from .checkpoint import save_eagle
 
     hidden, starts = features

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from ..bench.harness import machine_info
+from ..provenance import machine_info
 from .data import STDLIB_MODULES, _public, distill, german_answer, importable, load_records, stdlib_prompts, \
     wmt_prompts
 from .asked import asked_families, grow_asked
