@@ -144,12 +144,22 @@ def test_the_target_token_target_is_the_soft_cross_entropy_to_the_targets_distri
         EagleTrainConfig(token_target="labels")
 
 
-def test_train_drafter_from_conversations_to_decoding(tmp_path, monkeypatch, capsys):
-    """train-drafter end to end on a tiny model: conversations, features, training, the bf16
-    drafter; decoding with it gives plain decoding's text; a second run resumes (nothing redone)."""
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_train_drafter_from_conversations_to_decoding(tmp_path, monkeypatch, capsys, family):
+    """train-drafter end to end on a tiny model (a Llama; a Qwen3 and a Gemma 3, whose drafters
+    read other hidden states and RoPE): conversations, features, training, the bf16 drafter;
+    decoding with it gives plain decoding's text; a second run resumes (nothing redone)."""
     from speculant.cli import main
 
-    target = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)
+    if family == "llama":
+        target = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)
+    else:
+        from tiny import tiny_family
+
+        target = tmp_path / "tiny"
+        model = tiny_family(family, seed=0)
+        model.generation_config.eos_token_id = 2
+        model.save_pretrained(target)
     tok = chat_tokenizer()
     tok.save_pretrained(target)
     g = torch.Generator().manual_seed(3)
