@@ -73,7 +73,7 @@ drafter: install
 		--out $(EAGLE_RUN)-cut
 	test -s $(EAGLE_RUN)-dev.jsonl || $(PY) tools/teacher_forced_tau.py gen $(EAGLE_RUN)-dev.jsonl \
 		--questions 2,3,4,5 --max-new-tokens 128
-	$(PY) tools/drafter_accuracy.py --data $(EAGLE_RUN)-dev.jsonl --all-records \
+	$(PY) -m speculant.cli drafter-accuracy --data $(EAGLE_RUN)-dev.jsonl --all-records \
 		--hydra $(EAGLE_HEADS) --eagle $(EAGLE_RUN)-cut > $(EAGLE_RUN)-cut/accuracy.json.tmp
 	mv $(EAGLE_RUN)-cut/accuracy.json.tmp $(EAGLE_RUN)-cut/accuracy.json
 	rm -rf $(EAGLE_SHIPPED).new && cp -r $(EAGLE_RUN)-cut $(EAGLE_SHIPPED).new
@@ -83,7 +83,7 @@ drafter: install
 # distribution as the token target) and on the corpus above: `speculant train-drafter`, every stage
 # resumed where a stopped run left it (run it again). Hours on 2 cores: docs/cli.md#train-drafter.
 # Its result goes to $(DRAFTER_RUN)/drafter; it ships once it beats the shipped drafter on the
-# Spec-Bench answers the bench does not use (tools/drafter_accuracy.py, as in `make drafter`).
+# Spec-Bench answers the bench does not use (speculant drafter-accuracy, as in `make drafter`).
 DRAFTER_RUN ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/eagle-sharegpt
 drafter-conversations: install
 	$(PY) -m speculant.cli train-drafter --out $(DRAFTER_RUN) --extra-data $(EAGLE_CORPUS)

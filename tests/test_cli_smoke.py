@@ -223,6 +223,12 @@ TRAINING = [
     ("drafter-unknown-source", ["train-drafter", "--target", "@T", "--out", "@TMP/d", "--sources", "irc"],
      "unknown conversation source"),
     ("drafter-lr-text", ["train-drafter", "--out", "@TMP/d", "--lr", "fast"], "argument --lr: invalid float value"),
+    ("accuracy-no-data", ["drafter-accuracy", "--target", "@T", "--data", "@NONE", "--eagle", "@E"],
+     "no corpus records there"),
+    ("accuracy-depth-zero", ["drafter-accuracy", "--target", "@T", "--data", "@NONE", "--depth", "0"],
+     "--depth must be >= 1"),
+    ("accuracy-all-with-features", ["drafter-accuracy", "--target", "@T", "--data", "@NONE", "--all-records",
+                                    "--features", "@TMP/f"], "measures a text no drafter trained on"),
 
     ("export-eagle-ok", ["export-eagle", "--drafter", "@E", "--format", "vllm", "--out", "@TMP/x"], OK),
     ("export-eagle-missing", ["export-eagle", "--drafter", "@NONE", "--format", "vllm", "--out", "@TMP/x"],

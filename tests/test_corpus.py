@@ -162,10 +162,8 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
 
 
 def _drafter_accuracy(target: str, data, drafter, tmp_path, capsys) -> None:
-    """tools/drafter_accuracy.py on a corpus, its features and drafter, beside sequential heads:
+    """speculant drafter-accuracy on a corpus, its features and drafter, beside sequential heads:
     both kinds measured on the same positions, each with a tree table the forecast can read."""
-    import runpy
-    import sys
     from pathlib import Path
 
     import torch
@@ -182,17 +180,15 @@ def _drafter_accuracy(target: str, data, drafter, tmp_path, capsys) -> None:
         for q in heads.parameters():
             q.mul_(0.0).add_(0.1)
     save_heads(heads.eval(), tmp_path / "heads")
-    tool = Path(__file__).resolve().parents[1] / "tools" / "drafter_accuracy.py"
-    argv = [str(tool), "--target", target, "--data", str(data), "--hydra", str(tmp_path / "heads"),
+
+    from speculant.cli import main
+
+    argv = ["drafter-accuracy", "--target", target, "--data", str(data), "--hydra", str(tmp_path / "heads"),
             "--eagle", str(drafter), "--held-out", "2", "--per-record", "4", "--depth", "3"]
 
     def run(*extra: str) -> dict:
         capsys.readouterr()
-        old, sys.argv = sys.argv, argv + list(extra)
-        try:
-            runpy.run_path(str(tool), run_name="__main__")
-        finally:
-            sys.argv = old
+        assert main(argv + list(extra)) == 0
         return json.loads(capsys.readouterr().out)
 
     out = run("--features", str(drafter / "features"))

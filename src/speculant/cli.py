@@ -8,7 +8,7 @@ import sys
 
 from .cli_training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
                            cmd_make_conversations, cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
-from .cli_drafter import add_drafter_parser, cmd_train_drafter
+from .cli_drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter
 from .config import DEFAULT_LOOKUP_BRANCH, METHODS
 from .errors import SpeculantError
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -410,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree,
                     "export-heads": cmd_export_heads, "make-corpus": cmd_make_corpus,
                     "make-conversations": cmd_make_conversations, "train-drafter": cmd_train_drafter,
+                    "drafter-accuracy": cmd_drafter_accuracy,
                     "train-eagle": cmd_train_eagle, "export-eagle": cmd_export_eagle,
                     "cut-vocab": cmd_cut_vocab}
         return commands[args.command](args)

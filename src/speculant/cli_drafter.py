@@ -1,5 +1,6 @@
 """``speculant train-drafter``: an EAGLE drafter for your own model from real conversations, in
-one resumable command (:mod:`speculant.training.drafter_recipe`)."""
+one resumable command (:mod:`speculant.training.drafter_recipe`); ``speculant drafter-accuracy``:
+how often drafters guess the target's tokens, by depth, on a corpus (:mod:`speculant.drafters.accuracy`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,25 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--init", metavar="DIR", default=None, help="start from this trained EAGLE drafter")
     p.add_argument("--no-install", action="store_true", help="do not pip-install missing data packages")
 
+    a = sub.add_parser("drafter-accuracy",
+                       help="how often drafters guess the target's next tokens, by depth, on a corpus (JSON)",
+                       description="Greedy-chain accuracy by depth and each drafter's tree table (what auto's "
+                                   "forecast reads from a drafter's accuracy.json) for sequential heads and EAGLE "
+                                   "drafters on the same positions of a corpus.")
+    a.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    a.add_argument("--data", required=True, help="the corpus JSONL (make-corpus, make-conversations, or answers)")
+    a.add_argument("--features", help="train-eagle's DIR/features for --data (default: computed for the measured "
+                                      "records)")
+    a.add_argument("--hydra", nargs="*", default=[], help="sequential heads directories")
+    a.add_argument("--eagle", nargs="*", default=[], help="EAGLE drafter directories")
+    a.add_argument("--held-out", type=int, default=16, help="train-eagle's --held-out (default: %(default)s)")
+    a.add_argument("--per-record", type=int, default=64, help="answer positions sampled per record")
+    a.add_argument("--depth", type=int, default=4)
+    a.add_argument("--train-records", action="store_true", help="measure training records instead")
+    a.add_argument("--all-records", action="store_true",
+                   help="measure every record (a text no drafter trained on, e.g. the target's answers to the "
+                        "Spec-Bench questions the bench does not use)")
+
 
 def cmd_train_drafter(args) -> int:
     from .api import SpeculativeDecoder
@@ -53,4 +73,21 @@ def cmd_train_drafter(args) -> int:
     dec = SpeculativeDecoder(args.target, method="ar")
     report = train_drafter(dec, args.out, recipe, init=args.init, install=not args.no_install)
     print(json.dumps({k: report[k] for k in ("drafter", "steps", "depth_accuracy", "answer_tokens")}, indent=2))
+    return 0
+
+
+def cmd_drafter_accuracy(args) -> int:
+    from .api import SpeculativeDecoder
+    from .drafters.accuracy import drafter_accuracy
+    from .errors import ConfigError
+
+    for name in ("held_out", "per_record", "depth"):
+        if getattr(args, name) < (0 if name == "held_out" else 1):
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {0 if name == 'held_out' else 1}")
+    if args.all_records and (args.train_records or args.features):
+        raise ConfigError("--all-records measures a text no drafter trained on: without --train-records or --features")
+    dec = SpeculativeDecoder(args.target, method="ar")  # the runtime train-eagle reads the features from
+    out = drafter_accuracy(dec, args.data, args.hydra, args.eagle, args.features, args.held_out, args.per_record,
+                           args.depth, args.train_records, args.all_records)
+    print(json.dumps(out, indent=1))
     return 0

@@ -2,7 +2,7 @@
 cost model forecasts fastest on this machine.
 
 For every candidate, ``accuracy.json`` beside the EAGLE drafter (written by
-``tools/drafter_accuracy.py``, every candidate on the same held-out positions) holds A(d, m): the
+``speculant drafter-accuracy``, every candidate on the same held-out positions) holds A(d, m): the
 mean number of draft tokens the target accepts from the drafter's own tree grown d depths deep
 and cut to its m best-scored nodes (the tree a decoding step verifies, before the lookup chain
 joins it). Such a step costs
