@@ -75,3 +75,17 @@ def uniformity(u: torch.Tensor, bins: int = 20) -> tuple[float, float]:
     from scipy.stats import chisquare
     counts = torch.histc(u.float(), bins=bins, min=0.0, max=1.0)
     return chisquare(counts.numpy()).pvalue, 0.5 * (counts / counts.sum() - 1 / bins).abs().sum().item()
+
+
+def assert_tree_pass_is_one_token_passes(backend, context: torch.Tensor, tree, tokens: torch.Tensor) -> None:
+    """After ``context`` (C,), one pass over the tree ``tree`` of ``tokens`` (tree.size,) gives each
+    node bit for bit the logits of one-token passes down its own path (row invariance)."""
+    C = context.shape[0]
+    backend.forward(context, rows=torch.empty(0, dtype=torch.long))
+    wide = backend.forward(tokens, C + tree.depths, tree.mask).logits
+    for node in range(tree.size):
+        path = [i for i in range(tree.size) if tree.mask[node, i]]  # its ancestors and itself, in order
+        backend.rollback(C)
+        for j in path:
+            out = backend.forward(tokens[j:j + 1]).logits[0]
+        assert torch.equal(out, wide[node]), node

@@ -15,6 +15,21 @@ CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% e
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
+def wait_healthy(proc, url: str, timeout: float = 120.0) -> None:
+    """Wait until the server process ``proc`` at ``url`` answers /health with 200 (it must not exit
+    meanwhile, and must come up within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -27,7 +27,7 @@ from speculant.heads import HeadsConfig, MedusaHeads
 from speculant.quant import Int4Linear, Int8Linear
 from speculant.tree import build_tree, chain
 
-from helpers import decode_to_end
+from helpers import assert_tree_pass_is_one_token_passes, decode_to_end
 from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2, fixed_prompts
 
 LOGIT_TOL = 1e-4
@@ -353,15 +353,7 @@ def test_int4_tree_verification_is_bit_identical_to_one_token_passes(context, ow
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, V, (context,), generator=g)
     tokens = torch.randint(0, V, (tree.size,), generator=g)
-    b = NativeBackend(model)
-    b.forward(ctx, rows=torch.empty(0, dtype=torch.long))
-    wide = b.forward(tokens, context + tree.depths, tree.mask).logits
-    for node in range(tree.size):
-        path = [i for i in range(tree.size) if tree.mask[node, i]]  # its ancestors and itself, in order
-        b.rollback(context)
-        for j in path:
-            out = b.forward(tokens[j:j + 1]).logits[0]
-        assert torch.equal(out, wide[node]), node
+    assert_tree_pass_is_one_token_passes(NativeBackend(model), ctx, tree, tokens)
 
 
 @pytest.mark.skipif(x86_kernels() is None, reason="needs speculant's int4 kernel (an x86-64 CPU and a C++ toolchain)")

@@ -17,7 +17,7 @@ from speculant.errors import ConfigError
 from speculant.kernels import x86_kernels
 from speculant.tree import build_tree
 
-from helpers import decode_to_end
+from helpers import assert_tree_pass_is_one_token_passes, decode_to_end
 from tiny import fixed_prompts, perturbed, tiny_family
 
 V = 64
@@ -92,15 +92,7 @@ def test_int4_tree_pass_is_bit_identical_to_one_token_passes(family):
     context = 40
     ctx = torch.randint(0, V, (context,), generator=g)
     tokens = torch.randint(0, V, (tree.size,), generator=g)
-    b = NativeBackend(model)
-    b.forward(ctx, rows=torch.empty(0, dtype=torch.long))
-    wide = b.forward(tokens, context + tree.depths, tree.mask).logits
-    for node in range(tree.size):
-        path = [i for i in range(tree.size) if tree.mask[node, i]]
-        b.rollback(context)
-        for j in path:
-            out = b.forward(tokens[j:j + 1]).logits[0]
-        assert torch.equal(out, wide[node]), node
+    assert_tree_pass_is_one_token_passes(NativeBackend(model), ctx, tree, tokens)
 
 
 @needs_int4

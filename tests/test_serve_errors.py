@@ -17,7 +17,7 @@ import pytest
 
 from speculant import SpeculativeDecoder
 
-from serve_helpers import CHAT_TEMPLATE, RunningServer, free_port
+from serve_helpers import CHAT_TEMPLATE, RunningServer, free_port, wait_healthy
 from tiny import tiny_model_dir
 
 KEY = "s3cret-key"
@@ -158,16 +158,7 @@ def test_sigterm_lets_the_request_in_flight_finish(target):
                              "--method", "ar", "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
+        wait_healthy(proc, url)
         body = {"model": "default", "prompt": "w1 w2 w3", "max_tokens": 400, "temperature": 0, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
             lines = r.iter_lines()

@@ -23,7 +23,7 @@ from jinja2.exceptions import TemplateError
 from speculant import SpeculativeDecoder
 from speculant.serve.scheduler import Failed, Finished, Job, Scheduler, WorkerStopped
 
-from serve_helpers import CHAT_TEMPLATE, RunningServer, free_port
+from serve_helpers import CHAT_TEMPLATE, RunningServer, free_port, wait_healthy
 from tiny import tiny_model_dir
 
 MESSAGES = [{"role": "user", "content": "w1 w2 w3 w4"}]
@@ -230,16 +230,7 @@ def test_speculant_serve_exits_non_zero_when_its_worker_dies(target, tmp_path):
                              "--method", "ar", "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
+        wait_healthy(proc, url)
         dead = httpx.post(url + "/v1/chat/completions", json=DIE, timeout=30)
         assert dead.status_code == 500 and "injected worker fault" in dead.json()["error"]["message"]
         try:  # it may already have stopped listening; if it answers, it says it is not healthy
