@@ -136,3 +136,26 @@ def test_positions_past_what_runs_exactly_are_refused():
     nb.forward(torch.arange(500) % V)
     with pytest.raises(ConfigError, match="original RoPE context"):
         nb.forward(torch.arange(20) % V)
+
+
+def test_the_decoder_knows_the_native_context_limit_before_it_decodes(tmp_path):
+    """With a RoPE the native runtime runs up to its original context only, a prompt past it is
+    refused before decoding starts, and a long answer stops at the limit."""
+    import transformers as tf
+
+    from speculant import SpeculativeDecoder
+    from tiny import tiny_llama, word_tokenizer
+
+    cfg = tiny_llama().config
+    cfg.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0,
+                           "original_max_position_embeddings": 48}
+    assert cfg.max_position_embeddings == 512  # the config's own limit is past the native one
+    tf.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    word_tokenizer(V).save_pretrained(tmp_path / "m")
+    dec = SpeculativeDecoder(str(tmp_path / "m"), method="ar", backend="native", dtype="float32",
+                             target_quant="none")
+    assert dec.max_length == 48
+    with pytest.raises(ConfigError, match="context"):
+        dec.generate(list(range(3, 52)), max_new_tokens=4)
+    out = dec.generate(list(range(3, 43)), max_new_tokens=30)
+    assert len(out.token_ids) <= 8

@@ -108,6 +108,9 @@ class SpeculativeDecoder:
         self.vocab_size = min(b.vocab_size for b in (self.target_backend, self.draft_backend) if b)
         text_config = self.target.model.config.get_text_config()
         self.max_length = getattr(text_config, "max_position_embeddings", None)
+        native_limit = self.target_backend.model.max_context if isinstance(self.target_backend, NativeBackend) else 0
+        if native_limit:  # a RoPE the native runtime runs up to its original context only
+            self.max_length = min(self.max_length or native_limit, native_limit)
         self.eos_token_ids = _eos_token_ids(self.target)
         if heads is None and c.method in NEEDS_HEADS:
             heads = load_decoder_heads(heads_source, self.target.model, c.method)
