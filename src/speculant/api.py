@@ -211,11 +211,11 @@ class SpeculativeDecoder:
         run = SequenceRun(target, drafter, gen.ids, **self._loop_options(gen.max_new_tokens, gen.sampling, generator))
 
         def on_step(member: Member, step) -> bool:
-            events, done = gen._take(member.run.state, step)
+            events, done = gen.take(member.run.state, step)
             if on_events is not None:
                 on_events(gen, events)
             if done:
-                gen._finish()
+                gen.finish()
                 self._release(member)
             return done
 
@@ -235,7 +235,7 @@ class SpeculativeDecoder:
         member = batch.remove(gen)
         if member is not None:
             gen.finish_reason = gen.finish_reason or "cancelled"
-            gen._finish()
+            gen.finish()
             self._release(member)
 
     def _release(self, member: Member) -> None:
@@ -266,19 +266,22 @@ class SpeculativeDecoder:
             while waiting or len(batch):
                 while waiting and not batch.full:
                     gen = waiting.pop(0)
-                    gen._texts = False  # text at the end (stop strings still scanned as they come)
+                    gen.text_at_end()
                     self.join(batch, gen)
                 batch.step()
         return [g.result() for g in gens]
 
-    def start(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
+    def start(self, prompt, max_new_tokens: int | None = 128, *, temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
               cancel: Callable[[], bool] | None = None) -> "Generation":
         """A generation that has not run yet: iterate it for its tokens (``TokenEvent``), or call
-        ``result()``. The prompt is encoded and every option checked here, before any pass."""
+        ``result()``. The prompt is encoded and every option checked here, before any pass.
+        ``max_new_tokens`` None: up to the model's context (4,096 tokens where it states none)."""
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
-        return Generation(self, self.encode(prompt), max_new_tokens, sampling,
-                          StopStrings(parse_stop(stop)), cancel)
+        ids = self.encode(prompt)
+        if max_new_tokens is None:  # a prompt that fills the context is refused when the generation runs
+            max_new_tokens = max(1, self.max_length - int(ids.shape[0])) if self.max_length else 4096
+        return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel)
 
     def generate(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None,
@@ -333,16 +336,27 @@ class Generation:
         steps = self.decoder._run(self.ids, self.max_new_tokens, self.sampling)
         try:
             for state, step in steps:
-                events, done = self._take(state, step)
+                events, done = self.take(state, step)
                 yield from events
                 if done:
                     return
         finally:
             steps.close()
-            self._finish()
+            self.finish()
 
-    def _take(self, state, step) -> tuple[list[TokenEvent], bool]:
-        """One decoding step's tokens: their events, and whether the generation ends with them."""
+    @property
+    def shown(self) -> str:
+        """The text the events so far have carried (``text`` less what is still held back)."""
+        return self._shown
+
+    def text_at_end(self) -> None:
+        """Decode the text once at the end instead of after every token (no events need it:
+        a batch's result); stop strings are still scanned as the tokens come."""
+        self._texts = False
+
+    def take(self, state, step) -> tuple[list[TokenEvent], bool]:
+        """One decoding step's tokens (``state``, ``step``: what the decoding loop yields): their
+        events, and whether the generation ends with them."""
         self.stats = state.stats
         events: list[TokenEvent] = []
         ending = state.finish_reason is not None or (self.cancel is not None and self.cancel())
@@ -376,7 +390,7 @@ class Generation:
             return events, True
         return events, False
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         """After the last step: the text, where no event carried it."""
         if not (self._texts or self.stops.strings) and self.finish_reason is not None:
             self.text = self.decoder.tokenizer.decode(self.token_ids, skip_special_tokens=True)
@@ -384,7 +398,7 @@ class Generation:
     def result(self) -> GenerationResult:
         """Run the generation to its end (if not yet) and return its result."""
         if self.finish_reason is None:
-            self._texts = False
+            self.text_at_end()
             for _ in self:
                 pass
         return GenerationResult(self.text, list(self.token_ids), self.prompt_tokens, self.finish_reason, self.stats)

@@ -262,7 +262,7 @@ def cmd_generate(args) -> int:
             console.print(ev.text, end="", style=style, markup=False, soft_wrap=True)
     except KeyboardInterrupt:  # the text so far is on the screen already
         done = _interrupted(dec, gen)
-        console.print(done.text[len(gen._shown):], end="", markup=False, soft_wrap=True)  # held-back characters
+        console.print(done.text[len(gen.shown):], end="", markup=False, soft_wrap=True)  # held-back characters
         console.print()
         print(f"speculant: interrupted after {len(done.token_ids)} generated tokens", file=sys.stderr)
         return 130

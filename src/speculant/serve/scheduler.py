@@ -319,7 +319,7 @@ class Scheduler:
         if problem is not None:
             return problem
         try:
-            gen = dec.start(job.prompt, job.max_tokens or 1, temperature=job.temperature, top_k=job.top_k,
+            gen = dec.start(job.prompt, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
                             top_p=job.top_p, seed=job.seed, stop=list(job.stop), cancel=lambda: ticket.cancelled)
         except Exception as e:  # noqa: BLE001 -- encoding the prompt failed: this job alone
             return _failure(e)
@@ -327,9 +327,7 @@ class Scheduler:
         if context is not None and gen.prompt_tokens >= context:
             return Failed(400, f"the prompt has {gen.prompt_tokens} tokens but the model's context is {context} "
                                "tokens: shorten the prompt")
-        if job.max_tokens is None:
-            gen.max_new_tokens = (context - gen.prompt_tokens) if context is not None else 4096
-        elif context is not None and gen.prompt_tokens + job.max_tokens > context:
+        if job.max_tokens is not None and context is not None and gen.prompt_tokens + job.max_tokens > context:
             return Failed(400, f"the prompt has {gen.prompt_tokens} tokens and max_tokens is {job.max_tokens}, "
                                f"{gen.prompt_tokens + job.max_tokens} in all, but the model's context is {context} "
                                f"tokens: ask for at most {context - gen.prompt_tokens} tokens or shorten the prompt",
