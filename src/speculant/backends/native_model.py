@@ -25,10 +25,6 @@ from .native_arch import SUPPORTED, Arch, arch_for, layer_plan  # noqa: F401 (SU
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _check_config(cfg) -> None:
-    arch_for(cfg)
-
-
 def block_norms(arch: Arch, weight) -> dict[str, torch.Tensor | None]:
     """A layer's norm weights as NativeBlock takes them, ``weight(name)`` giving the checkpoint's
     tensor of that layer (``input_layernorm``, ``self_attn.q_norm``, ...) or None: Gemma's
@@ -127,7 +123,7 @@ class NativeModel(nn.Module):
     def __init__(self, config, embed: torch.Tensor, blocks: list[NativeBlock], norm: torch.Tensor,
                  lm_head: nn.Module, generation_config=None, quant: str = "none"):
         super().__init__()
-        _check_config(config)
+        arch_for(config)
         self.config, self.generation_config, self.quant = config, generation_config, quant
         self.embed = embed  # (V_in, H)
         self.blocks = nn.ModuleList(blocks)
@@ -142,8 +138,6 @@ class NativeModel(nn.Module):
         self.arch = arch_for(config)
         # the distinct RoPEs, each layer's among them, each layer's sliding window (0: none)
         self.ropes, self.layer_rope, self.windows = layer_plan(config, self.head_dim)
-        self.rope = self.ropes[0]
-        self.inv_freq = self.rope.inv_freq  # (D/2,): the first layer's
         # positions past this are refused (0: none): a RoPE fixed at its original context's
         # frequencies, beyond which the native backend would not compute what the reference does
         limits = [r.max_context for r in self.ropes if r.max_context]
@@ -224,7 +218,7 @@ class NativeModel(nn.Module):
             cfg = AutoConfig.from_pretrained(str(path)).get_text_config()
         except Exception as e:
             raise ModelLoadError(f"cannot read the config of {path}: {type(e).__name__}: {e}") from e
-        _check_config(cfg)
+        arch_for(cfg)
         try:
             gen = GenerationConfig.from_pretrained(str(path))
         except Exception:

@@ -119,8 +119,10 @@ class FeatureRows:
     them, so a corpus of millions of rows trains in a machine's memory). ``rows[a:b]`` is a tensor;
     a slice may span shards; ``rows[i]`` one row (H,)."""
 
-    def __init__(self, parts: list[tuple[int, int, object]], width: int, dtype: torch.dtype):
+    def __init__(self, parts: list[tuple[int, int, object]], width: int, dtype: torch.dtype,
+                 handles: Sequence[object] = ()):
         self._parts = parts  # (first row, end row, safetensors slice) in order
+        self._handles = list(handles)  # the open files the slices read
         self._ends = [b for _, b, _ in parts]
         self.shape = torch.Size((parts[-1][1] if parts else 0, width))
         self.dtype = dtype
@@ -178,6 +180,4 @@ def load_features(out_dir: str | os.PathLike, records: Sequence[dict]) -> tuple[
         a = b
     if not parts:
         raise ConfigError(f"{out} holds no features: compute them first")
-    rows = FeatureRows(parts, width, dtype)
-    rows._handles = handles  # the open files the slices read
-    return rows, starts
+    return FeatureRows(parts, width, dtype, handles), starts

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -105,7 +106,7 @@ def train_drafter(decoder, out: str | Path, recipe: DrafterRecipe = DrafterRecip
     import torch
 
     from ..eagle.run import EagleRun, run_eagle_training
-    from ..eagle.train import EagleTrainConfig
+    from ..eagle.train import EagleTrainConfig, split_records
     from .data import load_records
     from .vocab import cut_draft_vocab
 
@@ -122,20 +123,14 @@ def train_drafter(decoder, out: str | Path, recipe: DrafterRecipe = DrafterRecip
                            held_out=recipe.held_out, draft_steps=recipe.draft_steps, token_target="target")
     run = EagleRun(init=init, intermediate_size=recipe.intermediate_size, draft_vocab=recipe.draft_vocab)
     report = run_eagle_training(decoder, records, out, cfg, run)
-    from ..eagle.train import split_records
-
     trained = [records[i] for i in split_records(len(records), cfg.held_out)[1]]
     final = out / "drafter"
     tmp = out / ".drafter.tmp"
     if tmp.exists():
-        import shutil
-
         shutil.rmtree(tmp)
     cut_draft_vocab(out, trained, recipe.draft_vocab, tmp, dtype=torch.bfloat16)
     (tmp / "recipe.json").write_text(json.dumps({"recipe": asdict(recipe), "init": init}, indent=2) + "\n")
     if final.exists():
-        import shutil
-
         shutil.rmtree(final)
     tmp.replace(final)
     return {**report, "drafter": str(final)}
