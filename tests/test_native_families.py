@@ -1,8 +1,9 @@
 """The native runtime on the families beyond Llama 2 / Qwen2 (Llama 3.x RoPE scaling and tied
-embeddings, YaRN, Qwen3's q/k norms, Mistral, Phi-3's fused projections): the logits of the
-transformers reference, every method's greedy output equal to plain decoding's, tree passes bit
-for bit one-token passes in int4/bf16, the int4 form saved and read back, and the limits where the
-reference would change (a RoPE fixed at its original context, a sliding window) refused."""
+embeddings, YaRN, Qwen3's q/k norms, Mistral, Phi-3's fused projections, Gemma 2's soft-capped
+attention and logits, Gemma 3): the logits of the transformers reference, every method's greedy
+output equal to plain decoding's, tree passes bit for bit one-token passes in int4/bf16, the int4
+form saved and read back, and the limits where the reference would change (a RoPE fixed at its
+original context, a sliding window) refused."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from helpers import assert_tree_pass_is_one_token_passes, decode_to_end
 from tiny import fixed_prompts, perturbed, tiny_family
 
 V = 64
-FAMILIES = ("llama3", "llama-yarn", "qwen3", "mistral", "phi3", "phi3-window", "gemma3")
+FAMILIES = ("llama3", "llama-yarn", "qwen3", "mistral", "phi3", "phi3-window", "gemma2", "gemma3")
 needs_int4 = pytest.mark.skipif(x86_kernels() is None,
                                 reason="needs speculant's int4 kernel (an x86-64 CPU and a C++ toolchain)")
 
@@ -55,6 +56,8 @@ def test_rope_is_the_references(family, model):
         assert native.ropes[0].scale > 1.0
     if family == "gemma3":
         assert len(native.ropes) == 2 and native.windows == [8, 0]
+    if family == "gemma2":  # Gemma2Config's default layer types: sliding, full, sliding, ...
+        assert len(native.ropes) == 1 and native.windows == [8, 0]
     if family == "phi3-window":
         assert native.windows == [12, 12]
 
@@ -68,6 +71,22 @@ def test_logits_match_the_transformers_reference(model):
         ref = hf.forward(tokens[a:b]).logits
         got = nat.forward(tokens[a:b]).logits
         assert (ref - got).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("cap", ["attn_softcap", "final_softcap"])
+def test_gemma2_soft_caps_matter(cap):
+    """Without either of Gemma 2's soft caps the native logits leave the reference's: the test
+    above would see a cap that is not applied (or applied where transformers does not)."""
+    import dataclasses
+
+    model = tiny_family("gemma2", seed=0)
+    tokens = torch.randint(0, V, (30,), generator=torch.Generator().manual_seed(1))
+    ref = HFBackend(model).forward(tokens).logits
+    nat = NativeBackend(model)
+    assert (ref - nat.forward(tokens).logits).abs().max().item() <= 1e-4
+    nat.model.arch = dataclasses.replace(nat.model.arch, **{cap: 0.0})
+    nat.reset()
+    assert (ref - nat.forward(tokens).logits).abs().max().item() > 1e-2
 
 
 def test_every_method_greedy_identical_to_plain(model):
@@ -96,10 +115,10 @@ def test_int4_tree_pass_is_bit_identical_to_one_token_passes(family):
 
 
 @needs_int4
-@pytest.mark.parametrize("which", ["qwen3", "phi3"])
+@pytest.mark.parametrize("which", ["qwen3", "phi3", "gemma2"])
 def test_int4_form_is_saved_and_read_back_bit_identical(tmp_path, monkeypatch, which):
-    """From a transformers directory: Qwen3's q/k norms and Phi-3's split projections survive the
-    saved int4 form."""
+    """From a transformers directory: Qwen3's q/k norms, Phi-3's split projections and Gemma 2's
+    sandwich norms survive the saved int4 form."""
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "m"
     tiny_family(which, seed=3, dtype=torch.bfloat16).save_pretrained(src)

@@ -110,7 +110,11 @@ def tiny_family(family: str, seed: int = 0, vocab: int = 64, hidden: int = 64, l
     - ``phi3-window``: a Phi-3 with a sliding window of 12 (shorter than the tests' sequences);
     - ``gemma3``: a Gemma 3 text model: a sliding layer (window 8) and a global one with their own
       RoPE bases, (1 + w) norms (made non-trivial), sandwich norms, q/k norms, GELU-tanh, scaled
-      embeddings, query_pre_attn_scalar 32 (not head_dim 16), tied embeddings."""
+      embeddings, query_pre_attn_scalar 32 (not head_dim 16), tied embeddings;
+    - ``gemma2``: a Gemma 2: Gemma2Config's own alternation of layer types (sliding first, window 8),
+      (1 + w) norms (made non-trivial), sandwich norms, no q/k norms, query_pre_attn_scalar 24 (not
+      head_dim 16), attention scores soft-capped at 5 and logits at 3, the q/k projections (x 4
+      each) and the untied output layer (x 4) large enough that both caps bite."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -143,6 +147,16 @@ def tiny_family(family: str, seed: int = 0, vocab: int = 64, hidden: int = 64, l
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.uniform_(-0.5, 0.5)
+    elif family == "gemma2":
+        cfg = tf.Gemma2Config(**common, head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+                              attn_logit_softcapping=5.0, final_logit_softcapping=3.0, tie_word_embeddings=False)
+        model = tf.Gemma2ForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.uniform_(-0.5, 0.5)
+                elif "q_proj" in name or "k_proj" in name:
+                    p.mul_(4.0)
     else:
         raise ValueError(family)
     model = model.float().eval()

@@ -13,6 +13,11 @@ once quantized. This one is the decoder written out as tensor ops over weights i
         h = rmsnorm(x) ; x = x + (silu(h Wg) * (h Wu)) Wd
     logits = rmsnorm(x)[rows] Wlm                             # float32, only the rows asked for
 
+The families' variations (``native_arch.Arch``): Gemma's scaled embeddings, GELU-tanh, q/k norms
+(Qwen3, Gemma 3), the outputs of attention and MLP normed too (Gemma), sliding-window layers, and
+Gemma 2's soft-capped attention scores and logits (its attention then runs in PyTorch,
+``capped_attention``; every other family's on SDPA or speculant's kernels).
+
 Shapes: n new tokens, c cached entries inside the tree mask's window, T = cache length + n,
 H hidden, D head dim, H_q / H_kv query / key-value heads, g = H_q / H_kv.
 
@@ -46,6 +51,7 @@ INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _
 # prompts on the decoding kernels (then the output is the same on every x86 CPU at any prompt length).
 PREFILL_MIN_ROWS = 96
 Q_BLOCK, KV_BLOCK = 32, 512  # PyTorch's CPU flash attention blocks for short queries / long keys
+CAPPED_ROWS = 64  # a long pass's soft-capped attention (capped_attention), this many queries at a time
 _CAUSAL = torch.empty(0, dtype=torch.bool)  # kernels' attend: no mask = causal
 
 
@@ -96,6 +102,8 @@ class NativeBackend(CacheBacked):
         entries to a multiple of ``KV_BLOCK``. Longer passes (prefill: the prompt, the same for
         every method) take one call; query row j*n + i is head j of token i."""
         m, cache = self.model, self.cache
+        if not m.arch.plain_attention:  # soft-capped scores or a scale of its own (Gemma 2): in PyTorch
+            return self._capped_plan(n, past, tree_mask, positions, window)
         Hkv, D, T = m.kv_heads, m.head_dim, past + n
         windowed = window and T > window  # a window that leaves keys out
         if prefill and past == 0 and tree_mask is None:
@@ -153,6 +161,35 @@ class NativeBackend(CacheBacked):
                 o = F.scaled_dot_product_attention(qp.view(1, Hkv, g * per, D), keys, values, attn_mask=mask)
                 out[s:s + c] = o.view(Hkv, g, per, D)[:, :, :c].permute(2, 0, 1, 3)
             return out
+        return attend
+
+    def _capped_plan(self, n: int, past: int, tree_mask: torch.Tensor | None, positions: torch.Tensor | None,
+                     window: int):
+        """``_attention_plan``'s ``attend`` for an attention SDPA and speculant's kernels do not
+        compute: scores soft-capped before the mask and scaled by the model's own factor
+        (``Arch.attn_softcap``, ``Arch.attn_scale``: Gemma 2), see :func:`capped_attention`.
+
+        Passes of up to ``INVARIANT_ROWS`` tokens take each token on its own over exactly the keys
+        it may see, gathered in key order: the shapes and values of a one-token pass at its
+        position, so the same bits (row invariance). Longer passes (prompts) take ``CAPPED_ROWS``
+        tokens at a time over all keys, masked."""
+        m, cache = self.model, self.cache
+        scale = m.arch.attn_scale if m.arch.attn_scale is not None else m.head_dim ** -0.5
+        cap, T = m.arch.attn_softcap, past + n
+        allowed = self._mask(n, past, tree_mask, positions, window)  # (n, T)
+        if n > INVARIANT_ROWS:
+
+            def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+                keys, values = cache.kv[layer, 0, :, :T], cache.kv[layer, 1, :, :T]
+                return torch.cat([capped_attention(q[s:s + CAPPED_ROWS], keys, values, allowed[s:s + CAPPED_ROWS],
+                                                   scale, cap) for s in range(0, n, CAPPED_ROWS)])
+            return attend
+        seen = [row.nonzero()[:, 0] for row in allowed]  # each token's keys, in order
+
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            keys, values = cache.kv[layer, 0], cache.kv[layer, 1]
+            return torch.cat([capped_attention(q[i:i + 1], keys.index_select(1, idx), values.index_select(1, idx),
+                                               None, scale, cap) for i, idx in enumerate(seen)])
         return attend
 
     def sibling(self) -> "NativeBackend":
@@ -261,6 +298,8 @@ class NativeBackend(CacheBacked):
         h = norm(x.index_select(0, torch.cat(picked)) if len(picked) > 1 or requests[0].rows is not None else x)
         head = m.lm_head
         logits = head.forward_float(h) if hasattr(head, "forward_float") else head(h).float()  # (Σ m_b, V)
+        if m.arch.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / m.arch.final_softcap) * m.arch.final_softcap
         full = norm(x) if any(r.want_hidden is HiddenNeed.ALL for r in requests) else None  # (N, H)
         results, at = [], 0
         for (b, past, n, r0, *_), r, c in zip(seqs, requests, counts):
@@ -275,6 +314,22 @@ class NativeBackend(CacheBacked):
 
     def reset(self) -> None:
         self.cache.reset()
+
+
+def capped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | None,
+                     scale: float, cap: float) -> torch.Tensor:
+    """Attention with soft-capped scores, as transformers' eager Gemma 2 attention computes it (in
+    float32 here): s = q k * scale, s = cap * tanh(s / cap) (``cap`` 0: not capped), masked,
+    softmax, times v. q (n, Hkv, g, D); keys, values (Hkv, T, D); allowed (n, T) bool, or None
+    for all keys -> (n, Hkv, g, D) in q's dtype."""
+    n, Hkv, g, D = q.shape
+    s = torch.matmul(q.permute(1, 0, 2, 3).reshape(Hkv, n * g, D).float(), keys.float().transpose(1, 2)) * scale
+    if cap:
+        s = torch.tanh(s / cap) * cap  # (Hkv, n g, T)
+    if allowed is not None:
+        s = s.masked_fill(~allowed.repeat_interleave(g, dim=0), float("-inf"))
+    o = torch.matmul(torch.softmax(s, dim=-1), values.float())  # (Hkv, n g, D)
+    return o.view(Hkv, n, g, D).transpose(0, 1).to(q.dtype)
 
 
 def _qk_normed(qkv: torch.Tensor, blk: NativeBlock, Hq: int, Hkv: int, D: int, norm) -> torch.Tensor:

@@ -1,12 +1,15 @@
 """What a model family changes in the native runtime's decoder layer, read from its transformers
-config once: :class:`Arch` (norms, embedding scale, MLP activation, sandwich norms) and each
-layer's RoPE and attention window (:func:`layer_plan`).
+config once: :class:`Arch` (norms, embedding scale, MLP activation, sandwich norms, attention scale
+and soft-capping) and each layer's RoPE and attention window (:func:`layer_plan`).
 
 Families (``SUPPORTED``): Llama (2 and 3.x: RoPE scaling, tied embeddings), Mistral, Qwen2,
-Qwen3 (per-head q/k RMSNorm), Phi-3 (fused q/k/v and gate/up weights, split when read) and
-Gemma 3 text models (``gemma3_text``: (1 + w) RMSNorm, embeddings scaled by sqrt(H), GELU-tanh MLP,
-norms after attention and after the MLP as well as before, q/k norms, sliding-window layers with
-their own RoPE base interleaved with global ones).
+Qwen3 (per-head q/k RMSNorm), Phi-3 (fused q/k/v and gate/up weights, split when read), and the
+Gemma text models, Gemma 2 (``gemma2``) and Gemma 3 (``gemma3_text``): (1 + w) RMSNorm, embeddings
+scaled by sqrt(H), GELU-tanh MLP, norms after attention and after the MLP as well as before, an
+attention scale of query_pre_attn_scalar^-1/2, sliding-window layers interleaved with global ones
+(a query at position p sees the keys at positions > p - window, as transformers' masks do).
+Gemma 3 adds q/k norms (its query scale folded into the query norm) and a RoPE base per kind of
+layer; Gemma 2 soft-caps the attention scores and the output logits (cap * tanh(x / cap)).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from .rope import Rope, rope_for
 
 __all__ = ["Arch", "SUPPORTED", "arch_for", "attention_windows", "layer_plan", "native_refusal"]
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
-GEMMA = ("gemma3_text",)
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+GEMMA = ("gemma2", "gemma3_text")
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,9 @@ class Arch:
     they are read); ``embed_scale``: the embeddings' factor; ``act``: "silu" or "gelu_tanh";
     ``sandwich``: the attention and the MLP outputs are normed too before their residual adds;
     ``q_scale``: the attention's scale relative to 1/sqrt(D) (Gemma's query_pre_attn_scalar),
-    folded into the query norm."""
+    folded into the query norm (Gemma 3); ``attn_scale``: the attention's scale itself where no
+    query norm takes it (Gemma 2), None for 1/sqrt(D); ``attn_softcap`` / ``final_softcap``: the
+    attention scores (before the mask) / the output logits become cap * tanh(x / cap) (0: not)."""
 
     family: str
     norm_offset: float = 0.0
@@ -37,6 +42,14 @@ class Arch:
     act: str = "silu"
     sandwich: bool = False
     q_scale: float = 1.0
+    attn_scale: float | None = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+
+    @property
+    def plain_attention(self) -> bool:
+        """softmax(q k / sqrt(D)) under the mask: what SDPA and speculant's attention kernels compute."""
+        return self.attn_scale is None and not self.attn_softcap
 
 
 def arch_for(cfg) -> Arch:
@@ -49,14 +62,16 @@ def arch_for(cfg) -> Arch:
         act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "gelu_pytorch_tanh")
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ConfigError(f"the native backend runs Gemma's GELU-tanh MLP, not {act!r}: use backend='hf'")
-        if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None):
-            raise ConfigError("the native backend does not soft-cap attention or output logits: use backend='hf'")
         if getattr(cfg, "use_bidirectional_attention", False):
             raise ConfigError("the native backend runs causal attention only: use backend='hf'")
         D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         scalar = float(getattr(cfg, "query_pre_attn_scalar", None) or D)
-        return Arch(kind, norm_offset=1.0, embed_scale=math.sqrt(cfg.hidden_size), act="gelu_tanh", sandwich=True,
-                    q_scale=math.sqrt(D / scalar))
+        common = dict(norm_offset=1.0, embed_scale=math.sqrt(cfg.hidden_size), act="gelu_tanh", sandwich=True,
+                      attn_softcap=float(getattr(cfg, "attn_logit_softcapping", None) or 0.0),
+                      final_softcap=float(getattr(cfg, "final_logit_softcapping", None) or 0.0))
+        if kind == "gemma2":  # no q/k norms: the attention applies the scale, as transformers computes it
+            return Arch(kind, attn_scale=scalar ** -0.5, **common)
+        return Arch(kind, q_scale=math.sqrt(D / scalar), **common)
     act = getattr(cfg, "hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"the native backend needs a SiLU MLP, not {act!r}: use backend='hf'")

@@ -28,19 +28,20 @@ _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 def block_norms(arch: Arch, weight) -> dict[str, torch.Tensor | None]:
     """A layer's norm weights as NativeBlock takes them, ``weight(name)`` giving the checkpoint's
     tensor of that layer (``input_layernorm``, ``self_attn.q_norm``, ...) or None: Gemma's
-    (1 + w) folded in, and its query scale folded into the query norm."""
+    (1 + w) folded in, and Gemma 3's query scale folded into the query norm (Gemma 2 has none:
+    its attention takes the scale, ``Arch.attn_scale``)."""
     def w(name: str, scale: float = 1.0) -> torch.Tensor | None:
         t = weight(name)
         if t is None or (not arch.norm_offset and scale == 1.0):
             return t
         return ((t.float() + arch.norm_offset) * scale).to(t.dtype)
 
+    if arch.q_scale != 1.0 and weight("self_attn.q_norm") is None:
+        raise ConfigError("a query scale other than 1/sqrt(head_dim) needs q/k norms to fold it into")
     if arch.sandwich:
         return {"in_norm": w("input_layernorm"), "post_norm": w("pre_feedforward_layernorm"),
                 "attn_out_norm": w("post_attention_layernorm"), "ffn_out_norm": w("post_feedforward_layernorm"),
                 "q_norm": w("self_attn.q_norm", arch.q_scale), "k_norm": w("self_attn.k_norm")}
-    if arch.q_scale != 1.0:
-        raise ConfigError("a query scale other than 1/sqrt(head_dim) needs q/k norms to fold it into")
     return {"in_norm": w("input_layernorm"), "post_norm": w("post_attention_layernorm"),
             "q_norm": w("self_attn.q_norm"), "k_norm": w("self_attn.k_norm")}
 
@@ -86,7 +87,7 @@ class NativeBlock(nn.Module):
         views of them); else they are joined here where possible. ``q_norm`` / ``k_norm`` (D,):
         RMSNorm weights applied to each head's query / key before RoPE (Qwen3, Gemma 3), or None;
         ``attn_out_norm`` / ``ffn_out_norm`` (H,): norms of the attention's and the MLP's outputs
-        before their residual adds (Gemma's sandwich), or None. ``in_norm`` is the attention's
+        before their residual adds (Gemma 2 and 3's sandwich), or None. ``in_norm`` is the attention's
         input norm, ``post_norm`` the MLP's."""
         super().__init__()
         self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
