@@ -121,7 +121,8 @@ def test_lookup_chain_is_sized_by_the_pass_cost():
 
 def test_defaults_pick_the_runtime_and_the_method(tmp_path):
     from speculant import SpeculativeDecoder
-    from speculant.defaults import choose_method, choose_runtime, int4_fits
+    from speculant.defaults import choose_runtime, int4_fits
+    from speculant.planning import choose_method
     from speculant.kernels import int4_isa
 
     d = tiny_model_dir(tmp_path / "m")  # a Llama of hidden size 48: no int4 layout

@@ -1,9 +1,9 @@
 """The public Python API: SpeculativeDecoder.generate / .stream over the decoding loop.
 
 A decoder is built in named stages from a validated, frozen :class:`~speculant.config.DecoderConfig`:
-resolve the "auto" choices for this machine and model (``defaults.resolve``), load the target and
-draft on the chosen runtime (``loading``), load the heads, plan the tree and measure the pass cost
-it is sized against (``drafters.factory``), then warm the heads up. Every generation gets a fresh
+choose the runtime (``defaults.resolve_runtime``), load the target and draft on it (``loading``),
+then let the planner decide the rest once the target runs (``planning.plan``: the method, the
+heads, the tree and the pass cost it is sized against, and why), then warm the heads up. Every generation gets a fresh
 drafter from ``drafters.factory.build_drafter``.
 """
 
@@ -20,17 +20,18 @@ from .backends.base import Backend
 from .backends.hf import HFBackend
 from .backends.native import NativeBackend
 from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TREE_BUDGETS  # noqa: F401 (re-exported)
-from .config import NEEDS_HEADS, DecoderConfig, SamplingConfig
+from .config import DecoderConfig, SamplingConfig
 from .batching import Batch, Member
 from .decoding import SequenceRun, Stats, decode
-from .defaults import choose_shipped_drafter, resolve
+from .defaults import resolve_runtime
 from .drafters.base import Drafter
-from .drafters.factory import DraftParts, build_drafter, build_sizer, plan_tree, target_pass_cost, warm_up_heads
+from .drafters.factory import DraftParts, build_drafter, warm_up_heads
 from .drafters.pacing import Pacer
 from .errors import ConfigError
 from .loading import auto_draft_quant, load_native  # noqa: F401 (re-exported)
-from .loading import find_heads, load_decoder_heads, load_draft, load_target
+from .loading import load_draft, load_target
 from .lora import adapter_note
+from .planning import Plan, plan  # noqa: F401 (Plan re-exported)
 from .models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
@@ -82,28 +83,19 @@ class SpeculativeDecoder:
             config = target
         else:
             config = DecoderConfig.from_options(target, draft, **options)
-        self.config, self.why = resolve(config)
-        c = self.config
-        if c.lora is not None:
-            self.why = "; ".join(w for w in (self.why, f"LoRA adapter {c.lora} merged into the target") if w)
-        self.target = load_target(c)
-        heads_source = find_heads(c, self.target.name)
-        if note := adapter_note(heads_source, c.lora):
-            print(f"speculant: note: {note}", file=sys.stderr, flush=True)
-        self.draft = load_draft(c)
+        config, runtime = resolve_runtime(config)
+        self.target = load_target(config)
+        self.draft = load_draft(config)
         if self.draft is not None:
             check_vocab_compatible(self.target, self.draft)
             _warn_if_draft_larger(self.target, self.draft)
         self.tokenizer = self.target.tokenizer
-        self.target_backend = _backend(c.backend, self.target, "target")
-        cost, heads = None, None
-        if config.method == "auto":  # hydra, or eagle where the cost model forecasts it faster
-            self.config, self.why, heads, cost = choose_shipped_drafter(
-                c, self.why, self.target, self.target_backend,
-                lambda: target_pass_cost(c, self.target_backend, self.target.name, self.target.dtype))
-            if self.config.method != c.method:
-                c = self.config
-                heads_source = find_heads(c, self.target.name)
+        self.target_backend = _backend(config.backend, self.target, "target")
+        self.plan = plan(config, runtime, self.target, self.target_backend)
+        c = self.config = self.plan.config
+        self.why = self.plan.why
+        if note := adapter_note(self.plan.heads_source, c.lora):
+            print(f"speculant: note: {note}", file=sys.stderr, flush=True)
         self.draft_backend = _backend(c.backend, self.draft, "draft") if self.draft is not None else None
         self.vocab_size = min(b.vocab_size for b in (self.target_backend, self.draft_backend) if b)
         text_config = self.target.model.config.get_text_config()
@@ -112,11 +104,8 @@ class SpeculativeDecoder:
         if native_limit:  # a RoPE the native runtime runs up to its original context only
             self.max_length = min(self.max_length or native_limit, native_limit)
         self.eos_token_ids = _eos_token_ids(self.target)
-        if heads is None and c.method in NEEDS_HEADS:
-            heads = load_decoder_heads(heads_source, self.target.model, c.method)
-        self.heads = heads
-        self.tree, self.dynamic = plan_tree(c, heads_source, self.heads.num_heads if self.heads is not None else None)
-        self.sizer = build_sizer(c, self.dynamic, self.target_backend, self.target.name, self.target.dtype, cost)
+        self.heads, self.tree, self.dynamic, self.sizer = self.plan.heads, self.plan.tree, self.plan.dynamic, \
+            self.plan.sizer
         self._parts = DraftParts(self.tree, self.vocab_size, self.dynamic, self.sizer, self.draft_backend, self.heads)
         self._idle_targets = [self.target_backend]  # backends (KV caches) free for a sequence of a batch
         self.batch_pacer = Pacer()  # whether drafting pays while several sequences decode together (kept

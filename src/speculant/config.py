@@ -177,7 +177,7 @@ class DecoderConfig:
     """Everything a :class:`~speculant.api.SpeculativeDecoder` is built from, checked at construction.
 
     target / draft: a spec for ``speculant.load`` (directory, .gguf, preset) or a ``LoadedModel``.
-    method: "auto" (the fastest lossless setup for the target, ``defaults.choose_method``), "ar"
+    method: "auto" (the fastest lossless setup for the target, ``planning.plan``), "ar"
     (plain decoding), "sd" (a draft chain of ``gamma`` tokens), "mcsd" (a draft token tree, the
     k-config ``tree`` like "4x2x2x1", candidates sampled with or without ``replacement``),
     "lookup" (n-gram prompt lookup, a chain of up to ``gamma`` tokens), "medusa" / "hydra" (heads
@@ -203,8 +203,9 @@ class DecoderConfig:
     target's weights as it loads, before any quantization (``speculant.lora``): the adapted model
     is the one decoded, losslessly. Heads never bring their adapter along; pass it here.
 
-    "auto" values are resolved per machine and model by ``defaults.resolve``, which returns a
-    config of the same type with every choice made (and checked again).
+    "auto" values are resolved per machine and model: the runtime by ``defaults.resolve_runtime``
+    before the target loads, the rest by ``planning.plan`` once it runs; each returns a config of
+    the same type with its choices made (and checked again).
     """
 
     target: Any

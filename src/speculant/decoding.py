@@ -19,9 +19,9 @@ from typing import Callable, Iterator
 import torch
 
 from .acceptance import accept_tree
-from .backends.base import Backend, ForwardOut, ForwardRequest, forward_batch
+from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
-from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, drive
+from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan
 from .drafters.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
 from .tree import chain
@@ -166,12 +166,13 @@ class SequenceRun:
         run = SequenceRun(target, drafter, prompt, ...)
         run.begin(target.forward(*run.prefill()) if run.prefill() else None)   # 0. prefill
         while run.finish_reason is None:
-            draft = run.draft()                                                 # 1. draft
+            draft = drive(run.draft_plan())                                     # 1. draft
             out = target.forward(...run.verify_request(draft)...)               # 2. verify
             step = run.complete(draft, out, pass_seconds)                       # 3. accept, 4. commit
 
-    ``decode`` is exactly this loop. The target backend is the sequence's own (its KV cache);
-    ``complete`` compacts it. Arguments as ``decode``'s."""
+    ``batching.Batch.step`` runs this loop for one or several sequences (``decode``: a batch of
+    one). The target backend is the sequence's own (its KV cache); ``complete`` compacts it.
+    Arguments as ``decode``'s."""
 
     def __init__(self, target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
                  sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
@@ -215,10 +216,6 @@ class SequenceRun:
         hidden = None if out is None or out.hidden is None else out.hidden[-1] if need is HiddenNeed.LAST else out.hidden
         self.drafter.begin(self.prompt, hidden=hidden)
         self.clock.lap()
-
-    def draft(self) -> Draft:
-        """Stage 1: the drafter's tree (or, a step the pacer keeps plain, the root alone)."""
-        return drive(self.draft_plan())
 
     def draft_plan(self, drafting: bool | None = None) -> PassPlan:
         """Stage 1 as a PassPlan (``drafters.base``): the drafter's jobs (a draft model's passes,
@@ -271,19 +268,17 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -
     (``SequenceRun``'s): max_new_tokens, sampling, eos_token_ids, max_length, replacement,
     generator, vocab_size; ``acceptance``: an approximate rule (off by default: None or exact is
     lossless); ``embedding`` (V, H) for the distance rule; ``pacer``: decides step by step whether
-    drafting pays (else the step verifies the root alone; ``drafters.pacing``)."""
+    drafting pays (else the step verifies the root alone; ``drafters.pacing``).
+
+    One driver runs every generation: this is a ``batching.Batch`` of one sequence."""
+    from .batching import Batch  # batching builds on SequenceRun
+
     run = SequenceRun(target, drafter, prompt, **options)
-    pre = run.prefill()  # 0. prefill
-    t = time.perf_counter()
-    out = None if pre is None else forward_batch([target], [pre])[0]
-    run.begin(out, time.perf_counter() - t)
-    while run.finish_reason is None:
-        draft = run.draft()  # 1. draft
-        req = run.verify_request(draft)
-        t = time.perf_counter()
-        out = target.forward(req.tokens, req.positions, req.tree_mask, want_hidden=req.want_hidden)  # 2. verify
-        step = run.complete(draft, out, time.perf_counter() - t)  # 3. accept, 4. commit
-        yield run.state, step
+    batch = Batch(1)
+    batch.add(run, run)
+    while len(batch):
+        for _, step in batch.step():
+            yield run.state, step
 
 
 @dataclass(frozen=True)

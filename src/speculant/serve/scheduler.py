@@ -9,7 +9,7 @@ Continuous batching (``max_batch`` > 1): the worker keeps up to ``max_batch`` ge
 ``batching.Batch``: every step verifies all of their trees in one target pass. Between steps,
 queued jobs join (their prefill rides in the next pass) and finished or cancelled ones leave at
 once, so a new request never waits for the others to end. With ``max_batch`` 1 the jobs run one
-after another. ``Ticket.cancel`` ends its generation before the next step (or skips it if it
+after another, on the same path (a batch of one). ``Ticket.cancel`` ends its generation before the next step (or skips it if it
 has not started). A job that fails is reported and the next one starts clean: every generation
 gets a KV cache and a drafter of its own.
 
@@ -125,8 +125,7 @@ class Scheduler:
         self._closed = False
         self._open: set[Ticket] = set()  # submitted, not yet ended
         self._lock = threading.Lock()  # guards _open and fatal
-        work = self._work if max_batch == 1 else self._work_batched
-        self._thread = threading.Thread(target=self._guard, args=(work,), name="speculant-worker", daemon=True)
+        self._thread = threading.Thread(target=self._guard, args=(self._work,), name="speculant-worker", daemon=True)
         self._thread.start()
 
     @property
@@ -196,23 +195,6 @@ class Scheduler:
         """The next job from the queue (None: close); queue.Empty when ``block`` is off and there is none."""
         return self._queue.get(block=block)
 
-    def _work(self) -> None:
-        while True:
-            ticket = self._take()
-            if ticket is None:
-                return
-            if ticket.cancelled:  # its client left while it waited
-                self._forget(ticket)
-                continue
-            self._running = 1
-            try:
-                event = self._run_one(ticket)
-            except Exception as e:  # noqa: BLE001 -- a failed job must not stop the worker
-                event = _failure(e)
-            finally:
-                self._running = 0
-            self._end(ticket, event)
-
     def _forget(self, ticket: Ticket) -> None:
         with self._lock:
             self._open.discard(ticket)
@@ -227,10 +209,10 @@ class Scheduler:
             except Exception:  # noqa: BLE001
                 log.exception("metrics update failed")
 
-    def _work_batched(self) -> None:
-        """The continuous-batching worker (see the module doc). Every call that belongs to one job
+    def _work(self) -> None:
+        """The worker: continuous batching of up to ``max_batch`` jobs (see the module doc). Every call that belongs to one job
         is guarded so that its fault ends that job alone."""
-        batch = Batch(self.max_batch, getattr(self.decoder, "batch_pacer", None))
+        batch = Batch(self.max_batch, self.decoder.batch_pacer)
         live: dict[Any, Ticket] = {}  # generation -> its ticket
         closing = False
 
@@ -335,15 +317,6 @@ class Scheduler:
         ticket.prompt_tokens = gen.prompt_tokens
         ticket.send(Started(gen.prompt_tokens))
         return gen
-
-    def _run_one(self, ticket: Ticket):
-        """Run one job, sending its tokens; returns its last event (Finished or Failed)."""
-        gen = self._prepare(ticket)
-        if isinstance(gen, Failed):
-            return gen
-        for ev in gen:
-            ticket.send(Token(ev.token_id, ev.text))
-        return Finished(list(gen.token_ids), gen.text, gen.finish_reason, gen.stats)
 
 
 def _input_problem(job: Job) -> Failed | None:
