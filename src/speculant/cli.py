@@ -56,8 +56,9 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                         "speed (auto, the default: int4 for a bf16 draft on the native runtime, and on the "
                         "transformers one on AMX CPUs; else none)")
     p.add_argument("--backend", choices=["auto", "hf", "native"], default="auto",
-                   help="model runtime: auto (default: speculant's own runtime (Llama, Mistral, Qwen2/3, Phi-3, Gemma 3) with int4 weights where "
-                        "its kernels run, else transformers), hf (transformers) or native")
+                   help="model runtime: auto (default: speculant's own runtime (Llama, Mistral, Qwen2/3, Phi-3, "
+                        "Gemma 2/3) with int4 weights where its kernels run, else transformers), hf (transformers) "
+                        "or native")
     p.add_argument("--target-quant", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="native backend: weight-only quantization of the target (auto: int4 on the native runtime); "
                         "it changes the output to the quantized model's (see `speculant quant-eval`)")

@@ -23,7 +23,7 @@ def add_drafter_parser(sub) -> None:
                     "OUT/drafter). Every stage resumes where a stopped run left it: run the same command again. "
                     f"Expected on 2 cores for a 1.5B model: ~{hours['features']:g} h for the hidden states and "
                     f"~{hours['training']:g} h for {d.steps} training steps (the families of the native runtime: "
-                    "Llama, Mistral, Qwen2/3, Phi-3, Gemma 3).")
+                    "Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3).")
     p.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     p.add_argument("--out", required=True, help="the run's directory (conversations, features, checkpoints, drafter)")
     p.add_argument("--tokens", type=int, default=d.tokens, help="answer tokens of conversations (default: %(default)s)")

@@ -192,7 +192,8 @@ class DecoderConfig:
     dtype: "bfloat16" or "float32". chat: wrap string prompts in the model's chat template.
     draft_quant: "auto", "none", "int8", "int4": weight-only quantization of a private copy of the
     draft; it cannot change the output, only the speed.
-    backend: "auto", "hf" (transformers) or "native" (speculant's own forward: Llama, Mistral, Qwen2/3, Phi-3, Gemma 3).
+    backend: "auto", "hf" (transformers) or "native" (speculant's own forward: Llama, Mistral, Qwen2/3,
+    Phi-3, Gemma 2/3).
     target_quant: "auto", "none", "int8", "int4" (native only); changes the output to the
     quantized model's. quant_head: quantize the output layer too (None: with the target).
     tree_budget: dynamic trees and lookup: "auto" sizes every step's tree against this machine's

@@ -22,7 +22,8 @@ hash of its name, size and mtime (a warm load must not hash a 1 GB file). A conv
 into a hidden temporary directory beside the target and renames it into place only once the
 marker is written, so an interrupted conversion never leaves a directory that looks complete;
 the next conversion of that model (under the same lock) removes such leftovers. A cache entry
-whose safetensors file is damaged (e.g. truncated) is named and converted again.
+whose safetensors file is damaged (e.g. truncated) is named and converted again, as is one
+converted before the config fields of ``gguf_meta`` (Gemma 2's soft caps and query scale) were set.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from . import gguf_meta
 from .errors import ConfigError, ModelLoadError, VocabMismatchError
 from .presets import PRESETS, Part, Preset  # noqa: F401 - re-exported: models.PRESETS is public
 from .runtime import file_lock
@@ -121,19 +123,20 @@ def damaged_weights(directory: Path) -> str | None:
 
 
 def _damage(target: Path) -> str | None:
-    """What is wrong with the weights of the complete cache entry ``target``, or None."""
+    """What is wrong with the complete cache entry ``target`` (damaged weights or outdated), or None."""
     if not any(target.glob("*.safetensors")):
-        return "it has no *.safetensors file"
-    return damaged_weights(target)
+        return "is damaged: it has no *.safetensors file"
+    why = damaged_weights(target)
+    return f"is damaged: {why}" if why else gguf_meta.outdated(target / COMPLETE_MARKER)
 
 
 def _usable(target: Path) -> bool:
-    """A complete cache entry whose weights open; a damaged one is named (it is converted again)."""
+    """A complete, current entry whose weights open; a damaged or outdated one is named (converted again)."""
     if not _is_complete(target):
         return False
     why = _damage(target)
     if why is not None:
-        _say(f"the converted model {target} is damaged: {why}; converting it again")
+        _say(f"the converted model {target} {why}; converting it again")
         return False
     return True
 
@@ -300,13 +303,14 @@ def _convert_to(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, 
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
+            gguf_meta.apply(model.config, gguf)  # the config fields transformers' loader does not read
             _say(f"loaded in {time.perf_counter() - t0:.0f} s; writing safetensors")
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             del model
             gc.collect()
             marker = {**source, "dtype": _dtype_name(dtype), "converted_at": time.time(),
-                      "seconds": round(time.perf_counter() - t0, 1)}
+                      "seconds": round(time.perf_counter() - t0, 1), "config_fixes": gguf_meta.VERSION}
             (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             _share(tmp)
             if target.exists():  # an incomplete or damaged entry: replace it
