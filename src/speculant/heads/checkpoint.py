@@ -183,14 +183,13 @@ SHIPPED_TREE_NAME = "tree.json"  # the default sparse tree shipped next to a hea
 
 
 def shipped_heads(target_name: str, kind: str = "medusa") -> Path | None:
-    """The heads directory shipped in the package for a preset target, or None: ``data/heads/<preset>``
-    (Medusa heads), ``data/heads/<preset>/sequential`` (``kind="sequential"``) or
-    ``data/heads/<preset>/eagle`` (``kind="eagle"``, an EAGLE drafter)."""
-    from importlib import resources
+    """The heads directory shipped for a preset target, or None: ``drafters/<preset>`` (Medusa
+    heads), ``drafters/<preset>/sequential`` (``kind="sequential"``) or ``drafters/<preset>/eagle``
+    (``kind="eagle"``, an EAGLE drafter), installed in the cache by ``make install`` or in a
+    checkout's ``data/`` (:mod:`speculant.shipped`; the wheel carries no weights)."""
+    from ..shipped import find_drafter
 
-    d = Path(str(resources.files("speculant").joinpath("data", "heads", target_name)))
-    d = d / kind if kind in ("sequential", "eagle") else d
-    return d if (d / CONFIG_NAME).is_file() else None
+    return find_drafter(target_name, kind)
 
 
 def heads_tree(path: str | Path | None) -> str | None:
