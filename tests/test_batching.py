@@ -244,12 +244,13 @@ def test_heads_drafts_of_several_sequences_in_one_call(kind):
     call over all their states and gives each what it gets alone; the draft trees of a batch's
     members are then what each drafter proposes alone."""
     from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
-    from speculant.drafters.head_eval import HeadEvaluator, HeadsCandidates, HeadsStep
+    from speculant.drafters.head_steps import HeadsCandidates, HeadsStep, IndependentHeads
+    from speculant.drafters.proposers import proposer_for
     heads, H, Vb = _big_heads(kind), 64, 2048
     g = torch.Generator().manual_seed(4)
     states = torch.randn(3, H, generator=g)
     if kind == "medusa":
-        ev = HeadEvaluator(heads, Vb)
+        ev = IndependentHeads(heads, Vb)
         jobs = [HeadsCandidates(ev, s, 5, 3) for s in states]
         alone = [ev.candidates_logprobs(s, 5, 3) for s in states]
     else:
@@ -267,7 +268,7 @@ def test_heads_drafts_of_several_sequences_in_one_call(kind):
             else:
                 assert torch.allclose(a.float(), b.float(), atol=1e-3, rtol=1e-3)
     # members' drafters in a batch: one call of the heads per depth for all of them
-    drafters = [DynamicTreeDrafter(heads, DynamicTree(8), Vb) for _ in range(3)]
+    drafters = [DynamicTreeDrafter(proposer_for(heads, Vb), DynamicTree(8), Vb) for _ in range(3)]
     for d, s in zip(drafters, states):
         d.begin(torch.tensor([1, 2]), hidden=s)
     contexts = [torch.tensor([1, 2, 5 + i]) for i in range(3)]

@@ -16,10 +16,12 @@ from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend, NativeModel
 from speculant.costmodel import PassCost
 from speculant.drafters.base import NoDrafter
-from speculant.drafters.dynamic_tree import DynamicTree
+from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
+from speculant.drafters.proposers import Stepwise
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.sizing import TreeSizer
 from speculant.eagle import EagleCache, EagleConfig, EagleDrafter, EagleModel
+from speculant.eagle.drafter import EagleSteps
 from speculant.heads.attention import grouped_attention
 from speculant.errors import ConfigError, ModelLoadError
 
@@ -176,25 +178,22 @@ def test_eagle_decoding_equals_plain_decoding(target, runtime):
         for drafter in drafters:
             state = decode_to_end(backend, drafter, prompt, n=30)
             assert state.generated == plain
-        assert drafters[0].cache is not None and drafters[0].cache.length == prompt.shape[0] + 29
+        cache = drafters[0].proposer.source.cache
+        assert cache is not None and cache.length == prompt.shape[0] + 29
 
 
-class _Oracle(EagleDrafter):
+class _Oracle(EagleSteps):
     """Ranks first, below every node, the token plain decoding writes there (``truth``: prompt +
     plain output), so that long paths are accepted and committed; the network still computes
     every feature."""
 
     def __init__(self, *args, truth: list[int], **kwargs):
         super().__init__(*args, **kwargs)
-        self.truth, self.length = truth, 0
+        self.truth = truth
 
-    def propose_passes(self, context):
-        self.length = int(context.shape[0])
-        return (yield from super().propose_passes(context))
-
-    def children(self, features, depth):
-        tok, logp = super().children(features, depth)
-        at = self.length - 1 + depth  # the position of a node of this depth
+    def children(self, features, depth, k):
+        tok, logp = super().children(features, depth, k)
+        at = self.cache.length + depth  # the position of a node of this depth (the context is one longer than the cache)
         if at < len(self.truth):
             tok, logp = tok.clone(), logp.clone()
             want = self.truth[at]
@@ -206,6 +205,10 @@ class _Oracle(EagleDrafter):
         return tok, logp
 
 
+def _oracle(model, dynamic, V, truth):
+    return DynamicTreeDrafter(Stepwise(_Oracle(model, V, truth=truth)), dynamic, V)
+
+
 @pytest.mark.parametrize("runtime", ["hf", "native"])
 def test_accepted_paths_are_committed_and_decoding_stays_plain(target, runtime):
     """Whole accepted paths (up to the depth) go through observe's commit: with proposals that
@@ -214,13 +217,13 @@ def test_accepted_paths_are_committed_and_decoding_stays_plain(target, runtime):
     backend = HFBackend(target) if runtime == "hf" else _native(target)
     prompt = fixed_prompts(V)[0]
     plain = decode_to_end(backend, NoDrafter(), prompt, n=30).generated
-    drafter = _Oracle(eagle_for(target), DynamicTree(nodes=6, depth=3, top_k=2, beam=1), V,
+    drafter = _oracle(eagle_for(target), DynamicTree(nodes=6, depth=3, top_k=2, beam=1), V,
                       truth=prompt.tolist() + plain)
     state = decode_to_end(backend, drafter, prompt, n=30)
     assert state.generated == plain
     assert state.stats.tokens_per_call > 2.5
     # one pair per position decoded (the last step's path may run past the 30 tokens kept)
-    assert prompt.shape[0] + 29 <= drafter.cache.length <= prompt.shape[0] + 29 + 3
+    assert prompt.shape[0] + 29 <= drafter.proposer.source.cache.length <= prompt.shape[0] + 29 + 3
 
 
 def test_saved_drafters_load_back_and_damaged_ones_are_named(target, tmp_path):

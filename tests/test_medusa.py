@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from speculant.backends.hf import HFBackend
 from speculant.config import SamplingConfig, parse_acceptance
 from speculant.decoding import decode
-from speculant.drafters.base import HiddenNeed, NoDrafter
+from speculant.drafters.base import HiddenNeed, NoDrafter, ProposesAlone
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
@@ -40,7 +40,7 @@ class FakeHeads:
         return logits
 
 
-class PathLog:
+class PathLog(ProposesAlone):
     """Drafter proxy recording each accepted path as ranks (the loop hands it hidden states)."""
     hidden_need = HiddenNeed.LAST
 
@@ -396,13 +396,13 @@ def test_context_layer_reads_every_committed_position(target, plain, seq_heads_c
         assert drafter.hidden_need is HiddenNeed.ALL
         state = decode_to_end(target, drafter, prompt)
         assert state.generated == ref
-        L = drafter._context_cache.length
+        L = drafter.proposer.source.context_cache.length
         if L > state.context.shape[0]:  # the last block was cut at max_new_tokens: its tail is unknown here
             continue
         with torch.no_grad():
             hidden = target.get_decoder()(input_ids=state.context[:L].view(1, -1)).last_hidden_state
             want = heads.context(hidden.to(heads.dtype))[0, -1]
-        torch.testing.assert_close(drafter.hidden, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(drafter.proposer.state, want, atol=1e-4, rtol=1e-4)
         checked += 1
     assert checked >= 2
 

@@ -21,6 +21,7 @@ from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.sizing import TreeSizer
 from speculant.drafters.static_tree import BlockwiseDrafter, StaticTreeDrafter
+from speculant.drafters.proposers import proposer_for
 from speculant.eagle import EagleConfig, EagleDrafter, EagleModel
 from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads
 from speculant.training.losses import medusa_loss, row_inputs
@@ -86,14 +87,14 @@ def _drafter(case: str, medusa, others):
     hydra, eagle = others
     tree = build_tree("[[0],[1],[0,0],[1,0],[0,0,0]]")
     if case == "medusa+lookup":
-        return StaticTreeDrafter(medusa, tree, V, lookup=LookupDrafter(2))
+        return StaticTreeDrafter(proposer_for(medusa, V), tree, V, lookup=LookupDrafter(2))
     if case == "hydra+lookup":
-        return StaticTreeDrafter(hydra, tree, V, lookup=LookupDrafter(2))
+        return StaticTreeDrafter(proposer_for(hydra, V), tree, V, lookup=LookupDrafter(2))
     if case == "medusa-dynamic-sized":
-        return DynamicTreeDrafter(medusa, DynamicTree(6, top_k=3), V, lookup=LookupDrafter(2),
+        return DynamicTreeDrafter(proposer_for(medusa, V), DynamicTree(6, top_k=3), V, lookup=LookupDrafter(2),
                                   sizer=TreeSizer(COST, max_rows=10))
     if case == "hydra-dynamic-sized":
-        return DynamicTreeDrafter(hydra, DynamicTree(6, top_k=3, beam=2), V, lookup=LookupDrafter(2),
+        return DynamicTreeDrafter(proposer_for(hydra, V), DynamicTree(6, top_k=3, beam=2), V, lookup=LookupDrafter(2),
                                   sizer=TreeSizer(COST, max_rows=10))
     if case == "eagle-dynamic-sized":
         return EagleDrafter(eagle, DynamicTree(6, top_k=3, beam=2), V, lookup=LookupDrafter(2),

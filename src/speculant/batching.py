@@ -182,8 +182,8 @@ class Batch:
         total_rows = sum(m.last_rows for m in stepping)
         total_tokens = sum(m.tokens_per_step for m in stepping)
         for m in stepping:
-            sizer = getattr(m.run.drafter, "sizer", None)
-            if sizer is not None and hasattr(sizer, "share"):
+            sizer = m.run.drafter.sizer
+            if sizer is not None:
                 sizer.share(total_rows - m.last_rows, total_tokens - m.tokens_per_step)
 
 

@@ -231,11 +231,10 @@ class SequenceRun:
         else:
             self._drafted = self.pacer.draft_now() if drafting is None else drafting
         context = self.state.context
-        passes = getattr(self.drafter, "propose_passes", None)
-        if not self._drafted or passes is None:
-            return self.clock.timed("draft_s", _propose, self.drafter, context, self._drafted)
+        if not self._drafted:  # the root alone
+            return self.clock.timed("draft_s", _root_alone, context)
         t = time.perf_counter()
-        draft = yield from passes(context)
+        draft = yield from self.drafter.propose_passes(context)
         self.state.stats.draft_s += time.perf_counter() - t
         return draft
 
@@ -304,9 +303,9 @@ def _check_finite(logits: torch.Tensor, target: Backend, done: int) -> None:
             "or try --dtype float32")
 
 
-def _propose(drafter: Drafter, context: torch.Tensor, drafted: bool) -> Draft:
-    """The drafter's tree, or (a step the pacer keeps plain) the root alone."""
-    return drafter.propose(context) if drafted else Draft(chain(0), context[-1:])
+def _root_alone(context: torch.Tensor) -> Draft:
+    """A step the pacer keeps plain: the root alone."""
+    return Draft(chain(0), context[-1:])
 
 
 def _commit(target: Backend, drafter: Drafter, state: DecodeState, draft: Draft, verified: _Verified,

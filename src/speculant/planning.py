@@ -101,6 +101,7 @@ def compare_shipped_drafters(config: DecoderConfig, target, backend, price: Call
     from .config import SamplingConfig
     from .drafters.choice import CacheSweep, Forecast, choose_drafter, held_out_accepts, time_drafting
     from .drafters.factory import DraftParts, build_drafter, plan_tree, warm_up_heads
+    from .drafters.proposers import draft_depth
     from .heads import shipped_heads
     from .loading import load_decoder_heads
 
@@ -118,7 +119,7 @@ def compare_shipped_drafters(config: DecoderConfig, target, backend, price: Call
     forecasts, loaded, sweep = [], {}, CacheSweep()  # one buffer for every drafter's timing
     for method, source in sources.items():
         heads = load_decoder_heads(source, target.model, method)
-        tree, dynamic = plan_tree(dataclasses.replace(config, method=method), source, heads.num_heads)
+        tree, dynamic = plan_tree(dataclasses.replace(config, method=method), source, draft_depth(heads))
         warm_up_heads(heads, V)
         timing = dataclasses.replace(config, method=method, lookup_branch=0)  # the chain costs both the same
         drafter = build_drafter(timing, DraftParts(tree, V, dynamic, heads=heads), SamplingConfig())
@@ -135,6 +136,7 @@ def plan(config: DecoderConfig, runtime: Runtime, target, backend) -> Plan:
     for the loaded ``target`` (a LoadedModel) on ``backend`` (its Backend). Loads the heads a heads
     method reads and measures (or reads the cached) pass cost a sized tree needs."""
     from .drafters.factory import build_sizer, plan_tree, target_pass_cost
+    from .drafters.proposers import draft_depth
     from .loading import find_heads, load_decoder_heads
 
     reasons = [runtime.why]
@@ -161,7 +163,7 @@ def plan(config: DecoderConfig, runtime: Runtime, target, backend) -> Plan:
     heads_source = find_heads(c, target.name)
     if heads is None and c.method in NEEDS_HEADS:
         heads = load_decoder_heads(heads_source, target.model, c.method)
-    tree, dynamic = plan_tree(c, heads_source, heads.num_heads if heads is not None else None)
+    tree, dynamic = plan_tree(c, heads_source, draft_depth(heads) if heads is not None else None)
     sizer = build_sizer(c, dynamic, backend, target.name, target.dtype, cost)
     if sizer is not None:
         cost = sizer.cost

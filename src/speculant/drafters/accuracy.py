@@ -80,6 +80,7 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
     from ..training.data import load_records
     from .choice import tree_accepts
     from .dynamic_tree import DynamicTree, DynamicTreeDrafter
+    from .proposers import proposer_for
 
     if all_records and (train_records or features):
         raise ConfigError("--all-records measures a text no drafter trained on: without --train-records or --features")
@@ -110,7 +111,7 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
             raise ConfigError(f"{path}: heads with a context layer are not measured here")
         out["drafters"].append({"kind": "hydra", "path": Path(path).name,
                                 "greedy": heads_accuracy(heads, recs, hidden, at, depth, per_record),
-                                "tree": tree_accepts(DynamicTreeDrafter(heads, shape(DEFAULT_HYDRA_TREE), V),
+                                "tree": tree_accepts(DynamicTreeDrafter(proposer_for(heads, V), shape(DEFAULT_HYDRA_TREE), V),
                                                      recs, hidden, at, positions)})
     for path in eagle:
         model = load_eagle(path, target, dtype=torch.float32)

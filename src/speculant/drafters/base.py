@@ -20,7 +20,7 @@ import torch
 from ..backends.base import Backend, ForwardOut, ForwardRequest, HiddenNeed, forward_batch
 from ..tree import TreeBuffers, chain
 
-__all__ = ["Draft", "Drafter", "HiddenNeed", "Job", "ModelPass", "NoDrafter", "PassPlan", "drive"]
+__all__ = ["Draft", "Drafter", "HiddenNeed", "Job", "ModelPass", "NoDrafter", "PassPlan", "ProposesAlone", "drive"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,7 @@ class Drafter(Protocol):
     """
 
     hidden_need: HiddenNeed
+    sizer: Any  # drafters.sizing.TreeSizer sizing its trees against the pass cost, or None
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Start a new sequence; ``prompt`` (T,) long."""
@@ -96,12 +97,27 @@ class Drafter(Protocol):
     def propose(self, context: torch.Tensor) -> Draft:
         """Propose a tree rooted at ``context[-1]``; ``context`` (L,) long is every token so far."""
 
+    def propose_passes(self, context: torch.Tensor) -> PassPlan:
+        """``propose`` as a :data:`PassPlan` of the jobs its step needs (none for a drafter whose
+        step is one call of its own: :class:`ProposesAlone`)."""
+
     def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
         """The target accepted tree nodes ``path`` (root first) and then produced ``next_token``.
         A step verified without a proposal (``drafters.pacing``) observes ``path == [0]``."""
 
 
-class NoDrafter:
+class ProposesAlone:
+    """For a drafter whose step shares no work with other sequences' drafters: its
+    ``propose_passes`` is ``propose`` (a plan without jobs), and it sizes no trees by default."""
+
+    sizer = None
+
+    def propose_passes(self, context: torch.Tensor) -> PassPlan:
+        return self.propose(context)
+        yield  # a generator: the plan ends at once with the Draft
+
+
+class NoDrafter(ProposesAlone):
     """Plain decoding: propose nothing, every step yields exactly one token from the target."""
 
     hidden_need = HiddenNeed.NONE

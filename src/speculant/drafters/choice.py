@@ -152,26 +152,29 @@ def time_drafting(drafter: Drafter, prompt: torch.Tensor, hidden: torch.Tensor, 
 @torch.no_grad()
 def tree_accepts(drafter, records: Sequence[dict], hidden: torch.Tensor, starts: torch.Tensor,
                  positions: Sequence[Sequence[int]]) -> list[list[float]]:
-    """A(d, m) (module doc) of a dynamic-tree drafter (``DynamicTreeDrafter`` or ``EagleDrafter``,
+    """A(d, m) (module doc) of a dynamic-tree drafter (``DynamicTreeDrafter``, e.g. ``EagleDrafter``'s,
     without a sizer or lookup chain), measured on text the target wrote: at each position i of
     ``positions[r]`` in ``records[r]["ids"]``, the drafter grows its tree from the target's state
     there (``hidden[starts[r] + i]``, (H,), the state whose output is token i + 1) and root token
     i + 1, and a node counts while its whole path matches the tokens that follow. Returns
     ``[d-1][m-1]``: the mean, over positions, of the deepest such node among the best m of depth <= d."""
-    from ..eagle import EagleCache, EagleDrafter
+    from ..eagle import EagleCache
+    from ..eagle.drafter import EagleSteps
+    from .proposers import Stepwise
 
-    eagle = isinstance(drafter, EagleDrafter)
+    steps = drafter.proposer.source if isinstance(drafter.proposer, Stepwise) else None
+    eagle = isinstance(steps, EagleSteps)
     D, M = drafter.depth, drafter.dynamic.nodes
     sums, total = [[0.0] * M for _ in range(D)], 0
     for r, (rec, sampled) in enumerate(zip(records, positions)):
         ids, s, L = rec["ids"], int(starts[r]), len(rec["ids"])
         if eagle:  # the committed pairs' features, as decoding computes them
             cache = EagleCache()
-            feats = drafter.model.extend(cache, hidden[s:s + L - 1], torch.tensor(ids[1:L]))
+            feats = steps.model.extend(cache, hidden[s:s + L - 1], torch.tensor(ids[1:L]))
         for i in sampled:
             total += 1
             if eagle:
-                drafter.cache, state = cache.prefix(i + 1), feats[i]
+                steps.cache, state = cache.prefix(i + 1), feats[i]
             else:
                 state = hidden[s + i].float()
             paths, tokens, _ = drafter.grow_scored(state, torch.tensor([ids[i + 1]]), 10 ** 6)  # all, best first

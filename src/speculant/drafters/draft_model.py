@@ -20,6 +20,7 @@ from .base import Draft, HiddenNeed, ModelPass, PassPlan, drive
 
 class DraftModelDrafter:
     hidden_need = HiddenNeed.NONE  # the draft model keeps its own cache
+    sizer = None  # its chain or tree has a fixed size
 
     def __init__(self, backend: Backend, tree: TreeBuffers, sampling: SamplingConfig,
                  vocab_size: int, *, replacement: bool = True, generator: torch.Generator | None = None):

@@ -7,13 +7,12 @@ nodes). With one (``sizer``, :class:`~speculant.drafters.sizing.TreeSizer`) ever
 split of heads' nodes and chain rows with the most expected tokens per millisecond on this
 machine, and (sequential heads) a depth is drafted only while the nodes it would expand can pay
 for its measured time (:meth:`TreeSizer.worth_deeper`; docs/design-notes.md#depth-drafted-only-while-it-can-pay).
-How the heads get their state, and the lookup chain's merge: ``head_eval``,
+What proposes the nodes: ``proposers`` (``head_steps`` for the heads); the lookup chain's merge:
 ``lookup_branch``. Shapes: H hidden size, K heads.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass
 
@@ -21,10 +20,10 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import MAX_TREE_NODES, chain, compile_paths
-from .base import Draft, PassPlan, drive
-from .head_eval import HeadsCandidates, HeadsDrafter, HeadsLike, HeadsStep
+from .base import Draft, HiddenNeed, PassPlan, drive
 from .lookup import LookupDrafter
 from .lookup_branch import follow_heads, merge_chain
+from .proposers import DepthBudget, TreeProposer, check_tree
 from .sizing import TreeSizer
 
 __all__ = ["DynamicTree", "DynamicTreeDrafter"]
@@ -75,39 +74,56 @@ class DynamicTree:
         return cls(*nums)
 
 
-class DynamicTreeDrafter(HeadsDrafter):
-    """Proposes a :class:`DynamicTree` grown from the heads at every step (greedy, deterministic).
+class DynamicTreeDrafter:
+    """Proposes a :class:`DynamicTree` grown from a proposer at every step (greedy, deterministic).
 
-    heads: K heads (``head_eval.HeadsLike``); dynamic: the tree's shape (``dynamic.depth`` <= K).
-    vocab_size: the target vocabulary the loop verifies against. lookup: optional n-gram drafter
-    whose chain is merged into the tree. sizer: size every step's tree against the machine's pass
-    cost (``dynamic.nodes`` + the chain is then the most drafted); without one, every step
-    verifies ``dynamic.nodes`` + the chain's length.
+    proposer: a ``drafters.proposers.TreeProposer`` (``proposers.proposer_for(heads, V)``: Medusa
+    heads grow best-first, sequential heads and the EAGLE drafter by beam search); dynamic: the
+    tree's shape (``dynamic.depth`` <= the proposer's). vocab_size: the target vocabulary the loop
+    verifies against. lookup: optional n-gram drafter whose chain is merged into the tree. sizer:
+    size every step's tree against the machine's pass cost (``dynamic.nodes`` + the chain is then
+    the most drafted); without one, every step verifies ``dynamic.nodes`` + the chain's length.
+    ``head_calls``: the steps that drafted; ``depth_ms``: one depth's measured drafting time.
     """
 
-    def __init__(self, heads: HeadsLike, dynamic: DynamicTree, vocab_size: int, lookup: LookupDrafter | None = None,
-                 sizer: TreeSizer | None = None):
-        super().__init__(heads, vocab_size)
-        K = self.evaluator.num_heads
+    def __init__(self, proposer: TreeProposer, dynamic: DynamicTree, vocab_size: int,
+                 lookup: LookupDrafter | None = None, sizer: TreeSizer | None = None):
+        K = proposer.depth
         if dynamic.depth > K:
             raise ConfigError(f"the dynamic tree has depth {dynamic.depth} but the heads are trained for {K}: "
                               f"use depth <= {K} (0 = {K})")
+        self.proposer, self.V = proposer, vocab_size
+        self.hidden_need: HiddenNeed = proposer.hidden_need
         self.dynamic, self.lookup, self.sizer = dynamic, lookup, sizer
         self.depth = dynamic.depth or K  # heads drafting: 0 .. depth-1
-        # the measured time of one more depth (EMA, ms): with a sizer, a depth is drafted only
-        # while its nodes can pay for it (TreeSizer.worth_deeper)
-        self.depth_ms = 0.0
-        # the widest tree a step may draft from the heads, for the checks against the vocabularies
-        self.evaluator.check_tree(compile_paths([(r,) for r in range(dynamic.top_k)]
-                                                + [(0,) * d for d in range(2, self.depth + 1)]))
+        # with a sizer, a depth is drafted only while its nodes can pay for it (TreeSizer.worth_deeper)
+        self.budget = DepthBudget(sizer)
+        self.head_calls = 0
+        self._drafted: torch.Tensor | None = None
+        # the widest tree a step may draft, for the checks against the vocabularies
+        check_tree(proposer, compile_paths([(r,) for r in range(dynamic.top_k)]
+                                           + [(0,) * d for d in range(2, self.depth + 1)]), vocab_size)
+
+    @property
+    def depth_ms(self) -> float:
+        """The measured time of one more depth (moving average, ms)."""
+        return self.budget.ms
+
+    @depth_ms.setter
+    def depth_ms(self, ms: float) -> None:
+        self.budget.ms = ms
+
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        """New sequence. ``hidden``: the target's state(s) the proposer asks for (``hidden_need``)."""
+        self.proposer.begin(prompt, hidden)
 
     @torch.no_grad()
     def grow(self, hidden: torch.Tensor, root: torch.Tensor,
              nodes: int | None = None) -> tuple[list[tuple[int, ...]], torch.Tensor]:
-        """hidden (H,), root (1,) long -> (paths, tokens): the ``nodes`` (default
+        """hidden: the proposer's state, root (1,) long -> (paths, tokens): the ``nodes`` (default
         ``self.dynamic.nodes``) chosen nodes' paths (ranks among their parent's children, in the
-        heads' order) and their tokens (len(paths),) long, best-scored first (so every prefix of the
-        list is a tree too)."""
+        proposer's order) and their tokens (len(paths),) long, best-scored first (so every prefix
+        of the list is a tree too)."""
         paths, tokens, _ = self.grow_scored(hidden, root, nodes)
         return paths, tokens
 
@@ -118,84 +134,20 @@ class DynamicTreeDrafter(HeadsDrafter):
         non-increasing down the list)."""
         return drive(self._grow(hidden, root, self.dynamic.nodes if nodes is None else nodes))
 
-    def _grow(self, hidden: torch.Tensor, root: torch.Tensor, nodes: int):
-        """:meth:`grow_scored` as a plan (``drafters.base.PassPlan``) of the heads' calls: one
-        ``HeadsCandidates`` (independent heads) or one ``HeadsStep`` per depth (sequential heads)."""
-        if not self.conditioned:
-            k = min(self.dynamic.top_k, self.V)
-            idx, val = yield HeadsCandidates(self.evaluator, hidden, k, self.depth)  # (D, k) each
-            return self._best_first(idx, val, nodes)
+    def _grow(self, state: torch.Tensor, root: torch.Tensor, nodes: int) -> PassPlan:
         cfg = self.dynamic
-        front_paths: list[tuple[int, ...]] = [()]
-        front_score = torch.zeros(1)
-        scores, paths, toks = [], [], []
-        depth = self.depth
-        state, tok, logp = yield self._first_step(hidden, root)  # (1, H), (1, k) each
-        for d in range(1, depth + 1):
-            sc = front_score[:, None] + logp.float().clamp(max=0.0)  # (f, k): log Π p along the path
-            k = tok.shape[1]
-            scores.append(sc.flatten())
-            toks.append(tok.flatten())
-            paths.extend(fp + (r,) for fp in front_paths for r in range(k))
-            if d == depth:
-                break
-            flat = sc.flatten()
-            best = flat.topk(min(cfg.beam, flat.numel())).indices  # (b,) expanded at the next depth
-            if self.sizer is not None and self.depth_ms and not self.sizer.worth_deeper(
-                    flat[best].tolist(), self.depth_ms, rows=1 + d):
-                break  # the next depth would cost more than its nodes can return
-            t = time.perf_counter()
-            state, tok, logp = yield self._next_step(state, best // k, tok.flatten()[best], d)
-            ms = (time.perf_counter() - t) * 1e3
-            self.depth_ms = 0.8 * self.depth_ms + 0.2 * ms if self.depth_ms else ms
-            front_paths = [front_paths[i // k] + (i % k,) for i in best.tolist()]
-            front_score = flat[best]
-        score = torch.cat(scores).tolist()
-        tokens = torch.cat(toks)
-        # the best `nodes` (ties: shallower, then lower ranks first): closed under ancestors and
-        # without rank gaps, since a child never scores above its parent nor above an older sibling
-        order = sorted(range(len(paths)), key=lambda i: (-score[i], len(paths[i]), paths[i]))[:nodes]
-        return [paths[i] for i in order], tokens[order], [score[i] for i in order]
-
-    def _first_step(self, hidden: torch.Tensor, root: torch.Tensor) -> HeadsStep:
-        """The job drafting the root's children: (the root's state (1, H), tokens (1, k), log p (1, k))."""
-        return HeadsStep(self.heads, hidden[None], root.view(1), self.dynamic.top_k, self.V)
-
-    def _next_step(self, state: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> HeadsStep:
-        """The job expanding b nodes of ``depth`` (their parents' rows ``parents`` (b,) of ``state``,
-        their ``tokens`` (b,)): (their states (b, H), children tokens (b, k), log p (b, k))."""
-        return HeadsStep(self.heads, state[parents], tokens, self.dynamic.top_k, self.V)
-
-    def _best_first(self, idx: torch.Tensor, val: torch.Tensor,
-                    nodes: int) -> tuple[list[tuple[int, ...]], torch.Tensor, list[float]]:
-        """Medusa heads: depth d's candidates are head d-1's top-k under every parent (idx, val:
-        (D, k) tokens and log-probabilities), so a path's score is the sum of its ranks'
-        log-probabilities; the best ``nodes`` paths are found best-first (a child never scores
-        above its parent: the first ``nodes`` popped are the best)."""
-        val, ranked, k = val.tolist(), idx.tolist(), idx.shape[1]
-        heap = [(-min(val[0][r], 0.0), (r,)) for r in range(k)]  # (−score, path): ties -> shallower, lower ranks
-        heapq.heapify(heap)
-        paths, tokens, scores = [], [], []
-        while heap and len(paths) < nodes:
-            neg, path = heapq.heappop(heap)
-            paths.append(path)
-            tokens.append(ranked[len(path) - 1][path[-1]])
-            scores.append(-neg)
-            if len(path) < self.depth:
-                for r in range(k):
-                    heapq.heappush(heap, (neg - min(val[len(path)][r], 0.0), path + (r,)))
-        return paths, torch.tensor(tokens, dtype=torch.long), scores
+        return self.proposer.grow(state, root, nodes, cfg.top_k, cfg.beam, self.depth, self.budget)
 
     def _draft(self, context: torch.Tensor, root: torch.Tensor):
         """The grown tree, plus (with ``lookup``) the prompt-lookup chain merged into it; a plan
-        of the heads' calls that returns the Draft.
+        of the proposer's calls that returns the Draft.
 
         Without a cost model the tree always has 1 + nodes + gamma rows: the rows the chain does
         not need (a short or no match, or tokens the heads drafted too) go to the heads' next-best
         nodes. With one (``self.sizer``) the step takes the split of heads' nodes and chain rows
         that maximizes expected tokens per millisecond (:class:`TreeSizer`)."""
         budget = self.dynamic.nodes + (self.lookup.gamma if self.lookup is not None else 0)
-        paths, heads_tokens, scores = yield from self._grow(self.hidden, root, budget)
+        paths, heads_tokens, scores = yield from self._grow(self.proposer.state, root, budget)
         toks = heads_tokens.tolist()
         cont = self.lookup.find(context).tolist() if self.lookup is not None else []
         walk = follow_heads(cont, paths, toks) if cont else []
@@ -212,20 +164,25 @@ class DynamicTreeDrafter(HeadsDrafter):
         return drive(self.propose_passes(context))
 
     def propose_passes(self, context: torch.Tensor) -> PassPlan:
-        """``propose`` as a plan of the heads' calls (``drafters.base.PassPlan``), so that several
-        sequences' drafters call the heads together (``batching``)."""
+        """``propose`` as a plan of the proposer's calls (``drafters.base.PassPlan``), so that
+        several sequences' drafters call it together (``batching``)."""
         root = context[-1:]
-        if self.hidden is None:
-            return Draft(chain(0), root.clone())
-        self.head_calls += 1
-        t = time.perf_counter()
-        draft = yield from self._draft(context, root)
-        if self.sizer is not None:  # in a batch: the whole drafting stage, which every member waits for
-            self.sizer.drafting_took((time.perf_counter() - t) * 1e3 + self.evaluator.observe_ms)
+        if self.proposer.state is None:
+            draft = Draft(chain(0), root.clone())
+        else:
+            self.head_calls += 1
+            t = time.perf_counter()
+            draft = yield from self._draft(context, root)
+            if self.sizer is not None:  # in a batch: the whole drafting stage, which every member waits for
+                self.sizer.drafting_took((time.perf_counter() - t) * 1e3 + self.proposer.observe_ms)
+        self._drafted = draft.tokens
         return draft
 
     def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
-        super().observe(path, next_token, hidden)
+        """``hidden``: the target's state(s) at the accepted nodes, as ``hidden_need`` asks. None
+        falls back to a root-only proposal."""
+        self.proposer.observe(path, next_token, hidden, self._drafted)
+        self._drafted = None
         if self.sizer is not None:
             self.sizer.observe(path)
 

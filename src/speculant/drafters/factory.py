@@ -31,6 +31,7 @@ from .base import Drafter, NoDrafter
 from .draft_model import DraftModelDrafter
 from .lookup import LookupDrafter
 from .medusa import BlockwiseDrafter, DynamicTree, MedusaDrafter
+from .proposers import proposer_for
 from .sizing import TreeSizer
 
 __all__ = ["DraftParts", "build_drafter", "build_sizer", "target_pass_cost", "plan_tree", "warm_up_heads"]
@@ -141,8 +142,4 @@ def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingCo
 @torch.inference_mode()
 def warm_up_heads(heads, vocab_size: int) -> None:
     """Build the heads' low-bit drafting shortlist now rather than in the first generation."""
-    H = heads.config.hidden_size
-    if getattr(heads, "conditioned", False):  # sequential heads rank (n, H) states
-        heads.draft_topk(torch.zeros(1, H, dtype=heads.dtype), 1, vocab_size)
-    else:
-        heads.draft_topk(torch.zeros(H, dtype=heads.dtype), 1, 1, vocab_size)
+    proposer_for(heads, vocab_size).warm_up()

@@ -13,10 +13,10 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import chain
-from .base import Draft, HiddenNeed
+from .base import Draft, HiddenNeed, ProposesAlone
 
 
-class LookupDrafter:
+class LookupDrafter(ProposesAlone):
     hidden_need = HiddenNeed.NONE  # reads the context only
 
     def __init__(self, gamma: int = 8, max_ngram: int = 3, min_ngram: int = 1, sizer=None):

@@ -26,11 +26,12 @@ import torch
 
 from ..backends.base import HiddenNeed
 from ..drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
+from ..drafters.proposers import Stepwise
 from ..drafters.lookup import LookupDrafter
 from ..drafters.sizing import TreeSizer
 from .model import EagleCache, EagleModel
 
-__all__ = ["EagleDrafter"]
+__all__ = ["EagleDrafter", "EagleSteps"]
 
 
 @dataclass(eq=False)
@@ -65,18 +66,19 @@ class _TreeSight:
 @dataclass(frozen=True, eq=False)
 class EagleRootStep:
     """The root's children: (the root's feature (1, H), tokens (1, k), log p (1, k))."""
-    drafter: "EagleDrafter"
+    source: "EagleSteps"
     feature: torch.Tensor  # (H,)
+    k: int
 
     @property
     def together(self) -> Hashable:
-        return ("eagle-root", id(self.drafter.model), self.drafter.dynamic.top_k, self.drafter.V)
+        return ("eagle-root", id(self.source.model), self.k, self.source.V)
 
     @staticmethod
     @torch.no_grad()
     def run_together(jobs: Sequence["EagleRootStep"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         states = torch.stack([j.feature for j in jobs])  # (B, H)
-        tok, logp = jobs[0].drafter.children(states, 1)
+        tok, logp = jobs[0].source.children(states, 1, jobs[0].k)
         return [(states[i:i + 1], tok[i:i + 1], logp[i:i + 1]) for i in range(len(jobs))]
 
 
@@ -85,34 +87,38 @@ class EagleExpandStep:
     """b nodes of one sequence's tree at ``depth``: their features (b, H), their children's
     tokens (b, k) and log p (b, k). Each sequence attends over its own cache, so several
     sequences' steps run one after the other."""
-    drafter: "EagleDrafter"
-    state: torch.Tensor  # (f, H) the front's features
-    parents: torch.Tensor  # (b,) rows of state
+    source: "EagleSteps"
+    front: torch.Tensor  # (f, H) the front's features
+    parents: torch.Tensor  # (b,) rows of front
     tokens: torch.Tensor  # (b,)
     depth: int
+    k: int
 
     @property
     def together(self) -> Hashable:
-        return ("eagle-expand", id(self.drafter.model))
+        return ("eagle-expand", id(self.source.model))
 
     @staticmethod
     def run_together(jobs: Sequence["EagleExpandStep"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        return [j.drafter.expand(j.state, j.parents, j.tokens, j.depth) for j in jobs]
+        return [j.source.expand(j.front, j.parents, j.tokens, j.depth, j.k) for j in jobs]
 
 
-class EagleDrafter(DynamicTreeDrafter):
-    """Drafts with an :class:`EagleModel` (module docstring). ``dynamic``, ``lookup`` and
-    ``sizer`` as for ``DynamicTreeDrafter`` (depth at most ``model.config.depth``)."""
+class EagleSteps:
+    """An :class:`EagleModel` as a ``drafters.proposers.StepSource`` (module docstring): its
+    ``state`` is the next root's feature."""
 
-    def __init__(self, model: EagleModel, dynamic: DynamicTree, vocab_size: int, lookup: LookupDrafter | None = None,
-                 sizer: TreeSizer | None = None):
-        super().__init__(model, dynamic, vocab_size, lookup, sizer)
-        self.model = model
-        self.hidden_need = HiddenNeed.ALL
-        self.cache = EagleCache()
+    hidden_need = HiddenNeed.ALL
+
+    def __init__(self, model: EagleModel, vocab_size: int):
+        self.model, self.V = model, vocab_size
+        self.depth = int(model.config.depth)
+        dv = model.draft_vocab
+        self.ranked = int((dv < vocab_size).sum()) if dv is not None else vocab_size
+        self.observe_ms = 0.0
+        self.cache: EagleCache | None = EagleCache()
+        self.state: torch.Tensor | None = None
         self._tree = _TreeSight()
         self._front_slots: list[int] = [-1]
-        self._draft_tokens: torch.Tensor | None = None
 
     # ---- the committed pairs ---------------------------------------------------------------
     def _commit(self, hidden: torch.Tensor | None, tokens: torch.Tensor) -> None:
@@ -120,59 +126,63 @@ class EagleDrafter(DynamicTreeDrafter):
         hidden states (a loop that does not pass them): the cache can no longer follow, and every
         later step proposes the root alone (plain decoding)."""
         if hidden is None or self.cache is None:
-            self.cache, self.hidden = None, None
+            self.cache, self.state = None, None
             return
         if hidden.dim() != 2 or hidden.shape[0] != tokens.shape[0]:
             raise ValueError(f"the EAGLE drafter needs the (n, H) target states of the {tokens.shape[0]} committed "
                              f"positions, got {tuple(hidden.shape)}")
-        self.hidden = self.model.extend(self.cache, hidden, tokens)[-1]
+        self.state = self.model.extend(self.cache, hidden, tokens)[-1]
 
-    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """``hidden`` (T-1, H): the target's states at ``prompt[:-1]``, paired with ``prompt[1:]``."""
-        self.cache, self.hidden, self._draft_tokens = EagleCache(), None, None
+        self.cache, self.state = EagleCache(), None
         if prompt.shape[0] > 1:
             self._commit(hidden, prompt[1:])
 
-    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
+    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None,
+                drafted: torch.Tensor | None) -> None:
         """``hidden`` (len(path), H): the target's states at the accepted nodes, each paired with
-        the token after it (the path's next node, and ``next_token`` after the last)."""
-        drafted = self._draft_tokens
+        the token after it (the path's next node in ``drafted``, and ``next_token`` after the last)."""
         after = [int(drafted[i]) for i in path[1:]] if drafted is not None and len(path) > 1 else []
-        self._draft_tokens = None
         self._commit(hidden, torch.tensor(after + [int(next_token)], dtype=torch.long))
-        if self.sizer is not None:
-            self.sizer.observe(path)
-
-    def propose_passes(self, context: torch.Tensor):
-        draft = yield from super().propose_passes(context)
-        self._draft_tokens = draft.tokens
-        return draft
 
     # ---- the tree's steps ------------------------------------------------------------------
-    def _first_step(self, hidden: torch.Tensor, root: torch.Tensor) -> EagleRootStep:
+    def root_job(self, state: torch.Tensor, root: torch.Tensor, k: int) -> EagleRootStep:
         self._tree, self._front_slots = _TreeSight(), [-1]
         if self.cache is not None:
             self.cache.unstage()
-        return EagleRootStep(self, hidden)
+        return EagleRootStep(self, state, k)
 
-    def _next_step(self, state: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
-                   depth: int) -> EagleExpandStep:
-        return EagleExpandStep(self, state, parents, tokens, depth)
+    def expand_job(self, front: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+                   k: int) -> EagleExpandStep:
+        return EagleExpandStep(self, front, parents, tokens, depth, k)
 
     @torch.no_grad()
-    def expand(self, state: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
-               depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def expand(self, front: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run :meth:`EagleModel.tree_step` for b nodes of ``depth`` (>= 1) whose parents are rows
-        ``parents`` of the front ``state``; they become the next front."""
+        ``parents`` of ``front``; they become the next front."""
         slots = [self._front_slots[int(p)] for p in parents]
         sees = self._tree.rows(slots)
         positions = torch.full((tokens.shape[0],), self.cache.length - 1 + depth, dtype=torch.long)
-        feats = self.model.tree_step(self.cache, sees, state[parents], tokens, positions)
+        feats = self.model.tree_step(self.cache, sees, front[parents], tokens, positions)
         self._front_slots = self._tree.add(tokens.shape[0], sees)
-        tok, logp = self.children(feats, depth + 1)
+        tok, logp = self.children(feats, depth + 1, k)
         return feats, tok, logp
 
-    def children(self, features: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def children(self, features: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The candidates below nodes of ``depth - 1`` with these features (n, H): the top-k tokens
         of lm_head(f) and their log-probabilities, (n, k) each."""
-        return self.model.draft_topk(features, self.dynamic.top_k, self.V, logprobs=True)
+        return self.model.draft_topk(features, k, self.V, logprobs=True)
+
+    def warm_up(self) -> None:
+        with torch.no_grad():
+            self.model.draft_topk(torch.zeros(1, self.model.config.hidden_size, dtype=self.model.dtype), 1, self.V)
+
+
+def EagleDrafter(model: EagleModel, dynamic: DynamicTree, vocab_size: int,  # noqa: N802
+                 lookup: LookupDrafter | None = None, sizer: TreeSizer | None = None) -> DynamicTreeDrafter:
+    """The EAGLE drafter of the decoding loop: a dynamic tree (``dynamic``, ``lookup`` and
+    ``sizer`` as for ``DynamicTreeDrafter``, depth at most ``model.config.depth``) grown by
+    ``model`` (:class:`EagleSteps`)."""
+    return DynamicTreeDrafter(Stepwise(EagleSteps(model, vocab_size)), dynamic, vocab_size, lookup, sizer)

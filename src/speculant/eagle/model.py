@@ -183,9 +183,6 @@ class EagleModel(DraftVocabulary, nn.Module):
     """The drafter (module docstring), sharing the target's frozen output layer ``lm_head`` and
     input embeddings ``embed`` (neither is a parameter nor saved)."""
 
-    conditioned = True
-    context = None
-
     def __init__(self, config: EagleConfig, lm_head: nn.Module, embed: nn.Module):
         super().__init__()
         shape = layer_shape(lm_head)
@@ -212,10 +209,6 @@ class EagleModel(DraftVocabulary, nn.Module):
         self._draft_rows: tuple | None = None
         self.coarse_ranking = True
         self.register_buffer("inv_freq", config.rope_frequencies(), persistent=False)
-
-    @property
-    def num_heads(self) -> int:  # the deepest draft (the heads' interface: depth d uses "head" d-1)
-        return self.config.depth
 
     @property
     def dtype(self) -> torch.dtype:

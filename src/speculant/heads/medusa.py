@@ -29,7 +29,6 @@ class MedusaHeads(nn.Module):
     otherwise optional, and when given each head's projection starts as a copy of it.
     """
 
-    conditioned = False  # the heads read the hidden state only (not the tokens of the path they extend)
 
     def __init__(self, config: HeadsConfig, lm_head: nn.Module | None = None):
         super().__init__()

@@ -46,8 +46,6 @@ class SequentialHeads(DraftVocabulary, nn.Module):
     ``context.*`` with a context layer. Not loadable by engines that read Medusa heads.
     """
 
-    conditioned = True
-
     def __init__(self, config: HeadsConfig, lm_head: nn.Module, embed: nn.Module):
         super().__init__()
         if config.kind != "sequential":

@@ -4,10 +4,10 @@
 target's final hidden state at position t, through head k (0-based), is scored against token
 ``t + k + 2`` (``speculant.heads``), over the positions whose true token counts (the answer tokens
 when ``prompt_lens`` is given). Ranks are ``topk`` order, as
-``drafters.head_eval.HeadEvaluator.candidates`` uses.
+``drafters.head_steps.IndependentHeads.candidates`` uses.
 These accuracies feed :func:`speculant.tree_search.greedy_tree` (the Medusa construction).
 
-Sequential heads (``heads.conditioned``) are scored teacher-forced: depth k+1 reads the true tokens
+Sequential heads (``heads.SequentialHeads``) are scored teacher-forced: depth k+1 reads the true tokens
 t+1 .. t+k+1, so ``acc[k][i]`` is the accuracy of rank i *given a correct parent* — exactly the
 factor a tree node's probability needs.
 
@@ -61,9 +61,9 @@ def head_topk_accuracy(target, heads: MedusaHeads | SequentialHeads, sequences: 
             continue
         start = int(prompt_lens[s]) if prompt_lens is not None else 0
         hidden = decoder(input_ids=ids[None]).last_hidden_state[0]  # (T, H)
-        if getattr(heads, "context", None) is not None:  # the heads read the context layer's output
+        if isinstance(heads, SequentialHeads) and heads.context is not None:  # the context layer's output
             hidden = heads.context(hidden[None].to(heads.dtype))[0]
-        inputs = row_inputs(ids.cpu(), K).to(device) if getattr(heads, "conditioned", False) else None  # (T, K)
+        inputs = row_inputs(ids.cpu(), K).to(device) if isinstance(heads, SequentialHeads) else None  # (T, K)
         for a in range(0, T - 2, chunk):
             b = min(a + chunk, T - 2)  # positions t in [a, b): head 0 needs t + 2 < T
             tokens = inputs[a:b] if inputs is not None else None
