@@ -10,7 +10,7 @@ import pytest
 
 import speculant
 from speculant import ConfigError, DecoderConfig, SpeculativeDecoder
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter

@@ -13,7 +13,7 @@ from speculant.acceptance import (accept_tree_approx, accepted_prefix, best_path
 from speculant.config import AcceptanceConfig, SamplingConfig, parse_acceptance
 from speculant.errors import ConfigError
 from speculant.sampling import logits_to_probs
-from speculant.tree import build_tree
+from speculant.trees.buffers import build_tree
 
 
 def probs(*rows):

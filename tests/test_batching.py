@@ -16,14 +16,14 @@ from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend, NativeModel
 from speculant.batching import Batch
 from speculant.config import SamplingConfig
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.decoding import SequenceRun
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads, save_heads
 from speculant.kernels import x86_kernels
-from speculant.tree import build_tree, chain
+from speculant.trees.buffers import build_tree, chain
 
 from helpers import decode_to_end, pit_batched, uniformity as _uniformity
 from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2, word_tokenizer
@@ -292,7 +292,7 @@ def test_the_batch_paces_its_members_together(dirs):
     """While several members step together the batch's pacer chooses for all of them (a step it
     keeps plain verifies every member's root alone, and the members' own pacers do not count
     it); a member alone follows its own pacer."""
-    from speculant.drafters.pacing import Pacer
+    from speculant.tuning.pacing import Pacer
 
     class Plain(Pacer):
         def draft_now(self):
@@ -318,7 +318,7 @@ def test_the_batch_paces_its_members_together(dirs):
 def test_batch_sizing_shares_the_pass():
     """With other sequences in the pass, a sizer sizes for the whole pass: where each extra row
     costs about a row's time, more sequences mean a smaller tree each (never below the root)."""
-    from speculant.drafters.sizing import TreeSizer
+    from speculant.tuning.sizing import TreeSizer
     cost = PassCost((1, 8, 32), (10.0, 40.0, 130.0))
     scores = [-0.1 * i for i in range(12)]
     alone = TreeSizer(cost, max_rows=32)

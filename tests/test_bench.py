@@ -291,7 +291,7 @@ def _cfg(tiny, methods, tmp_path, **kw):
 
 def test_unavailable_peers_are_skipped_and_the_rest_runs(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(harness, "llama_server_unavailable", lambda: "llama-server is not installed; make it")
-    monkeypatch.setattr(harness, "openvino_unavailable", lambda draft=True: "no OpenVINO venv; make install-openvino")
+    monkeypatch.setattr(harness, "openvino_unavailable", lambda draft=True, **kw: "no OpenVINO venv; make install-openvino")
     res = run_bench(_cfg(tiny, ("ar", "llama-server+ngram", "lookup", "openvino", "hf-assisted", "openvino+draft"),
                          tmp_path), command="speculant bench --methods ...")
     err = capsys.readouterr().err
@@ -312,7 +312,7 @@ def test_unavailable_peers_are_skipped_and_the_rest_runs(tiny, tmp_path, monkeyp
 
 
 def test_cli_bench_records_its_command(tiny, tmp_path, capsys):
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     argv = ["bench", "--target", tiny["target"], "--draft", tiny["draft"], "--methods", "ar,lookup", "--dtype",
             "float32", "--questions", tiny["questions"], "--categories", "qa", "--max-new-tokens", "4",
@@ -323,10 +323,11 @@ def test_cli_bench_records_its_command(tiny, tmp_path, capsys):
     assert list(saved["summary"]) == ["ar", "lookup"]
 
 
-def test_openvino_needs_its_preset_target(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(harness, "openvino_unavailable", lambda draft=True: None)
+def test_openvino_needs_the_targets_ir(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "openvino_unavailable", lambda draft=True, **kw: None)  # the venv is there
     res = run_bench(_cfg(tiny, ("ar", "openvino"), tmp_path))
-    assert "int4 IR of qwen2.5-coder-1.5b-instruct only" in res["skipped"]["openvino"]
+    assert "no OpenVINO IR of " + tiny["target"] in res["skipped"]["openvino"]
+    assert "tools/install_openvino.py --model " + tiny["target"] in res["skipped"]["openvino"]
 
 
 class FakeServer:
@@ -360,8 +361,11 @@ class FakeServer:
 
 @pytest.fixture
 def fake_server(monkeypatch):
+    from speculant.bench import pair
+
     monkeypatch.setattr(harness, "llama_server_unavailable", lambda: None)
     monkeypatch.setattr(harness, "LlamaServer", FakeServer)
+    monkeypatch.setattr(pair, "gguf_path", lambda spec: Path(spec) / "model.gguf")  # the tiny models have none
     FakeServer.instances, FakeServer.fail_at, FakeServer.error = [], None, RuntimeError
     return FakeServer
 
@@ -416,7 +420,7 @@ def _md_rows(text):
 
 
 def test_bench_report_markdown(tmp_path, capsys):
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     path = _saved(tmp_path)
     assert main(["bench-report", str(path), "--markdown"]) == 0
@@ -454,7 +458,7 @@ def test_bench_report_reads_a_summary_without_decode_rates(tmp_path):
 
 
 def test_bench_report_update_readme(tmp_path, capsys):
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     (tmp_path / "benchmarks").mkdir()
     path = _saved(tmp_path / "benchmarks")
@@ -476,7 +480,7 @@ def test_bench_report_update_readme(tmp_path, capsys):
 
 
 def test_bench_report_defaults_to_the_newest_json(tmp_path, monkeypatch, capsys):
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     bench = tmp_path / "benchmarks"
     bench.mkdir()
@@ -500,7 +504,7 @@ def test_bench_report_defaults_to_the_newest_json(tmp_path, monkeypatch, capsys)
 
 def test_bench_report_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     path, png = _saved(tmp_path), tmp_path / "bench.png"
     assert main(["bench-report", str(path), "--plot", str(png)]) == 0
@@ -513,7 +517,7 @@ def test_bench_report_plot(tmp_path, capsys):
 
 def test_bench_plot_option(tiny, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     png = tmp_path / "run.png"
     argv = ["bench", "--target", tiny["target"], "--draft", tiny["draft"], "--methods", "ar,lookup@gamma=2",
@@ -595,7 +599,7 @@ def test_bench_at_a_temperature(tiny, tmp_path, capsys):
     model = AutoModelForCausalLM.from_pretrained(tiny["target"], torch_dtype=torch.float32).eval()
     # recompute one run's NLL with transformers from the prompt the bench encoded
     from speculant.bench.harness import load_questions, select
-    from speculant.models import chat_prompt, load
+    from speculant.store.models import chat_prompt, load
     tok = load(tiny["target"], "float32").tokenizer
     q = select(load_questions(tiny["questions"]), 2, ("qa",))[0]
     ids = tok(chat_prompt(tok, q["turns"][0]), add_special_tokens=False, return_tensors="pt").input_ids[0]

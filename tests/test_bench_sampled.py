@@ -15,7 +15,7 @@ from speculant.backends.native import NativeBackend
 from speculant.bench import quality
 from speculant.bench.harness import BenchConfig, load_questions, run_bench, select
 from speculant.bench.report import load_result, markdown_table
-from speculant.models import chat_prompt
+from speculant.store.models import chat_prompt
 
 from tiny import tiny_llama, tiny_model_dir
 
@@ -112,7 +112,7 @@ def test_bench_samples_every_method_and_prompt_length(tiny, tmp_path, capsys, ba
     # the long prompt's rows: the chunked NLL equals one unchunked pass of the target
     from transformers import AutoModelForCausalLM
 
-    from speculant.models import load
+    from speculant.store.models import load
 
     model = AutoModelForCausalLM.from_pretrained(tiny["target"], dtype=torch.float32).eval()
     tok = load(tiny["target"], "float32").tokenizer
@@ -135,7 +135,7 @@ def test_bench_samples_every_method_and_prompt_length(tiny, tmp_path, capsys, ba
 
 
 def test_cli_bench_at_a_temperature_with_a_long_prompt(tiny, tmp_path, capsys):
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     argv = ["bench", "--target", tiny["target"], "--draft", tiny["draft"], "--methods", "ar,auto,lookup,sd",
             "--dtype", "float32", "--questions", tiny["questions"], "--categories", "qa", "--per-category", "3",

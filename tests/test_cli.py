@@ -7,7 +7,7 @@ import json
 import pytest
 
 from speculant import SpeculativeDecoder
-from speculant.cli import main
+from speculant.cli.commands import main
 
 from tiny import lora_adapter, tiny_llama, tiny_model_dir, tiny_qwen2
 

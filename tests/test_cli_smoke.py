@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from speculant.cli import main
+from speculant.cli.commands import main
 
 from tiny import tiny_llama, tiny_model_dir
 
@@ -333,7 +333,7 @@ def test_cli_training_command(case, argv, expect, paths, tmp_path, capsys, monke
 
 
 def test_every_command_is_in_the_grid():
-    from speculant.cli import build_parser
+    from speculant.cli.commands import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     covered = {argv[0] for _, argv, _ in CASES + TRAINING}

@@ -92,7 +92,7 @@ def test_corpus_filters_repeats_foreign_text_and_the_evaluation_set(tmp_path, mo
 
 
 def test_training_scores_only_the_answer_spans():
-    from speculant.eagle.train import _batch, _windows, answer_mask, answer_positions
+    from speculant.training.eagle_train import _batch, _windows, answer_mask, answer_positions
 
     ids = list(range(10, 30))
     rec = {"ids": ids, "prompt_len": 4, "spans": [[4, 8], [12, 15]]}
@@ -114,7 +114,7 @@ def test_training_scores_only_the_answer_spans():
 
 
 def test_the_target_token_target_is_the_soft_cross_entropy_to_the_targets_distribution():
-    from speculant.eagle.train import EagleTrainConfig, _loss
+    from speculant.training.eagle_train import EagleTrainConfig, _loss
 
     from test_eagle import eagle_for
     from tiny import tiny_llama
@@ -149,7 +149,7 @@ def test_train_drafter_from_conversations_to_decoding(tmp_path, monkeypatch, cap
     """train-drafter end to end on a tiny model (a Llama; a Qwen3 and a Gemma 3, whose drafters
     read other hidden states and RoPE): conversations, features, training, the bf16 drafter;
     decoding with it gives plain decoding's text; a second run resumes (nothing redone)."""
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     if family == "llama":
         target = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)

@@ -99,7 +99,7 @@ def test_corpus_says_when_its_prompts_run_out(tmp_path, monkeypatch, capsys):
     """A goal beyond what the families' prompts give: every prompt answered once, then the CLI
     says the goal was not reached (and why) instead of stopping silently short."""
     import speculant.training.corpus as corpus
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     monkeypatch.setattr(corpus, "corpus_families", lambda german, seed=0: {"chat": ["Say hi.", "Name a colour."]})
     model_dir = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)
@@ -111,7 +111,7 @@ def test_corpus_says_when_its_prompts_run_out(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_refuses_a_goal_of_nothing(tmp_path, capsys):
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     assert main(["make-corpus", "--out", str(tmp_path / "c"), "--tokens", "0"]) == 2
     assert "--tokens must be >= 1, got 0" in capsys.readouterr().err
@@ -121,7 +121,7 @@ def test_cli_refuses_a_goal_of_nothing(tmp_path, capsys):
 def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
     """make-corpus, then train-eagle on it, then generate --method eagle with the drafter: the
     same text as plain decoding."""
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     target = str(tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V))
     corpus, drafter = tmp_path / "corpus", tmp_path / "eagle"
@@ -169,7 +169,7 @@ def _drafter_accuracy(target: str, data, drafter, tmp_path, capsys) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from speculant.drafters.choice import held_out_accepts
+    from speculant.tuning.choice import held_out_accepts
     from speculant.heads import HeadsConfig, SequentialHeads, save_heads
 
     hf = AutoModelForCausalLM.from_pretrained(target)
@@ -181,7 +181,7 @@ def _drafter_accuracy(target: str, data, drafter, tmp_path, capsys) -> None:
             q.mul_(0.0).add_(0.1)
     save_heads(heads.eval(), tmp_path / "heads")
 
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     argv = ["drafter-accuracy", "--target", target, "--data", str(data), "--hydra", str(tmp_path / "heads"),
             "--eagle", str(drafter), "--held-out", "2", "--per-record", "4", "--depth", "3"]
@@ -214,8 +214,8 @@ def test_train_eagle_ranks_its_draft_vocabulary_on_the_records_it_trains_on(tmp_
     import torch
     from safetensors.torch import load_file
 
-    from speculant.cli import main
-    from speculant.eagle.train import split_records
+    from speculant.cli.commands import main
+    from speculant.training.eagle_train import split_records
 
     target = str(tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V))
     held = split_records(10, 2)[0]
@@ -239,8 +239,8 @@ def test_train_eagle_init_takes_a_draft_vocabulary_ranked_on_other_data(tmp_path
     import torch
     from safetensors.torch import load_file
 
-    from speculant.cli import main
-    from speculant.cli_training import _corpus_records
+    from speculant.cli.commands import main
+    from speculant.cli.training import _corpus_records
 
     target = str(tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V))
     records = [{"prompt": f"p{r}", "prompt_len": 4, "ids": [1, 2, 3, 4] + [5 + (r + j) % 12 for j in range(20)]}

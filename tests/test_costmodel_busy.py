@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-import speculant.costmodel as cm
+import speculant.tuning.costmodel as cm
 from speculant.backends.hf import HFBackend
-from speculant.costmodel import PassCost, pass_cost, runqueue_wait_s, waited_share
+from speculant.tuning.costmodel import PassCost, pass_cost, runqueue_wait_s, waited_share
 from tiny import tiny_llama
 
 needs_schedstat = pytest.mark.skipif(runqueue_wait_s() is None, reason="this kernel does not report schedstat")

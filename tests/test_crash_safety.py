@@ -13,7 +13,7 @@ import torch
 
 from crash_helpers import Child, visible
 from test_models import _write_tiny_gguf
-from speculant import models
+from speculant.store import models
 from speculant.errors import ModelLoadError
 
 # ---------------------------------------------------------------------------------- conversion
@@ -21,7 +21,7 @@ from speculant.errors import ModelLoadError
 CONVERT_AND_PAUSE = r"""
 import os, sys, time, torch
 from pathlib import Path
-from speculant import models
+from speculant.store import models
 gguf, point, ready = sys.argv[1:4]
 
 def pause():
@@ -99,7 +99,7 @@ RACE = r"""
 import hashlib, sys, time, torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer  # imported before the start signal
-from speculant import models
+from speculant.store import models
 gguf, ready, go, out = sys.argv[1:5]
 Path(ready).touch()
 deadline = time.monotonic() + 60
@@ -140,7 +140,7 @@ def test_two_processes_converting_the_same_model_at_once(tmp_path, gguf):
 @pytest.mark.parametrize("cut", ["half", "empty"])
 def test_damaged_weights_in_a_complete_conversion_are_named_and_converted_again(tmp_path, monkeypatch, capsys, gguf,
                                                                               cut):
-    from speculant.loading import load_native
+    from speculant.store.loading import load_native
 
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
     target = models.resolve(str(gguf), torch.float32)
@@ -275,9 +275,9 @@ GOOD = {"version": 3, "curves": {"other machine": {"rows": [1, 2], "ms": [1.0, 2
 ], ids=["truncated", "not json", "not utf-8", "list", "null", "string", "curves list", "entry text",
         "entry decreasing"])
 def test_damaged_pass_cost_file_is_named_and_measured_over(tmp_path, monkeypatch, capsys, content):
-    import speculant.costmodel as cm
+    import speculant.tuning.costmodel as cm
     from speculant.backends.hf import HFBackend
-    from speculant.costmodel import pass_cost
+    from speculant.tuning.costmodel import pass_cost
     from tiny import tiny_llama
 
     monkeypatch.setattr(cm, "BUSY_WAIT", float("inf"))  # cache the measurement even if other jobs hold the cores

@@ -13,7 +13,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.errors import ConfigError
-from speculant.tree import build_tree, chain
+from speculant.trees.buffers import build_tree, chain
 
 from helpers import decode_to_end
 from tiny import perturbed, tiny_llama, fixed_prompts

@@ -1,4 +1,4 @@
-"""Which shipped drafter "auto" decodes with (speculant.drafters.choice): the forecast's arithmetic,
+"""Which shipped drafter "auto" decodes with (speculant.tuning.choice): the forecast's arithmetic,
 the choice it makes either way, the accuracy file it reads, the drafting time it measures, and
 the decoder taking the forecast's method (and staying lossless) when both kinds ship."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculant.costmodel import PassCost
-from speculant.drafters.choice import (CacheSweep, Forecast, chain_accepts, choose_drafter, held_out_accepts,
+from speculant.tuning.costmodel import PassCost
+from speculant.tuning.choice import (CacheSweep, Forecast, chain_accepts, choose_drafter, held_out_accepts,
                                       last_level_cache_bytes, time_drafting, tree_accepts)
 from speculant.drafters.dynamic_tree import DynamicTree
 from speculant.eagle import EagleDrafter
@@ -71,7 +71,7 @@ def test_tree_accepts_agrees_with_the_greedy_chain_and_grows_with_the_tree():
     accuracy (eagle.train.depth_accuracy, measured independently); A never falls with more nodes
     and never exceeds min(d, m). (It may fall with depth at a fixed m: deeper nodes can displace
     a shallow one that was right.)"""
-    from speculant.eagle.train import answer_positions, depth_accuracy
+    from speculant.training.eagle_train import answer_positions, depth_accuracy
 
     from speculant.eagle import EagleCache
 
@@ -125,7 +125,7 @@ def test_the_cache_sweep_reads_twice_the_largest_cache():
 
 
 def test_the_largest_cache_is_read_from_sysfs_and_defaults_where_it_cannot_be(tmp_path, monkeypatch):
-    import speculant.drafters.choice as choice
+    import speculant.tuning.choice as choice
 
     for i, size in enumerate(("48K", "1024K", "32768K")):
         (tmp_path / f"index{i}").mkdir()
@@ -166,7 +166,7 @@ def _ship(monkeypatch, shipped, accuracy: dict | None):
     """Make speculant find ``shipped``'s heads and drafter for its target, with ``accuracy`` as the
     drafter's accuracy.json (None: no file)."""
     import speculant.heads
-    import speculant.loading
+    import speculant.store.loading
 
     f = shipped["eagle"] / "accuracy.json"
     f.unlink(missing_ok=True)
@@ -177,7 +177,7 @@ def _ship(monkeypatch, shipped, accuracy: dict | None):
         return shipped.get(kind) if name in (shipped["target"], Path(shipped["target"]).name) else None
 
     monkeypatch.setattr(speculant.heads, "shipped_heads", found)
-    monkeypatch.setattr(speculant.loading, "shipped_heads", found)
+    monkeypatch.setattr(speculant.store.loading, "shipped_heads", found)
 
 
 @pytest.mark.parametrize("accuracy, method", [

@@ -14,12 +14,12 @@ import torch
 from speculant.backends.base import HiddenNeed
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend, NativeModel
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
 from speculant.drafters.proposers import Stepwise
 from speculant.drafters.lookup import LookupDrafter
-from speculant.drafters.sizing import TreeSizer
+from speculant.tuning.sizing import TreeSizer
 from speculant.eagle import EagleCache, EagleConfig, EagleDrafter, EagleModel
 from speculant.eagle.drafter import EagleSteps
 from speculant.heads.attention import grouped_attention
@@ -281,7 +281,7 @@ def test_a_loaded_bf16_drafter_drafts_in_int4_and_decodes_as_plain_decoding(tmp_
     from speculant.api import SpeculativeDecoder
     from speculant.eagle.checkpoint import save_eagle
     from speculant.kernels import x86_kernels
-    from speculant.quant import Int4Linear
+    from speculant.runtime.quant import Int4Linear
     from tiny import tiny_llama, tiny_model_dir
 
     # hidden size 64: the kernel takes linears of a multiple of 64 inputs and of 16 outputs
@@ -313,7 +313,7 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     the loss and raise the held-out depth-1 accuracy; a second run over the same directory resumes
     from the last checkpoint; the saved drafter decodes exactly as plain decoding."""
     from speculant.eagle.checkpoint import load_eagle
-    from speculant.eagle.train import EagleTrainConfig, compute_features, features_cost, load_features, train_eagle
+    from speculant.training.eagle_train import EagleTrainConfig, compute_features, features_cost, load_features, train_eagle
 
     backend = HFBackend(target)
     g = torch.Generator().manual_seed(5)
@@ -358,7 +358,7 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
 def test_training_precision_auto_follows_the_cpus_bf16(monkeypatch):
     import speculant.kernels as kernels
     from speculant.errors import ConfigError
-    from speculant.eagle.train import EagleTrainConfig
+    from speculant.training.eagle_train import EagleTrainConfig
 
     for native, want in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(kernels, "cpu_has_avx512_bf16", lambda native=native: native)
@@ -371,7 +371,7 @@ def test_training_precision_auto_follows_the_cpus_bf16(monkeypatch):
 
 
 def test_held_out_records_are_spread_over_the_corpus():
-    from speculant.eagle.train import split_records, spread
+    from speculant.training.eagle_train import split_records, spread
 
     assert spread(4272, 16)[:3] == [133, 400, 667] and len(spread(4272, 16)) == 16
     assert spread(24, 4) == [3, 9, 15, 21]
@@ -387,7 +387,7 @@ def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):
     """Features are written in shards, each moved in place whole: a second run computes only the
     shards that are missing or were made for other records, and loading features made for other
     records is refused."""
-    from speculant.eagle.train import compute_features, load_features
+    from speculant.training.eagle_train import compute_features, load_features
 
     backend = HFBackend(target)
     g = torch.Generator().manual_seed(9)
@@ -427,7 +427,7 @@ def test_features_resume_by_shard_and_refuse_other_records(target, tmp_path):
 def test_features_in_batched_passes_equal_one_record_passes(target, tmp_path):
     """The native runtime's feature passes of several records at once give each record the same
     rows as a pass of its own (prompt rows long enough for the prefill kernels included)."""
-    from speculant.eagle.train import compute_features, load_features
+    from speculant.training.eagle_train import compute_features, load_features
 
     backend = NativeBackend(NativeModel.from_hf(target.to(torch.bfloat16)))
     g = torch.Generator().manual_seed(4)

@@ -234,7 +234,7 @@ def test_bad_inputs_are_refused_with_what_to_do(target, tmp_path):
 def test_cli_export_eagle(tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     target_dir = tiny_model_dir(tmp_path / "target", seed=0)
     lm = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()

@@ -150,7 +150,7 @@ def test_export_refuses_sequential_heads_and_a_used_directory(target, tmp_path):
 
 def test_cli_export_heads(tmp_path, capsys):
     from speculant import SpeculativeDecoder
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     model_dir = tiny_model_dir(tmp_path / "target", seed=0)
     lm = SpeculativeDecoder(str(model_dir), method="ar", dtype="float32").target.model

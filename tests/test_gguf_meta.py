@@ -1,4 +1,4 @@
-"""speculant.gguf_meta: a Gemma 2 GGUF's soft caps and query scale reach the converted config.
+"""speculant.store.gguf_meta: a Gemma 2 GGUF's soft caps and query scale reach the converted config.
 
 transformers' GGUF loader does not read them (its Gemma2Config keeps caps 50 / 30 and
 query_pre_attn_scalar 256), so the tiny GGUFs here use other values throughout: caps 40 / 20, a
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from speculant import gguf_meta, models
+from speculant.store import gguf_meta
+from speculant.store import models
 
 HIDDEN, HEADS, HEAD_DIM = 32, 2, 8
 
@@ -92,7 +93,7 @@ def test_gemma2_conversion_takes_the_caps_and_query_scale_of_its_gguf(tmp_path):
     assert (cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"]) == (40.0, 20.0)
     assert cfg["query_pre_attn_scalar"] == HEAD_DIM  # not Gemma2Config's 256
     assert json.loads((target / models.COMPLETE_MARKER).read_text())["config_fixes"] == gguf_meta.VERSION
-    from speculant.loading import load_native
+    from speculant.store.loading import load_native
 
     lm = load_native(str(g), "float32")  # warm: the native runtime runs the GGUF's caps and scale
     assert lm.path == target

@@ -352,7 +352,7 @@ def test_sequential_draft_vocabulary(tmp_path, target):
 def _coarse_kind():
     """The low-bit copy drafting shortlists through (int4: speculant's int4 kernel where it runs,
     else PyTorch's int4 matmul)."""
-    from speculant.quant import Int4Linear
+    from speculant.runtime.quant import Int4Linear
     return Int4Linear
 
 
@@ -420,7 +420,7 @@ def test_coarse_ranker_picks_int4_then_int8_and_keeps_the_exact_top():
     is padded, the padding never ranked), int8 for other widths, none for small vocabularies; either
     shortlist, re-ranked exactly, keeps the exact top-1."""
     from speculant.heads.projection import coarse_ranker, shortlist_topk
-    from speculant.quant import Int4Linear, Int8Linear
+    from speculant.runtime.quant import Int4Linear, Int8Linear
     torch.manual_seed(0)
     assert coarse_ranker(None) is None and coarse_ranker(torch.randn(512, 128)) is None
     for n, width, kind in ((2048, 128, Int4Linear), (2047, 128, Int4Linear), (2048, 96, Int8Linear)):
@@ -442,9 +442,9 @@ def test_bf16_heads_become_int4_where_bf16_matmuls_are_slow():
     they stay as they are."""
     from speculant.heads import SequentialHeads
     from speculant.kernels import x86_kernels
-    from speculant.loading import int4_heads
-    from speculant.packing import available
-    from speculant.quant import Int4Linear
+    from speculant.store.loading import int4_heads
+    from speculant.runtime.packing import available
+    from speculant.runtime.quant import Int4Linear
     torch.manual_seed(0)
     lm, emb = torch.nn.Linear(64, 512, bias=False), torch.nn.Embedding(512, 64)
     heads = SequentialHeads(HeadsConfig(2, 1, 64, 512, kind="sequential"), lm, emb)

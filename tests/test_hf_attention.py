@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from speculant import tune_allocator
 from speculant.backends.hf import HFBackend
 from speculant.backends.hf_attention import NAME, tree_sdpa_attention
-from speculant.tree import build_tree
+from speculant.trees.buffers import build_tree
 
 from tiny import tiny_qwen2
 

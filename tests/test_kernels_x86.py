@@ -200,7 +200,7 @@ def test_int4_linear_takes_the_x86_layout_and_its_rows_are_independent():
     from torch import nn
 
     from speculant.kernels import int4_isa
-    from speculant.quant import Int4Linear
+    from speculant.runtime.quant import Int4Linear
 
     torch.manual_seed(0)
     lin = nn.Linear(128, 48, bias=True).to(torch.bfloat16)

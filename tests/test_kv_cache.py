@@ -3,8 +3,8 @@
 import torch
 
 from speculant.backends.hf import HFBackend
-from speculant.kv_cache import KVCache
-from speculant.tree import build_tree
+from speculant.runtime.kv_cache import KVCache
+from speculant.trees.buffers import build_tree
 
 from tiny import tiny_llama
 

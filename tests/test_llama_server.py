@@ -21,7 +21,7 @@ def tokenizer():
     (metadata only: no 30-90 s conversion just for a tokenizer)."""
     from transformers import AutoTokenizer
 
-    from speculant.models import PRESETS, cache_dir, gguf_path
+    from speculant.store.models import PRESETS, cache_dir, gguf_path
 
     preset = PRESETS[TARGET]
     for cached in sorted((cache_dir() / "models").glob(f"{TARGET}-{preset.sha256[:12]}-*")):
@@ -38,7 +38,7 @@ def server():
 
 
 def _ids(tokenizer, text: str) -> torch.Tensor:
-    from speculant.models import chat_prompt
+    from speculant.store.models import chat_prompt
 
     return torch.tensor(tokenizer(chat_prompt(tokenizer, text), add_special_tokens=False).input_ids)
 

@@ -14,11 +14,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from speculant import SpeculativeDecoder
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.errors import ConfigError, ModelLoadError
 from speculant.heads import HeadsConfig, MedusaHeads, save_heads
 from speculant.kernels import x86_kernels
-from speculant.lora import merge_lora
+from speculant.store.lora import merge_lora
 
 from tiny import lora_adapter, tiny_llama, tiny_model_dir, word_tokenizer
 
@@ -70,7 +70,7 @@ def test_merged_logits_are_pefts_adapted_logits(tiny):
         got = dec.target_backend.forward(ids[0]).logits
         torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
     # a caller's model is merged on a private copy, never in place
-    from speculant.models import load
+    from speculant.store.models import load
 
     given = load(str(tiny["target"]), "float32")
     before = given.model.model.layers[0].self_attn.q_proj.weight.clone()
@@ -173,7 +173,7 @@ def test_medusa2_adapter_and_heads_from_the_command_line(tiny, tmp_path, capsys)
     """train-heads --mode medusa2 on a tiny model, then generate with its heads and --lora: every
     method's output is plain decoding of the adapted model; without --lora the heads come with a
     note that the adapter beside them is not applied."""
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     pattern = [5, 17, 9, 33, 42, 41, 12, 27, 50, 8, 19]  # no EOS (2)
     data = tmp_path / "data.jsonl"

@@ -19,7 +19,7 @@ from speculant.drafters.base import HiddenNeed, NoDrafter, ProposesAlone
 from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
-from speculant.tree import build_tree, chain
+from speculant.trees.buffers import build_tree, chain
 
 from helpers import decode_to_end
 from tiny import tiny_llama, fixed_prompts
@@ -652,7 +652,7 @@ def test_default_medusa_tree_is_sized_per_step_unless_the_budget_is_fixed(tmp_pa
     from speculant import SpeculativeDecoder
     from speculant.api import DEFAULT_MAX_ROWS
     from speculant.heads import SHIPPED_TREE_NAME, MedusaHeads, save_heads
-    from speculant.tree import build_tree
+    from speculant.trees.buffers import build_tree
     from tiny import tiny_model_dir
 
     lm = speculant.load(tiny_model_dir(tmp_path / "m"), "float32")

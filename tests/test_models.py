@@ -1,4 +1,4 @@
-"""speculant.models: specs (directory / .gguf / preset), the conversion cache, errors, vocab checks.
+"""speculant.store.models: specs (directory / .gguf / preset), the conversion cache, errors, vocab checks.
 
 The unit tests build everything offline: a tiny random Llama directory with a WordLevel
 tokenizer, and a tiny float32 GGUF written with the `gguf` package (split into fake "part
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from speculant import models
+from speculant.store import models
 from speculant.errors import ConfigError, ModelLoadError, VocabMismatchError
 
 # ---------------------------------------------------------------------------------- fixtures

@@ -24,8 +24,8 @@ from speculant.drafters.medusa import BlockwiseDrafter, MedusaDrafter
 from speculant.kernels import x86_kernels
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, MedusaHeads
-from speculant.quant import Int4Linear, Int8Linear
-from speculant.tree import build_tree, chain
+from speculant.runtime.quant import Int4Linear, Int8Linear
+from speculant.trees.buffers import build_tree, chain
 
 from helpers import assert_tree_pass_is_one_token_passes, decode_to_end
 from tiny import perturbed, tiny_llama, tiny_model_dir, tiny_qwen2, fixed_prompts
@@ -299,7 +299,7 @@ def test_unsupported_architecture_is_refused():
 
 @pytest.mark.real
 def test_real_smollm2_fp32_matches_hf():
-    from speculant.models import load
+    from speculant.store.models import load
 
     lm = load("smollm2-135m-instruct", "float32")
     hf, nat = HFBackend(lm.model), NativeBackend(lm.model)

@@ -16,7 +16,7 @@ from speculant.backends.rope import rope_for
 from speculant.drafters.base import NoDrafter
 from speculant.errors import ConfigError
 from speculant.kernels import x86_kernels
-from speculant.tree import build_tree
+from speculant.trees.buffers import build_tree
 
 from helpers import assert_tree_pass_is_one_token_passes, decode_to_end
 from tiny import fixed_prompts, perturbed, tiny_family

@@ -16,7 +16,7 @@ EOS = 151645  # Qwen2.5 <|im_end|>
 def prompts():
     from transformers import AutoTokenizer
 
-    import speculant.models as m
+    import speculant.store.models as m
 
     tok = AutoTokenizer.from_pretrained(str(m.resolve("qwen2.5-coder-1.5b-instruct")))
     texts = ["What is 2+2? Answer with just the number.",

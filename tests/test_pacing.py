@@ -11,15 +11,15 @@ import torch
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend
 from speculant.config import SamplingConfig
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import MedusaDrafter
-from speculant.drafters.pacing import Pacer
-from speculant.drafters.sizing import TreeSizer
+from speculant.tuning.pacing import Pacer
+from speculant.tuning.sizing import TreeSizer
 from speculant.heads import HeadsConfig, MedusaHeads
-from speculant.tree import build_tree, chain
+from speculant.trees.buffers import build_tree, chain
 
 from helpers import decode_to_end
 from tiny import fixed_prompts, perturbed, tiny_llama, tiny_model_dir

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from speculant import packing
+from speculant.runtime import packing
 from speculant.backends.base import HiddenNeed
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeModel
@@ -15,8 +15,8 @@ from speculant.config import SamplingConfig
 from speculant.kernels import cpu_kernels
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
-from speculant.packing import PackedLinear, is_packed, pack_linears, unpack_linears
-from speculant.tree import build_tree
+from speculant.runtime.packing import PackedLinear, is_packed, pack_linears, unpack_linears
+from speculant.trees.buffers import build_tree
 
 from helpers import decode_to_end
 from tiny import fixed_prompts, perturbed, tiny_qwen2

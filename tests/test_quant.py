@@ -9,8 +9,8 @@ from speculant.config import SamplingConfig
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.errors import ConfigError
-from speculant.quant import Int4Linear, Int8Linear, quantize_linears
-from speculant.tree import build_tree, chain
+from speculant.runtime.quant import Int4Linear, Int8Linear, quantize_linears
+from speculant.trees.buffers import build_tree, chain
 
 from helpers import decode_to_end
 from tiny import perturbed, tiny_llama
@@ -73,4 +73,4 @@ def test_concat_joins_layers_with_biases_into_one_call_of_the_same_bits():
         assert torch.equal(a, p)
         assert torch.equal(l(x), a)  # the layer itself, now a view of the joined weights
         assert l.qweight.data_ptr() >= joined.qweight.data_ptr()
-        assert l._bias32.data_ptr() >= joined._bias32.data_ptr() and l.bias is None
+        assert l.bias32.data_ptr() >= joined.bias32.data_ptr() and l.bias is None

@@ -13,7 +13,7 @@ from speculant.decoding import decode
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
-from speculant.tree import build_tree, chain
+from speculant.trees.buffers import build_tree, chain
 
 from tiny import perturbed, tiny_llama
 

@@ -16,16 +16,16 @@ import pytest
 import torch
 
 from speculant.config import AcceptanceConfig
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
 from speculant.drafters.lookup import LookupDrafter
-from speculant.drafters.sizing import TreeSizer
+from speculant.tuning.sizing import TreeSizer
 from speculant.drafters.static_tree import BlockwiseDrafter, StaticTreeDrafter
 from speculant.drafters.proposers import proposer_for
 from speculant.eagle import EagleConfig, EagleDrafter, EagleModel
 from speculant.heads import HeadsConfig, MedusaHeads, SequentialHeads
 from speculant.training.losses import medusa_loss, row_inputs
-from speculant.tree import build_tree
+from speculant.trees.buffers import build_tree
 
 from helpers import pit_batched, uniformity
 from tiny import tiny_llama

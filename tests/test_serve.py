@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from speculant import ConfigError, SpeculativeDecoder
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.heads import HeadsConfig, MedusaHeads, save_heads
 
 from serve_helpers import CHAT_TEMPLATE, RunningServer

@@ -177,7 +177,7 @@ def test_sigterm_lets_the_request_in_flight_finish(target):
 @pytest.mark.real
 @pytest.mark.slow
 def test_the_default_target_answers_a_chat_completion():
-    from speculant.cli import DEFAULT_TARGET
+    from speculant.cli.commands import DEFAULT_TARGET
 
     dec = SpeculativeDecoder(DEFAULT_TARGET)
     s = RunningServer(dec)

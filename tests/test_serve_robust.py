@@ -215,7 +215,7 @@ FAULTY_SERVE = textwrap.dedent("""
     from test_serve_robust import _faulty_take
 
     Scheduler._take = _faulty_take(Scheduler._take)
-    from speculant.cli import main
+    from speculant.cli.commands import main
     sys.exit(main(sys.argv[1:]))
 """)
 

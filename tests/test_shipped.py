@@ -1,4 +1,4 @@
-"""The shipped drafters are data, not code (speculant.shipped): the data root's manifest matches
+"""The shipped drafters are data, not code (speculant.store.shipped): the data root's manifest matches
 its files, the install step checks and copies them into the cache where the lookup finds them
 first, and with no drafters anywhere a preset's lookup says in one line where to get them and
 "auto" falls back to prompt lookup."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from speculant import shipped
+from speculant.store import shipped
 from speculant.errors import ConfigError
 from speculant.heads import shipped_heads
 from speculant.planning import choose_method

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from speculant.backends.hf import HFBackend
-from speculant.costmodel import PassCost, measure_pass_cost, pass_cost
+from speculant.tuning.costmodel import PassCost, measure_pass_cost, pass_cost
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import DynamicTree, MedusaDrafter
-from speculant.drafters.sizing import TreeSizer
+from speculant.tuning.sizing import TreeSizer
 from speculant.errors import ConfigError
 from speculant.heads import HeadsConfig, SequentialHeads
-from speculant.tree import build_tree
+from speculant.trees.buffers import build_tree
 
 from helpers import decode_to_end
 from test_medusa import H, V, plain, prompts, seq_heads_random, target  # noqa: F401 (fixtures)
@@ -85,7 +85,7 @@ def test_measure_pass_cost_on_a_tiny_model_leaves_the_cache_empty():
 
 
 def test_pass_cost_is_cached_per_key(tmp_path, monkeypatch):
-    import speculant.costmodel as cm
+    import speculant.tuning.costmodel as cm
 
     # cache every measurement even if other jobs hold the cores (the busy case: test_costmodel_busy.py)
     monkeypatch.setattr(cm, "BUSY_WAIT", float("inf"))
@@ -116,7 +116,7 @@ def test_machine_key_changes_with_the_kernels_sources(tmp_path, monkeypatch):
     import shutil
 
     import speculant.kernels as k
-    from speculant.costmodel import machine_key
+    from speculant.tuning.costmodel import machine_key
 
     machine_key("m", torch.bfloat16, "native")  # the kernels loaded (or built) from the real sources, once
     copy = tmp_path / "kernels"

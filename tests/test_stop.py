@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from speculant import ConfigError, SpeculativeDecoder
-from speculant.costmodel import PassCost
+from speculant.tuning.costmodel import PassCost
 from speculant.heads import HeadsConfig, MedusaHeads, save_heads
 from speculant.stopping import StopStrings, parse_stop
 

@@ -20,7 +20,7 @@ from speculant.training.accuracy import build_tree, head_topk_accuracy
 from speculant.training.data import distill, load_records, mixed_prompts, stdlib_prompts, wmt_prompts
 from speculant.training.losses import combined_loss, head_valid_counts, lm_loss, medusa_loss
 from speculant.training.train import train_heads
-from speculant.tree import normalize_paths
+from speculant.trees.buffers import normalize_paths
 
 from tiny import tiny_llama, tiny_model_dir
 

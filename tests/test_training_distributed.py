@@ -99,7 +99,7 @@ def setup(tmp_path_factory):
 def test_two_processes_follow_one_and_resume_after_stop_and_kill(setup, tmp_path, capsys):
     import psutil
 
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     d, model, data = setup
     # the reference: one process, global batch 64 rows, uninterrupted
@@ -162,7 +162,7 @@ def test_two_processes_follow_one_and_resume_after_stop_and_kill(setup, tmp_path
 
 def test_several_processes_refuse_to_distil(tmp_path, monkeypatch, capsys):
     """Each process would append the same answers to one file: a clear error before any work."""
-    from speculant.cli import main
+    from speculant.cli.commands import main
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train-heads", "--target", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 2

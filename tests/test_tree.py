@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from speculant.errors import ConfigError
-from speculant.tree import build_tree, chain, kconfig_paths, parse_tree_spec
+from speculant.trees.buffers import build_tree, chain, kconfig_paths, parse_tree_spec
 
 
 def test_mask_lets_each_node_see_exactly_its_ancestors():

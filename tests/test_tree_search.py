@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from speculant.errors import ConfigError
-from speculant.tree import build_tree, compile_paths, normalize_paths
-from speculant.tree_search import expected_length, greedy_tree
+from speculant.trees.buffers import build_tree, compile_paths, normalize_paths
+from speculant.trees.search import expected_length, greedy_tree
 
 
 def test_expected_length_by_hand():

@@ -52,7 +52,7 @@ def _eagle_dir(tmp_path, target_dir):
 
 def test_a_cut_eagle_drafter_keeps_its_weights_proposes_fewer_tokens_and_stays_lossless(tmp_path):
     from speculant.api import SpeculativeDecoder
-    from speculant.costmodel import PassCost
+    from speculant.tuning.costmodel import PassCost
     from tiny import tiny_model_dir
 
     target_dir = tiny_model_dir(tmp_path / "target")
@@ -134,8 +134,8 @@ def test_cutting_refuses_what_it_cannot_do(tmp_path):
 
 
 def test_the_cli_cuts_counting_only_the_training_records(tmp_path, capsys):
-    from speculant.cli import main
-    from speculant.eagle.train import split_records
+    from speculant.cli.commands import main
+    from speculant.training.eagle_train import split_records
     from tiny import tiny_model_dir
 
     target_dir = tiny_model_dir(tmp_path / "target")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from speculant.errors import ConfigError
-from speculant.shipped import check_data, install_drafters, installed_root, read_manifest, write_manifest
+from speculant.store.shipped import check_data, install_drafters, installed_root, read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1] / "data"
 

@@ -6,15 +6,20 @@
    through a subprocess (``speculant/bench/openvino_worker.py``).
 2. Both Qwen presets exported once to int4 OpenVINO IR from the project's own bf16 safetensors
    cache, at ``$SPECULANT_CACHE/peers/openvino-ir/<preset>-int4``, with the exact command, options
-   and versions in ``speculant_export.json`` beside the IR.
+   and versions in ``speculant_export.json`` beside the IR. ``--model SPEC`` (repeatable) exports
+   those models instead: any spec speculant loads (a preset, a .gguf file, a transformers
+   directory), to the directory the bench looks in (``speculant.bench.openvino.ir_dir``), e.g.
+   ``python tools/install_openvino.py --model target.gguf --model draft.gguf`` for
+   ``speculant bench --target target.gguf --draft draft.gguf``.
 
 Both steps are atomic: the venv counts as installed only once its marker (written last) matches
 the pins, and an export is written into a hidden temporary directory and renamed into place at
-the end. Run with the project's interpreter (it resolves the presets through ``speculant.models``).
+the end. Run with the project's interpreter (it resolves the presets through ``speculant.store.models``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -23,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from speculant.models import cache_dir, resolve
+from speculant.bench.openvino import ir_dir
+from speculant.store.models import cache_dir, resolve
 
 # the CPU wheel, installed FIRST and kept by a constraint: a bare `torch` could pull a CUDA build
 TORCH = "torch==2.13.0"
@@ -103,9 +109,12 @@ def ensure_venv(venv: Path) -> dict:
     return versions
 
 
-def ensure_ir(venv: Path, ir_root: Path, preset: str, versions: dict) -> Path:
-    out = ir_root / f"{preset}-int4"
-    src = resolve(preset, "bfloat16")  # the project's safetensors cache (converted once if needed)
+def ensure_ir(venv: Path, ir_root: Path, spec: str, versions: dict) -> Path:
+    """Export model ``spec`` (a preset, a .gguf file, a transformers directory) to ``ir_dir(spec)``,
+    which lies under ``ir_root``."""
+    out = ir_dir(spec)
+    assert out.parent == ir_root, (out, ir_root)
+    src = resolve(spec, "bfloat16")  # the project's safetensors cache (converted once if needed)
     recipe = {"source": str(src), "options": EXPORT_OPTIONS, "versions": versions}
     record = out / EXPORT_RECORD
     if record.is_file():
@@ -130,11 +139,11 @@ def ensure_ir(venv: Path, ir_root: Path, preset: str, versions: dict) -> Path:
     if rc != 0 or not (tmp / "openvino_model.xml").is_file():
         tail = (tmp / "export.log").read_text()[-3000:]
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SystemExit(f"install-openvino: export of {preset} failed (exit {rc}):\n{tail}")
+        raise SystemExit(f"install-openvino: export of {spec} failed (exit {rc}):\n{tail}")
     ov_config = json.loads((tmp / "openvino_config.json").read_text()) if (tmp / "openvino_config.json").is_file() else None
     (tmp / EXPORT_RECORD).write_text(json.dumps({
         **recipe,
-        "preset": preset,
+        "model": str(spec),
         "command": ["optimum-cli", "export", "openvino", "--model", str(src), *EXPORT_OPTIONS, str(out)],
         # nncf's own summary of the compression it applied (mode: % of parameters (layers))
         "weights": [" ".join(line.replace("│", " ").split()) for line in
@@ -149,16 +158,21 @@ def ensure_ir(venv: Path, ir_root: Path, preset: str, versions: dict) -> Path:
         out.rename(old)
         shutil.rmtree(old, ignore_errors=True)
     tmp.rename(out)
-    say(f"exported {preset} in {time.time() - t:.0f} s: {out}")
+    say(f"exported {spec} in {time.time() - t:.0f} s: {out}")
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", default=None, metavar="SPEC",
+                   help="export this model (a preset, a .gguf file, a transformers directory) instead of the "
+                        "Qwen presets; repeat for a target and its draft")
+    models = p.parse_args(argv).model or PRESETS
     peers = cache_dir() / "peers"
     venv = peers / "openvino-venv"
     versions = ensure_venv(venv)
-    for preset in PRESETS:
-        ensure_ir(venv, peers / "openvino-ir", preset, versions)
+    for spec in models:
+        ensure_ir(venv, peers / "openvino-ir", spec, versions)
     say("done")
 
 

@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from speculant.heads import load_heads
-    from speculant.models import load
+    from speculant.store.models import load
     from speculant.training.accuracy import head_topk_accuracy
     from speculant.training.data import load_records
-    from speculant.tree_search import expected_length, greedy_tree
+    from speculant.trees.search import expected_length, greedy_tree
 
     heads_dir = Path(args.heads_dir)
     config = heads_dir / "config.json"

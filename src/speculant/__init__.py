@@ -10,8 +10,8 @@
 from .api import Generation, GenerationResult, SpeculativeDecoder, TokenEvent, generate
 from .config import AcceptanceConfig, DecoderConfig, SamplingConfig
 from .errors import ConfigError, ModelLoadError, SpeculantError, VocabMismatchError
-from .models import load
-from .runtime import tune_allocator
+from .store.models import load
+from .runtime.process import tune_allocator
 
 __all__ = ["load", "generate", "SpeculativeDecoder", "DecoderConfig", "Generation", "GenerationResult", "TokenEvent",
            "SamplingConfig", "AcceptanceConfig", "SpeculantError", "ConfigError", "ModelLoadError", "VocabMismatchError",

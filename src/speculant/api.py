@@ -1,7 +1,7 @@
 """The public Python API: SpeculativeDecoder.generate / .stream over the decoding loop.
 
 A decoder is built in named stages from a validated, frozen :class:`~speculant.config.DecoderConfig`:
-choose the runtime (``defaults.resolve_runtime``), load the target and draft on it (``loading``),
+choose the runtime (``defaults.resolve_runtime``), load the target and draft on it (``store.loading``),
 then let the planner decide the rest once the target runs (``planning.plan``: the method, the
 heads, the tree and the pass cost it is sized against, and why), then warm the heads up. Every generation gets a fresh
 drafter from ``drafters.factory.build_drafter``.
@@ -26,13 +26,13 @@ from .decoding import SequenceRun, Stats, decode
 from .defaults import resolve_runtime
 from .drafters.base import Drafter
 from .drafters.factory import DraftParts, build_drafter, warm_up_heads
-from .drafters.pacing import Pacer
+from .tuning.pacing import Pacer
 from .errors import ConfigError
-from .loading import auto_draft_quant, load_native  # noqa: F401 (re-exported)
-from .loading import load_draft, load_target
-from .lora import adapter_note
+from .store.loading import auto_draft_quant, load_native  # noqa: F401 (re-exported)
+from .store.loading import load_draft, load_target
+from .store.lora import adapter_note
 from .planning import Plan, plan  # noqa: F401 (Plan re-exported)
-from .models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
+from .store.models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
 from .text_check import check_text

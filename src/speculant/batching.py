@@ -19,14 +19,14 @@ member's rows attend to its own cache under its own mask, so no member is padded
 tree and each gets bit for bit what it would get decoded alone. The transformers runtime verifies
 the members one after another (same results, no shared pass).
 
-Pacing across the batch: alone, a sequence's pacer (``drafters.pacing``) drafts only while its
+Pacing across the batch: alone, a sequence's pacer (``tuning.pacing``) drafts only while its
 drafting steps yield more tokens per millisecond than its plain ones. In a batch one member's
 extra rows and drafting time slow every member's step, so while several members step together
-(and all pace) the batch's own :class:`~speculant.drafters.pacing.Pacer` makes that choice for
+(and all pace) the batch's own :class:`~speculant.tuning.pacing.Pacer` makes that choice for
 all of them, on the whole batch's tokens per millisecond of step (steps carrying a prefill are not
 counted).
 
-Tree sizing across the batch: a member's sizer (``drafters.sizing.TreeSizer``) is told how many
+Tree sizing across the batch: a member's sizer (``tuning.sizing.TreeSizer``) is told how many
 rows the other members put in the pass and how many tokens they are expected to yield, and sizes
 its own tree for the most tokens per millisecond of the whole pass: the more members, the more
 each extra row costs them all, the smaller each tree (never less than the root).
@@ -41,7 +41,7 @@ from typing import Any, Callable, Hashable
 from .backends.base import Backend, ForwardRequest, forward_batch
 from .decoding import SequenceRun, Step
 from .drafters.base import Draft, Job, PassPlan
-from .drafters.pacing import Pacer
+from .tuning.pacing import Pacer
 
 __all__ = ["Batch", "Member"]
 

@@ -34,7 +34,7 @@ DEFAULT_EAGLE_TREE = "dynamic"
 # hydra's dynamic tree the heads get DEFAULT_TREE_ROWS - N nodes. Why 16 rows: docs/design-notes.md#tree-rows
 DEFAULT_TREE_ROWS = 15
 # tree_budget="auto" (the default for dynamic trees): every step's tree is sized against the measured
-# cost of a pass by rows (costmodel.py, drafters/sizing.py), up to this many rows
+# cost of a pass by rows (tuning/costmodel.py, tuning/sizing.py), up to this many rows
 DEFAULT_MAX_ROWS = 32
 MAX_GAMMA = 64  # the longest draft chain (sd, lookup, bpd) a step may verify
 # medusa's default with tree_budget="auto": a dynamic tree as deep as the heads go, sized per step, at
@@ -197,11 +197,11 @@ class DecoderConfig:
     target_quant: "auto", "none", "int8", "int4" (native only); changes the output to the
     quantized model's. quant_head: quantize the output layer too (None: with the target).
     tree_budget: dynamic trees and lookup: "auto" sizes every step's tree against this machine's
-    measured pass cost (at most DEFAULT_MAX_ROWS rows), a ``costmodel.PassCost`` against a given
+    measured pass cost (at most DEFAULT_MAX_ROWS rows), a ``tuning.costmodel.PassCost`` against a given
     curve, "fixed" always verifies the tree's full size.
-    pacing: verify the root alone while drafting does not pay (``drafters.pacing.Pacer``).
+    pacing: verify the root alone while drafting does not pay (``tuning.pacing.Pacer``).
     lora: a peft LoRA adapter directory (e.g. Medusa-2's ``OUT/lora_adapter``) merged into the
-    target's weights as it loads, before any quantization (``speculant.lora``): the adapted model
+    target's weights as it loads, before any quantization (``speculant.store.lora``): the adapted model
     is the one decoded, losslessly. Heads never bring their adapter along; pass it here.
 
     "auto" values are resolved per machine and model: the runtime by ``defaults.resolve_runtime``
@@ -229,8 +229,8 @@ class DecoderConfig:
     lora: Any = None
 
     def __post_init__(self) -> None:
-        from .costmodel import PassCost
-        from .quant import QUANT_MODES
+        from .tuning.costmodel import PassCost
+        from .runtime.quant import QUANT_MODES
 
         _choice("method", self.method, METHODS)
         _choice("backend", self.backend, BACKENDS)
@@ -261,7 +261,7 @@ class DecoderConfig:
         self._check_tree()
         object.__setattr__(self, "acceptance", parse_acceptance(self.acceptance))
         if self.lora is not None:
-            from .lora import check_adapter_dir
+            from .store.lora import check_adapter_dir
 
             check_adapter_dir(self.lora)  # a directory without a LoRA adapter fails before any model loads
 
@@ -285,7 +285,7 @@ class DecoderConfig:
 
             DynamicTree.parse(self.tree)
         else:
-            from .tree import build_tree
+            from .trees.buffers import build_tree
 
             build_tree(self.tree)
 

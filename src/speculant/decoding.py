@@ -22,9 +22,9 @@ from .acceptance import accept_tree
 from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan
-from .drafters.pacing import Pacer
+from .tuning.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
-from .tree import chain
+from .trees.buffers import chain
 
 __all__ = ["DecodeState", "SequenceRun", "Stats", "Step", "StopRule", "decode"]
 
@@ -267,7 +267,7 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -
     (``SequenceRun``'s): max_new_tokens, sampling, eos_token_ids, max_length, replacement,
     generator, vocab_size; ``acceptance``: an approximate rule (off by default: None or exact is
     lossless); ``embedding`` (V, H) for the distance rule; ``pacer``: decides step by step whether
-    drafting pays (else the step verifies the root alone; ``drafters.pacing``).
+    drafting pays (else the step verifies the root alone; ``tuning.pacing``).
 
     One driver runs every generation: this is a ``batching.Batch`` of one sequence."""
     from .batching import Batch  # batching builds on SequenceRun

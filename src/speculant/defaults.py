@@ -35,7 +35,7 @@ class Runtime:
 
 def _config(target) -> dict:
     """The model config (as a dict) of a spec or LoadedModel, without loading weights; {} if unknown."""
-    from .models import LoadedModel, resolve
+    from .store.models import LoadedModel, resolve
 
     if isinstance(target, LoadedModel):
         cfg = target.model.config
@@ -70,7 +70,7 @@ def int4_kernel_name() -> str | None:
 def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "auto",
                    quant_head: bool | None = None) -> Runtime:
     """Resolve "auto" backend / target quantization / output-layer quantization for ``target``."""
-    from .models import LoadedModel, parse_dtype
+    from .store.models import LoadedModel, parse_dtype
 
     dtype = target.dtype if isinstance(target, LoadedModel) else parse_dtype(dtype)  # a loaded model's own
     cfg = _config(target) if backend == "auto" or target_quant == "auto" else {}

@@ -11,9 +11,9 @@ method    with a draft model: ``sd``; with heads shipped for the target: ``hydra
           8-token prompt-lookup branch, its tree sized at every step against this machine's
           measured pass cost; where an EAGLE drafter ships beside the heads (with held-out
           accuracies for both), ``eagle`` instead if the cost model forecasts it faster on this
-          CPU (:func:`compare_shipped_drafters`, ``drafters.choice``); otherwise prompt
+          CPU (:func:`compare_shipped_drafters`, ``tuning.choice``); otherwise prompt
           ``lookup``, its chain sized the same way. Every drafting method runs under a
-          ``drafters.pacing.Pacer``, which verifies the root alone while drafting does not pay.
+          ``tuning.pacing.Pacer``, which verifies the root alone while drafting does not pay.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from .config import DEFAULT_LOOKUP_BRANCH, NEEDS_HEADS, DecoderConfig
-from .costmodel import PassCost
+from .tuning.costmodel import PassCost
 from .defaults import Runtime
 
 __all__ = ["AUTO_LOOKUP_BRANCH", "AUTO_LOOKUP_GAMMA", "DEFAULT_GAMMA", "MethodChoice", "Plan", "choose_method",
@@ -94,16 +94,16 @@ def choose_method(method: str, target_name: str, has_draft: bool, lookup_branch:
 
 def compare_shipped_drafters(config: DecoderConfig, target, backend, price: Callable[[], PassCost]):
     """For a config that took ``hydra`` because its heads ship for the target: where an EAGLE
-    drafter ships too, with held-out accuracies for both (``drafters.choice``), the drafter the
+    drafter ships too, with held-out accuracies for both (``tuning.choice``), the drafter the
     cost model forecasts faster here. ``target``: the LoadedModel; ``backend``: its Backend;
     ``price()``: its PassCost, asked for only when there is a choice to make. Returns (method,
     reason, that drafter loaded, the PassCost), or None when there is nothing to compare."""
     from .config import SamplingConfig
-    from .drafters.choice import CacheSweep, Forecast, choose_drafter, held_out_accepts, time_drafting
+    from .tuning.choice import CacheSweep, Forecast, choose_drafter, held_out_accepts, time_drafting
     from .drafters.factory import DraftParts, build_drafter, plan_tree, warm_up_heads
     from .drafters.proposers import draft_depth
     from .heads import shipped_heads
-    from .loading import load_decoder_heads
+    from .store.loading import load_decoder_heads
 
     eagle = shipped_heads(target.name, "eagle")
     if config.method != "hydra" or config.heads is not None or eagle is None or not (
@@ -137,7 +137,7 @@ def plan(config: DecoderConfig, runtime: Runtime, target, backend) -> Plan:
     method reads and measures (or reads the cached) pass cost a sized tree needs."""
     from .drafters.factory import build_sizer, plan_tree, target_pass_cost
     from .drafters.proposers import draft_depth
-    from .loading import find_heads, load_decoder_heads
+    from .store.loading import find_heads, load_decoder_heads
 
     reasons = [runtime.why]
     if config.lora is not None:

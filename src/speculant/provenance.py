@@ -101,7 +101,7 @@ def command_line(argv: list[str] | None = None) -> str:
     """The command that ran: ``speculant`` and ``argv`` (default: this process's arguments; a
     module run as a script keeps its own path)."""
     if argv is None:
-        if Path(sys.argv[0]).name not in ("speculant", "cli.py", "__main__.py"):
+        if Path(sys.argv[0]).name not in ("speculant", "cli.py", "commands.py", "__main__.py"):
             return shlex.join(["python", *sys.argv])
         argv = sys.argv[1:]
     return shlex.join(["speculant", *argv])

@@ -24,7 +24,7 @@ from ..config import AcceptanceConfig, SamplingConfig
 from ..drafters.base import Draft
 from ..errors import ConfigError
 from ..sampling import logits_to_probs, sample
-from ..tree import TreeBuffers
+from ..trees.buffers import TreeBuffers
 from .approx import best_path, distance_accept, topk_accept, typical_accept
 from .exact import mcss
 

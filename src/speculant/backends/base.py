@@ -50,7 +50,7 @@ class KVCacheLike(Protocol):
 
 
 class CacheBacked:
-    """The cache half of the protocol for a backend whose ``self.cache`` (``kv_cache.KVCache`` or
+    """The cache half of the protocol for a backend whose ``self.cache`` (``runtime.kv_cache.KVCache`` or
     ``native_cache.StaticKVCache``) has ``length``, ``rollback`` and ``compact``."""
 
     cache: KVCacheLike

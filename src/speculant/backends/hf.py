@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from ..kv_cache import KVCache
-from ..packing import pack_linears
+from ..runtime.kv_cache import KVCache
+from ..runtime.packing import pack_linears
 from .base import CacheBacked, ForwardOut, HiddenNeed
 from .hf_attention import use_tree_attention
 from .native_arch import attention_windows
@@ -19,8 +19,8 @@ class HFBackend(CacheBacked):
     the rows whose logits are needed (a prompt's prefill needs one row, not T × V). A model on
     ``sdpa`` attention is switched to :mod:`.hf_attention`'s grouped-query form of it (same
     results, no copy of the KV heads in a tree pass). ``pack``: a bf16 model's linear layers are
-    swapped for :class:`~speculant.packing.PackedLinear` (same results, faster on CPU; in place —
-    :func:`~speculant.packing.unpack_linears` undoes it).
+    swapped for :class:`~speculant.runtime.packing.PackedLinear` (same results, faster on CPU; in place —
+    :func:`~speculant.runtime.packing.unpack_linears` undoes it).
     """
 
     def __init__(self, model: torch.nn.Module, name: str = "hf", pack: bool = True):

@@ -3,7 +3,7 @@
     kv: (layers, 2, H_kv, capacity, D)      index 0 = keys, 1 = values
     length: int                              entries 0 .. length-1 are valid
 
-Same semantics as ``kv_cache.KVCache`` (the transformers backend's cache):
+Same semantics as ``runtime.kv_cache.KVCache`` (the transformers backend's cache):
 
     cache.length == 10                 committed context
     write 5 tree nodes                 length -> 15 (entries 10..14 are the tree)

@@ -3,7 +3,7 @@
 ``NativeModel`` holds the weights and architecture constants: ``from_hf`` shares the tensors of a
 loaded transformers model (no copy), ``from_dir`` reads a transformers safetensors directory tensor
 by tensor (quantizing as it goes, so a quantized model never has its dense weights resident all at
-once). Quantized linears are ``speculant.quant`` Int8Linear / Int4Linear; where q/k/v (and
+once). Quantized linears are ``speculant.runtime.quant`` Int8Linear / Int4Linear; where q/k/v (and
 gate/up) are int4 layers of speculant's kernels they are also joined into one layer each.
 """
 
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
-from ..packing import unpack_linears
-from ..quant import QUANT_MODES, Int4Linear, joined, quantize_linear
+from ..runtime.packing import unpack_linears
+from ..runtime.quant import QUANT_MODES, Int4Linear, joined, quantize_linear
 from .native_arch import SUPPORTED, Arch, arch_for, layer_plan  # noqa: F401 (SUPPORTED re-exported)
 
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -245,7 +245,7 @@ class NativeModel(nn.Module):
         kind = _int4_layout(group_size) if quant == "int4" and not keep_dense else None
         if kind is None:
             return cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
-        from ..runtime import file_lock, release_memory
+        from ..runtime.process import file_lock, release_memory
         from .native_store import load_store, remove_partial_saves, save_store, store_path
 
         store = store_path(path, [path / f for f in files], quant_head, kind, group_size)
@@ -278,7 +278,7 @@ class NativeModel(nn.Module):
         """from_dir's reading and quantizing, tensor by tensor."""
         from safetensors import safe_open
 
-        from ..runtime import release_memory
+        from ..runtime.process import release_memory
 
         def get(name: str, copy: bool = True) -> torch.Tensor:
             if name not in where:

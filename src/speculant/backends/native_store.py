@@ -36,7 +36,7 @@ _DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "U8": torch.uint8, "F16
 
 def store_path(source: Path, files: list[Path], quant_head: bool, kind: str, group: int) -> Path:
     """Where the int4 form of the model in ``source`` (its weight ``files``) is kept."""
-    from ..models import cache_dir
+    from ..store.models import cache_dir
 
     ident = "|".join([str(source.resolve())] + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files])
     digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
@@ -57,8 +57,8 @@ def save_store(model, path: Path, kind: str, group: int, quant_head: bool) -> No
                             ("down_proj", blk.down_proj)):
             t[f"layers.{i}.{name}.qweight"] = layer.qweight.contiguous()
             t[f"layers.{i}.{name}.scales"] = layer.scales_zeros.contiguous()
-            if layer._bias32.numel():
-                t[f"layers.{i}.{name}.bias"] = layer._bias32.contiguous()
+            if layer.bias32.numel():
+                t[f"layers.{i}.{name}.bias"] = layer.bias32.contiguous()
     head = model.lm_head
     tied = getattr(head, "weight", None) is not None and head.weight.data_ptr() == model.embed.data_ptr()
     if quant_head:
@@ -123,7 +123,7 @@ def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bo
     that cannot be read (e.g. truncated) is named on standard error, unless ``quiet``."""
     from safetensors import safe_open
 
-    from ..quant import Int4Linear
+    from ..runtime.quant import Int4Linear
     from .native_model import NativeBlock, NativeModel
 
     if not path.is_file():

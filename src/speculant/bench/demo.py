@@ -10,7 +10,7 @@ from ..api import SpeculativeDecoder, load_native
 from ..config import DEFAULT_LOOKUP_BRANCH
 from ..defaults import choose_runtime
 from ..errors import ConfigError
-from ..models import load
+from ..store.models import load
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 

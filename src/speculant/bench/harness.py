@@ -13,13 +13,19 @@ configuration of its kind:
 - ``llama-server``, ``llama-server+draft``, ``llama-server+ngram``, ``+ngram-mod``, ``+ngram-map-k``:
   llama.cpp's server on the target's GGUF: plain, the draft's GGUF as draft model (3 tokens), its
   n-gram lookups (``bench.llama_server``; needs ``make install-llama-server``);
-- ``openvino``, ``openvino+lookup``, ``openvino+draft``: OpenVINO GenAI on int4 IR of the Qwen
-  presets: plain, prompt lookup (3 tokens), the 0.5B draft (3 tokens) (``bench.openvino``; needs
-  ``make install-openvino``; target ``qwen2.5-coder-1.5b-instruct`` only).
+- ``openvino``, ``openvino+lookup``, ``openvino+draft``: OpenVINO GenAI on the int4 IR of the
+  target: plain, prompt lookup (3 tokens), the draft's IR (3 tokens) (``bench.openvino``; needs
+  ``make install-openvino``, which exports the Qwen presets; another model once with
+  ``tools/install_openvino.py --model SPEC``).
 
-A peer whose runtime is not installed, or that cannot run this target, is skipped with a message
-and the rest of the bench runs. Peers are started once per bench (only those asked for), warmed
-up like every row (one short generation), and stopped at the end, also on an error or Ctrl-C.
+Any pair runs (``--target X --draft Y``): the peers get the same GGUF files or the IR exported from
+them (``bench.pair.plan_peers``). Before any model loads, a spec that names nothing, and for the
+rows that draft (``bench.pair.DRAFT_ROWS``) a draft of another vocabulary or larger than the
+target, is a one-line error (``bench.pair``). A peer whose runtime is not installed, or that cannot
+run this pair (a transformers directory has no GGUF for llama-server; no IR was exported; no
+``--draft``), is skipped with a message and the rest of the bench runs. Peers are started once
+per bench (only those asked for), warmed up like every row (one short generation), and stopped at
+the end, also on an error or Ctrl-C.
 The summary's keys and the tables' columns are described in ``bench.report``.
 
 EOS: runtimes differ in whether their output lists the end-of-sequence token they stopped at.
@@ -51,18 +57,17 @@ from ..config import DEFAULT_LOOKUP_BRANCH, SamplingConfig
 from ..defaults import choose_runtime
 from ..eagle.checkpoint import is_eagle_dir
 from ..errors import ConfigError
-from ..loading import load_adapted
+from ..store.loading import load_adapted
 from ..provenance import (CAPPING_ENV, CPU_FLAGS, command_line, git_info, machine_info,  # noqa: F401 (re-exported)
                           provenance, provenance_warning)
-from ..lora import check_adapter_dir
-from ..models import chat_prompt, check_vocab_compatible, load
+from ..store.lora import check_adapter_dir
+from ..store.models import chat_prompt, check_vocab_compatible, load
 from ..output_paths import check_output_file
 from .llama_server import LlamaServer, llama_server_unavailable
 from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401
                       read_tree, split_method, tree_budget_of)
-from .openvino import DRAFT_PRESET as OPENVINO_DRAFT
-from .openvino import TARGET_PRESET as OPENVINO_TARGET
-from .openvino import OpenVINOPeer, ir_dir, openvino_unavailable
+from .openvino import OpenVINOPeer, openvino_unavailable
+from .pair import check_pair, check_spec, no_draft, plan_peers, uses_draft
 from .quality import sampled_nll
 from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401
                      summarize)
@@ -73,7 +78,7 @@ from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, qu
 @dataclass(frozen=True)
 class BenchConfig:
     target: str
-    draft: str
+    draft: str | None = None  # None: the rows that draft (bench.pair.DRAFT_ROWS) are skipped
     methods: tuple[str, ...] = ("ar", "sd", "mcsd", "lookup", "hf-assisted")
     per_category: int = 1
     max_new_tokens: int = 128
@@ -96,7 +101,7 @@ class BenchConfig:
     json_out: str | None = None
     temperature: float = 0.0  # > 0: every row samples (prompt i with seed seed + i); the peers run greedy only
     seed: int = 0
-    lora: str | None = None  # a LoRA adapter merged into the target (speculant.lora); the peers are skipped
+    lora: str | None = None  # a LoRA adapter merged into the target (speculant.store.lora); the peers are skipped
 
     def __post_init__(self):
         for m in self.methods:
@@ -212,14 +217,8 @@ def _peer_unavailable(m: str, cfg: BenchConfig) -> str | None:
                 "with each other (run the peers without --temperature)")
     if m in LLAMA_SERVER:
         return llama_server_unavailable()
-    if m in OPENVINO:
-        if why := openvino_unavailable(draft=m == "openvino+draft"):
-            return why
-        if cfg.target != OPENVINO_TARGET:
-            return (f"the openvino rows run OpenVINO's int4 IR of {OPENVINO_TARGET} only, not the "
-                    f"bench's target {cfg.target!r}")
-        if m == "openvino+draft" and cfg.draft != OPENVINO_DRAFT:
-            return f"openvino+draft drafts with the int4 IR of {OPENVINO_DRAFT} only, not {cfg.draft!r}"
+    if m in OPENVINO:  # the venv, and the IR exported for this target (and draft)
+        return openvino_unavailable(draft=m == "openvino+draft", target=cfg.target, draft_model=cfg.draft)
     return None
 
 
@@ -237,9 +236,9 @@ def _llama_server_version(binary: Path) -> str | None:
     return "; ".join(lines) or None
 
 
-def _export_info(preset: str) -> dict | None:
+def _export_info(ir: Path) -> dict | None:
     try:
-        return json.loads((ir_dir(preset) / "speculant_export.json").read_text())
+        return json.loads((ir / "speculant_export.json").read_text())
     except (OSError, ValueError):
         return None
 
@@ -255,10 +254,10 @@ def peer_details(m: str, runner, cfg: BenchConfig) -> dict:
                 "threads": runner.n_threads, "n_ctx": runner.n_ctx, "args": runner.args(runner.port or 0)[1:]}
     if isinstance(runner, OpenVINOPeer):
         d = {"runtime": "openvino-genai", "config": runner.config, "exact": runner.exact, "threads": runner.threads,
-             "target_ir": str(ir_dir(OPENVINO_TARGET)), "target_export": _export_info(OPENVINO_TARGET),
+             "target_ir": str(runner.target), "target_export": _export_info(runner.target),
              "worker": runner.info}  # versions, precision properties in effect, the CPU plugin's defaults, eos
         if runner.config == "draft":
-            d.update(draft_ir=str(ir_dir(OPENVINO_DRAFT)), draft_export=_export_info(OPENVINO_DRAFT),
+            d.update(draft_ir=str(runner.draft), draft_export=_export_info(runner.draft),
                      num_assistant_tokens=OPENVINO_SPEC_TOKENS)
         elif runner.config == "lookup":
             d.update(num_assistant_tokens=OPENVINO_SPEC_TOKENS, max_ngram_size=OPENVINO_NGRAM)
@@ -288,18 +287,31 @@ def run_bench(cfg: BenchConfig, command: str | None = None) -> dict:
         skipped[m] = why
         methods.remove(m)
 
+    # the pair, before any model loads: a spec that names nothing, and for the rows that draft a
+    # draft of another vocabulary or larger than the target, is a one-line error
+    check_spec(cfg.target, "--target")
+    if cfg.draft is not None:
+        check_spec(cfg.draft, "--draft")
     for m in list(methods):
-        if why := _peer_unavailable(m, cfg):
+        if uses_draft(m) and cfg.draft is None:
+            skip(m, no_draft(cfg.target))
+        elif why := _peer_unavailable(m, cfg):
             skip(m, why)
+    if any(uses_draft(m) for m in methods):
+        check_pair(cfg.target, cfg.draft)
+    files = plan_peers([m for m in methods if is_peer(m)], cfg.target, cfg.draft)
+    for m, planned in files.items():
+        if planned.skip:
+            skip(m, planned.skip)
     peers: dict[str, object] = {}  # every peer started here is closed at the end, whatever happens
     try:
         for m in list(methods):  # llama-server: checked here, started at its warm-up
             if m in LLAMA_SERVER:
                 try:
-                    peers[m] = LlamaServer(LLAMA_SERVER[m], target=cfg.target, draft=cfg.draft)
-                except ConfigError as e:  # no GGUF behind the target or draft
+                    peers[m] = LlamaServer(LLAMA_SERVER[m], target=files[m].target, draft=files[m].draft)
+                except ConfigError as e:
                     skip(m, str(e))
-        return _run(cfg, methods, peers, skipped, console, date, command, git_info())
+        return _run(cfg, methods, peers, files, skipped, console, date, command, git_info())
     finally:
         for p in peers.values():
             try:
@@ -308,12 +320,13 @@ def run_bench(cfg: BenchConfig, command: str | None = None) -> dict:
                 console.print(f"[red]closing a peer failed: {type(e).__name__}: {e}[/red]")
 
 
-def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, console, date: str,
+def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped: dict, console, date: str,
          command: str | None, cfg_source: dict) -> dict:
-    """The bench's run proper; ``cfg_source``: :func:`git_info` when the run started."""
+    """The bench's run proper; ``files``: :func:`plan_peers`'s; ``cfg_source``: :func:`git_info`
+    when the run started."""
     from rich.console import Console
 
-    needs_draft = any(m in ("sd", "mcsd", "hf-assisted") for m in methods)
+    needs_draft = any(split_method(m)[0] in ("sd", "mcsd", "hf-assisted") for m in methods)  # speculant loads it
     rt = choose_runtime(cfg.target, cfg.dtype, cfg.backend, cfg.target_quant, cfg.quant_head)
     cfg = dataclasses.replace(cfg, backend=rt.backend, target_quant=rt.target_quant, quant_head=rt.quant_head)
     console.print(f"speculant bench: {rt.why}")
@@ -354,7 +367,7 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
             runners[m] = HFAssisted(target, draft)
         elif m in OPENVINO:  # the worker loads the model now; the warm-up compiles it
             peers[m] = OpenVINOPeer(OPENVINO[m], eos_token_ids=eos_ids, num_assistant_tokens=OPENVINO_SPEC_TOKENS,
-                                    max_ngram_size=OPENVINO_NGRAM)
+                                    max_ngram_size=OPENVINO_NGRAM, target=files[m].target, draft=files[m].draft)
         if m in peers:
             runners[m] = peers[m]
     questions = select(load_questions(cfg.questions), cfg.per_category, cfg.categories)
@@ -394,7 +407,8 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, skipped: dict, conso
     quant = f", target {cfg.target_quant}" if cfg.target_quant != "none" else ""
     quant += f", LoRA {cfg.lora} merged" if cfg.lora is not None else ""
     decoding = "greedy" if cfg.temperature == 0 else f"temperature {cfg.temperature:g} (seed {cfg.seed} + prompt)"
-    print_summary(summary, f"speculant bench: {cfg.target} (draft {cfg.draft}), {cfg.dtype}, {cfg.backend} backend"
+    drafted = f" (draft {cfg.draft})" if cfg.draft is not None else ""
+    print_summary(summary, f"speculant bench: {cfg.target}{drafted}, {cfg.dtype}, {cfg.backend} backend"
                            f"{quant}, {decoding}, {len(questions)} prompts x {cfg.max_new_tokens} new tokens")
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     others = " (the peers' own processes not included)" if peers else ""

@@ -5,7 +5,8 @@ decoding of its own. Five configurations (``CONFIGS``), each one server process:
 
 - ``plain``: plain greedy decoding;
 - ``draft``: ``--spec-type draft-simple -md DRAFT.gguf --spec-draft-n-max 3`` (draft model: the
-  0.5B Qwen preset's GGUF; 3 drafted tokens was its fastest setting here, see MODELS.md);
+  bench's draft's GGUF, by default the 0.5B Qwen preset's; 3 drafted tokens was its fastest
+  setting here, see MODELS.md);
 - ``ngram``: ``--spec-type ngram-simple`` (n-gram lookup in the context, no draft model);
 - ``ngram-mod``: ``--spec-type ngram-mod`` (llama.cpp's n-gram lookup over a rolling hash of the
   context; 12% faster than ``ngram-simple`` on code editing here);
@@ -18,11 +19,12 @@ The binary is built from the llama.cpp vendored in llama-cpp-python 0.3.36 by
 extra, never a dependency: when it is missing the bench skips these rows and says how to build it.
 
 Every row is fed the same prompt token ids (``/completion`` with ``prompt`` = a list of ids, so the
-server does not tokenize) and the same target weights (``models.gguf_path``: the preset's GGUF,
+server does not tokenize) and the same target weights (``store.models.gguf_path``: the preset's GGUF,
 checked against its SHA-256). Decoding is greedy (temperature 0, top-k 1, no penalties), stops at
 EOS or ``max_new_tokens``, and re-computes the prompt on every request (``cache_prompt: false``,
 no host prompt cache): the wall time includes prefill, like the other rows. Only the standard
-library talks HTTP.
+library talks HTTP. ``speculant bench --target X --draft Y`` runs X's and Y's GGUF files
+(``bench.pair.plan_peers``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..models import cache_dir, gguf_path
+from ..store.models import cache_dir, gguf_path
 
 LLAMA_CPP_VERSION = "0.3.36"  # llama-cpp-python release whose vendored llama.cpp is built
 TARGET = "qwen2.5-coder-1.5b-instruct"

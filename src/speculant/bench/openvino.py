@@ -4,16 +4,17 @@ OpenVINO GenAI is a benchmark extra (``make install-openvino``), never a test de
 packages pull transformers 5.5.x, which conflicts with the project's own, so they live in a virtual
 environment of their own (``$SPECULANT_CACHE/peers/openvino-venv``) and this module drives them
 through a subprocess, ``openvino_worker.py`` run with that venv's interpreter (JSON lines over
-stdin/stdout). The models are the presets' own weights: the project's bf16 safetensors cache of
-each Qwen preset, exported once by ``optimum-cli export openvino --weight-format int4`` to
-``$SPECULANT_CACHE/peers/openvino-ir/<preset>-int4`` (command and versions in
+stdin/stdout). The models are the bench's own weights: the project's bf16 safetensors cache of
+each Qwen preset (or of any other model, ``tools/install_openvino.py --model SPEC``), exported once
+by ``optimum-cli export openvino --weight-format int4`` to
+``$SPECULANT_CACHE/peers/openvino-ir/<name>-int4`` (:func:`ir_dir`; command and versions in
 ``speculant_export.json`` there).
 
 Configurations, each OpenVINO's best of its kind on CPU:
 
 * ``plain``: ``LLMPipeline(ir, "CPU")``, greedy;
 * ``lookup``: ``prompt_lookup=True`` with 3 candidate tokens and n-grams up to 3;
-* ``draft``: ``draft_model=`` the 0.5B preset's int4 IR, 3 assistant tokens.
+* ``draft``: ``draft_model=`` the draft's int4 IR (the 0.5B preset's by default), 3 assistant tokens.
 
 Every run is fed the same prompt token ids as the other rows (an ``openvino.Tensor``, no
 tokenizer or chat template on OpenVINO's side), decodes greedily until EOS (kept in the output,
@@ -34,6 +35,7 @@ requests).
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 import queue
@@ -45,7 +47,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, SpeculantError
-from ..models import cache_dir
+from ..store.models import cache_dir
+from ..store.presets import PRESETS
 
 CONFIGS = ("plain", "lookup", "draft")
 TARGET_PRESET = "qwen2.5-coder-1.5b-instruct"
@@ -67,9 +70,33 @@ def venv_dir() -> Path:
     return peers_dir() / "openvino-venv"
 
 
-def ir_dir(preset: str) -> Path:
-    """Where ``make install-openvino`` exports ``preset`` to int4 OpenVINO IR."""
-    return peers_dir() / "openvino-ir" / f"{preset}-int4"
+def ir_dir(spec: str | os.PathLike) -> Path:
+    """Where the int4 OpenVINO IR of model ``spec`` is exported: ``<preset>-int4`` for a preset
+    (``make install-openvino``), else ``<name>-<key>-int4``, the key a hash of the absolute path
+    (and of a file's size and mtime: a changed .gguf needs a new export)."""
+    name = str(spec)
+    if name not in PRESETS:
+        path = Path(spec).expanduser().resolve()
+        key = str(path)
+        if path.is_file():
+            st = path.stat()
+            key += f"|{st.st_size}|{st.st_mtime_ns}"
+        name = f"{path.stem if path.is_file() else path.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return peers_dir() / "openvino-ir" / f"{name}-int4"
+
+
+def export_hint(spec: str | os.PathLike) -> str:
+    """The command that exports ``spec``'s IR."""
+    if str(spec) in (TARGET_PRESET, DRAFT_PRESET):
+        return _INSTALL
+    return f"export it once with `python tools/install_openvino.py --model {spec}` (int4, in OpenVINO's venv)"
+
+
+def missing_ir(spec: str | os.PathLike) -> str | None:
+    """Why there is no IR of ``spec`` to run (with the command that exports it), or None."""
+    where = ir_dir(spec)
+    return None if (where / "openvino_model.xml").is_file() else \
+        f"no OpenVINO IR of {spec} at {where}; {export_hint(spec)}"
 
 
 def openvino_python() -> Path | None:
@@ -78,13 +105,15 @@ def openvino_python() -> Path | None:
     return py if py.exists() and (venv_dir() / VENV_MARKER).is_file() else None
 
 
-def openvino_unavailable(draft: bool = True) -> str | None:
-    """None when the venv and the IR (the draft's too, if ``draft``) are in place, else why."""
+def openvino_unavailable(draft: bool = True, target: str | os.PathLike = TARGET_PRESET,
+                         draft_model: str | os.PathLike = DRAFT_PRESET) -> str | None:
+    """None when the venv and the IR of ``target`` (and of ``draft_model``, if ``draft``) are in
+    place, else why (with the command that fixes it)."""
     if openvino_python() is None:
         return f"no OpenVINO venv at {venv_dir()}; {_INSTALL}"
-    for preset in (TARGET_PRESET, DRAFT_PRESET) if draft else (TARGET_PRESET,):
-        if not (ir_dir(preset) / "openvino_model.xml").is_file():
-            return f"no OpenVINO IR of {preset} at {ir_dir(preset)}; {_INSTALL}"
+    for spec in (target, draft_model) if draft else (target,):
+        if why := missing_ir(spec):
+            return why
     return None
 
 
@@ -99,6 +128,8 @@ class OpenVINOPeer:
     ``run(ids, n) -> (token ids, wall seconds, {"prefill_s", "decode_s", ...})``; the wall time
     is measured around ``LLMPipeline.generate`` in the worker (the JSON round trip, well under a
     millisecond, is in ``timing["ipc_wall_s"]`` instead). Use as a context manager, or ``close()``.
+    ``target`` / ``draft``: IR directories (default: the Qwen presets'); ``self.target`` /
+    ``self.draft`` are the ones it runs (``self.draft`` None unless ``config == "draft"``).
     """
 
     def __init__(self, config: str = "plain", threads: int | None = None, *, exact: bool = False,
@@ -116,12 +147,13 @@ class OpenVINOPeer:
         self.threads = threads or default_threads()
         self.timeout_s = timeout_s
         self.fresh_prefill = fresh_prefill
-        target = Path(target) if target is not None else ir_dir(TARGET_PRESET)
-        cmd = [str(py), "-I", str(WORKER), "--target", str(target), "--config", config,
+        self.target = Path(target) if target is not None else ir_dir(TARGET_PRESET)  # IR directories
+        self.draft = (Path(draft) if draft is not None else ir_dir(DRAFT_PRESET)) if config == "draft" else None
+        cmd = [str(py), "-I", str(WORKER), "--target", str(self.target), "--config", config,
                "--threads", str(self.threads), "--num-assistant-tokens", str(num_assistant_tokens),
                "--max-ngram-size", str(max_ngram_size)]
-        if config == "draft":
-            cmd += ["--draft", str(Path(draft) if draft is not None else ir_dir(DRAFT_PRESET))]
+        if self.draft is not None:
+            cmd += ["--draft", str(self.draft)]
         if exact:
             cmd.append("--exact")
         if eos_token_ids:

@@ -38,7 +38,7 @@ from ..backends.native import NativeBackend, NativeModel
 from ..config import SamplingConfig
 from ..decoding import decode
 from ..drafters.lookup import LookupDrafter
-from ..models import chat_prompt, load
+from ..store.models import chat_prompt, load
 
 CHUNK = 128  # <= Int4Linear.max_kernel_rows: the text is scored through the kernel that decodes
 PROMPTS = (

@@ -373,7 +373,7 @@ def command_of(result: dict) -> str:
     """The recorded command, as a user would type it (``speculant ...``, not the script's path)."""
     cmd = str(result.get("command") or "")
     first, _, rest = cmd.partition(" ")
-    if first.endswith(("speculant/cli.py", "/speculant")):
+    if first.endswith(("speculant/cli.py", "speculant/cli/__main__.py", "speculant/cli/commands.py", "/speculant")):
         return f"speculant {rest}".strip()
     return cmd or "not recorded"
 

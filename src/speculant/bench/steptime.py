@@ -24,7 +24,7 @@ import torch
 
 from ..backends.hf import HFBackend
 from ..backends.native import NativeBackend, NativeModel
-from ..models import load
+from ..store.models import load
 
 CONFIGS = ("hf", "native", "native-int8", "native-int4", "native-int8-lean", "native-int4-lean")
 

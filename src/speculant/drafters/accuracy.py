@@ -1,12 +1,12 @@
 """Greedy-chain accuracy by depth of sequential heads (Hydra) and EAGLE drafters, on the same
 held-out positions of a corpus, so the two kinds of drafter are compared on exactly the same text.
 
-The records are those ``train-eagle`` holds out (``eagle.train.split_records``: ``--held-out``
+The records are those ``train-eagle`` holds out (``training.eagle_train.split_records``: ``--held-out``
 records spread over the corpus), read with the target features ``train-eagle`` cached in ``DIR/features``
 (``--features``); without them, the target computes the features of the measured records alone.
 At each sampled answer position i the drafter starts from the target's state h_i and the token
 x_{i+1} and guesses x_{i+2}, x_{i+3}, ...; depth d counts while its first d guesses are all the
-target's own tokens (``eagle.train.depth_accuracy``'s measure; sequential heads follow the same
+target's own tokens (``training.eagle_train.depth_accuracy``'s measure; sequential heads follow the same
 walk with their own states).
 
     speculant drafter-accuracy --data corpus.jsonl [--features RUN/features] \\
@@ -23,7 +23,7 @@ are accepted far less often than on their corpora's held-out records:
 ``--train-records`` measures training records instead (the same number, spread over the rest):
 the gap to the held-out figure is what a drafter memorised.
 
-Each drafter's ``tree`` table is what ``speculant.drafters.choice`` forecasts from: at the same
+Each drafter's ``tree`` table is what ``speculant.tuning.choice`` forecasts from: at the same
 positions, the drafter grows the dynamic tree it drafts with in decoding (its method's default
 shape, no lookup chain), and tree[d-1][m-1] is the mean number of its tokens the target's own
 continuation accepts when the tree is cut to depth d and to its m best-scored nodes.
@@ -47,7 +47,7 @@ __all__ = ["drafter_accuracy", "heads_accuracy"]
 @torch.no_grad()
 def heads_accuracy(heads, records, hidden, starts, depth: int, per_record: int, seed: int = 0) -> list[float]:
     """depth_accuracy's measure for sequential heads: s_0 = h_i, s_d = step(s_{d-1}, x_{i+d})."""
-    from ..eagle.train import answer_positions
+    from ..training.eagle_train import answer_positions
 
     hits, total = [0] * depth, 0
     for r, (rec, sampled) in enumerate(zip(records, answer_positions(records, per_record, seed))):
@@ -71,14 +71,14 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
     """The table of the module docstring for the drafters at ``hydra`` / ``eagle`` on the corpus
     ``data``, read through ``decoder``'s target (a SpeculativeDecoder on the runtime the drafters
     read hidden states from). "drafters": one entry per drafter, {"kind", "path", "greedy":
-    P(first d guesses right) for d = 1.., "tree"} (``drafters.choice`` reads the shipped drafter's
+    P(first d guesses right) for d = 1.., "tree"} (``tuning.choice`` reads the shipped drafter's
     file to forecast which method is faster)."""
     from ..eagle import EagleDrafter
     from ..eagle.checkpoint import load_eagle
-    from ..eagle.train import answer_positions, compute_features, depth_accuracy, load_features, split_records
+    from ..training.eagle_train import answer_positions, compute_features, depth_accuracy, load_features, split_records
     from ..heads.checkpoint import load_heads
     from ..training.data import load_records
-    from .choice import tree_accepts
+    from ..tuning.choice import tree_accepts
     from .dynamic_tree import DynamicTree, DynamicTreeDrafter
     from .proposers import proposer_for
 

@@ -18,7 +18,7 @@ from typing import Any, Generator, Hashable, NamedTuple, Protocol, Sequence
 import torch
 
 from ..backends.base import Backend, ForwardOut, ForwardRequest, HiddenNeed, forward_batch
-from ..tree import TreeBuffers, chain
+from ..trees.buffers import TreeBuffers, chain
 
 __all__ = ["Draft", "Drafter", "HiddenNeed", "Job", "ModelPass", "NoDrafter", "PassPlan", "ProposesAlone", "drive"]
 
@@ -103,7 +103,7 @@ class Drafter(Protocol):
 
     def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
         """The target accepted tree nodes ``path`` (root first) and then produced ``next_token``.
-        A step verified without a proposal (``drafters.pacing``) observes ``path == [0]``."""
+        A step verified without a proposal (``tuning.pacing``) observes ``path == [0]``."""
 
 
 class ProposesAlone:

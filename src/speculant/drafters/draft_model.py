@@ -14,7 +14,7 @@ import torch
 from ..backends.base import Backend, ForwardRequest
 from ..config import SamplingConfig
 from ..sampling import logits_to_probs, sample_candidates, topk_candidates
-from ..tree import TreeBuffers
+from ..trees.buffers import TreeBuffers
 from .base import Draft, HiddenNeed, ModelPass, PassPlan, drive
 
 

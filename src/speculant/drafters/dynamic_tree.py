@@ -3,7 +3,7 @@ context-aware dynamic tree, Li et al. 2024), sized per step.
 
 Size: without a cost model every step verifies ``nodes`` heads' nodes plus the lookup chain's
 length (one verification cost; the rows the chain does not need go to the heads' next-best
-nodes). With one (``sizer``, :class:`~speculant.drafters.sizing.TreeSizer`) every step takes the
+nodes). With one (``sizer``, :class:`~speculant.tuning.sizing.TreeSizer`) every step takes the
 split of heads' nodes and chain rows with the most expected tokens per millisecond on this
 machine, and (sequential heads) a depth is drafted only while the nodes it would expand can pay
 for its measured time (:meth:`TreeSizer.worth_deeper`; docs/design-notes.md#depth-drafted-only-while-it-can-pay).
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from ..tree import MAX_TREE_NODES, chain, compile_paths
+from ..trees.buffers import MAX_TREE_NODES, chain, compile_paths
 from .base import Draft, HiddenNeed, PassPlan, drive
 from .lookup import LookupDrafter
 from .lookup_branch import follow_heads, merge_chain
 from .proposers import DepthBudget, TreeProposer, check_tree
-from .sizing import TreeSizer
+from ..tuning.sizing import TreeSizer
 
 __all__ = ["DynamicTree", "DynamicTreeDrafter"]
 

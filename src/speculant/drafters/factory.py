@@ -24,15 +24,15 @@ import torch
 from ..backends.base import Backend
 from ..config import (DEFAULT_EAGLE_TREE, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, DEFAULT_MEDUSA_TREE, DEFAULT_TREE_ROWS, NEEDS_HEADS,
                       TREE_METHODS, DecoderConfig, SamplingConfig)
-from ..costmodel import PassCost, machine_key, pass_cost
+from ..tuning.costmodel import PassCost, machine_key, pass_cost
 from ..heads import heads_tree
-from ..tree import TreeBuffers, build_tree, chain
+from ..trees.buffers import TreeBuffers, build_tree, chain
 from .base import Drafter, NoDrafter
 from .draft_model import DraftModelDrafter
 from .lookup import LookupDrafter
 from .medusa import BlockwiseDrafter, DynamicTree, MedusaDrafter
 from .proposers import proposer_for
-from .sizing import TreeSizer
+from ..tuning.sizing import TreeSizer
 
 __all__ = ["DraftParts", "build_drafter", "build_sizer", "target_pass_cost", "plan_tree", "warm_up_heads"]
 

@@ -27,7 +27,7 @@ from typing import Hashable, Protocol, Sequence
 import torch
 
 from ..heads import ContextCache, MedusaHeads, SequentialHeads
-from ..tree import TreeBuffers
+from ..trees.buffers import TreeBuffers
 from .base import HiddenNeed, PassPlan
 from .proposers import DepthBudget, best_first
 

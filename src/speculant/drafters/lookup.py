@@ -1,7 +1,7 @@
 """Prompt lookup (model-free n-gram drafting): if the last n tokens occurred earlier in the
 context, propose the γ tokens that followed their most recent earlier occurrence.
 
-With a ``sizer`` (``drafters.sizing.TreeSizer``, the machine's measured pass cost) a step verifies
+With a ``sizer`` (``tuning.sizing.TreeSizer``, the machine's measured pass cost) a step verifies
 only as many of the γ tokens as pay: the first c, for the most expected tokens per millisecond,
 from the observed rate at which the chain's first j tokens are accepted. Where a verified row
 costs little (AMX) that is the whole chain; where rows are dear (AVX-512 without AMX) it is
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from ..tree import chain
+from ..trees.buffers import chain
 from .base import Draft, HiddenNeed, ProposesAlone
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import TreeBuffers, compile_paths
+from ..trees.buffers import TreeBuffers, compile_paths
 from .base import Draft
 from .lookup import LookupDrafter
 

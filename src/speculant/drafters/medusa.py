@@ -18,12 +18,12 @@ Each drafter class owns one tree policy and is composed with what proposes the n
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..tree import TreeBuffers
+from ..trees.buffers import TreeBuffers
 from .dynamic_tree import DynamicTree, DynamicTreeDrafter
 from .head_steps import HeadsLike
 from .lookup import LookupDrafter
 from .proposers import proposer_for
-from .sizing import TreeSizer
+from ..tuning.sizing import TreeSizer
 from .static_tree import BlockwiseDrafter, StaticTreeDrafter
 
 __all__ = ["BlockwiseDrafter", "DynamicTree", "DynamicTreeDrafter", "HeadsLike", "MedusaDrafter",

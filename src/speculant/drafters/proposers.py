@@ -26,11 +26,11 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import ConfigError
-from ..tree import TreeBuffers
+from ..trees.buffers import TreeBuffers
 from .base import HiddenNeed, Job, PassPlan
-from .sizing import TreeSizer
+from ..tuning.sizing import TreeSizer
 
-__all__ = ["DepthBudget", "Growth", "StepSource", "Stepwise", "TreeProposer", "check_tree", "proposer_for"]
+__all__ = ["DepthBudget", "FollowsTarget", "Growth", "StepSource", "Stepwise", "TreeProposer", "check_tree", "proposer_for"]
 
 # what a dynamic tree's growth returns: the chosen nodes' paths (ranks among their parent's
 # children), their tokens (n,) long and scores (log Π p along the path), best first
@@ -53,8 +53,8 @@ class DepthBudget:
         self.ms = 0.8 * self.ms + 0.2 * ms if self.ms else ms
 
 
-class TreeProposer(Protocol):
-    """Proposes the children of a tree's nodes from the target's hidden states.
+class FollowsTarget(Protocol):
+    """What follows the target's hidden states to draft from them.
 
     ``hidden_need``: what ``begin``/``observe`` get (``drafters.base.HiddenNeed``); ``depth``: the
     deepest depth it drafts (K); ``ranked``: how many tokens it can rank (its draft vocabulary);
@@ -76,6 +76,13 @@ class TreeProposer(Protocol):
                 drafted: torch.Tensor | None) -> None:
         """The target accepted ``path`` of the last proposal, whose tokens were ``drafted`` (N,)."""
 
+    def warm_up(self) -> None:
+        """Build what the first drafting step would build (a low-bit shortlist)."""
+
+
+class TreeProposer(FollowsTarget, Protocol):
+    """Proposes the children of a tree's nodes from the target's hidden states."""
+
     def grow(self, state: torch.Tensor, root: torch.Tensor, nodes: int, top_k: int, beam: int, depth: int,
              budget: DepthBudget) -> PassPlan:
         """A plan (``drafters.base.PassPlan``) returning the :data:`Growth` of the best ``nodes``
@@ -83,9 +90,6 @@ class TreeProposer(Protocol):
 
     def static(self, state: torch.Tensor, root: torch.Tensor, tree: TreeBuffers) -> PassPlan:
         """A plan returning the tokens (N-1,) long of ``tree``'s nodes below ``root``."""
-
-    def warm_up(self) -> None:
-        """Build what the first drafting step would build (a low-bit shortlist)."""
 
 
 def check_tree(proposer: TreeProposer, tree: TreeBuffers, vocab_size: int) -> int:
@@ -105,34 +109,18 @@ def check_tree(proposer: TreeProposer, tree: TreeBuffers, vocab_size: int) -> in
     return width
 
 
-class StepSource(Protocol):
+class StepSource(FollowsTarget, Protocol):
     """What :class:`Stepwise` grows a tree with: jobs (``drafters.base.Job``) that give a node's
     children from its state. ``root_job(state, root, k)`` -> (the root's state (1, H), its
     children's tokens (1, k) long, log p (1, k)); ``expand_job(front, parents, tokens, depth, k)``:
     b nodes of ``depth`` (their parents' rows ``parents`` (b,) of the previous job's states
     ``front``, their ``tokens`` (b,)) -> (their states (b, H), children tokens (b, k), log p
-    (b, k)). Calls come in depth order, each expanding nodes of the previous call's output.
-    The rest as :class:`TreeProposer`'s."""
-
-    hidden_need: HiddenNeed
-    depth: int
-    ranked: int
-    observe_ms: float
-
-    @property
-    def state(self) -> torch.Tensor | None: ...
-
-    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None: ...
-
-    def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None,
-                drafted: torch.Tensor | None) -> None: ...
+    (b, k)). Calls come in depth order, each expanding nodes of the previous call's output."""
 
     def root_job(self, state: torch.Tensor, root: torch.Tensor, k: int) -> Job: ...
 
     def expand_job(self, front: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
                    k: int) -> Job: ...
-
-    def warm_up(self) -> None: ...
 
 
 @dataclass(eq=False)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from ..tree import TreeBuffers, chain
+from ..trees.buffers import TreeBuffers, chain
 from .base import Draft, HiddenNeed, PassPlan, drive
 from .lookup import LookupDrafter
 from .lookup_branch import LookupBranch

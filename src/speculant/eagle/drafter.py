@@ -28,7 +28,7 @@ from ..backends.base import HiddenNeed
 from ..drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
 from ..drafters.proposers import Stepwise
 from ..drafters.lookup import LookupDrafter
-from ..drafters.sizing import TreeSizer
+from ..tuning.sizing import TreeSizer
 from .model import EagleCache, EagleModel
 
 __all__ = ["EagleDrafter", "EagleSteps"]

@@ -361,7 +361,7 @@ class EagleModel(DraftVocabulary, nn.Module):
     def fuse_projections(self, join) -> bool:
         """For decoding: q, k and v run as one layer, and gate and up as one, where ``join`` (a list
         of layers -> one layer computing them side by side with the same bits, or None:
-        ``quant.joined``) can join them: fewer, larger calls for the few rows a drafting step has.
+        ``runtime.quant.joined``) can join them: fewer, larger calls for the few rows a drafting step has.
         Returns whether both were joined."""
         attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
         attn.qkv = join([attn.q_proj, attn.k_proj, attn.v_proj])

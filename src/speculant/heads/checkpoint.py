@@ -186,8 +186,8 @@ def shipped_heads(target_name: str, kind: str = "medusa") -> Path | None:
     """The heads directory shipped for a preset target, or None: ``drafters/<preset>`` (Medusa
     heads), ``drafters/<preset>/sequential`` (``kind="sequential"``) or ``drafters/<preset>/eagle``
     (``kind="eagle"``, an EAGLE drafter), installed in the cache by ``make install`` or in a
-    checkout's ``data/`` (:mod:`speculant.shipped`; the wheel carries no weights)."""
-    from ..shipped import find_drafter
+    checkout's ``data/`` (:mod:`speculant.store.shipped`; the wheel carries no weights)."""
+    from ..store.shipped import find_drafter
 
     return find_drafter(target_name, kind)
 

@@ -41,7 +41,7 @@ def coarse_ranker(rows: torch.Tensor | None):
     and the target verifies every token anyway."""
     # Why a low-bit shortlist: docs/design-notes.md#low-bit-shortlist-for-head-drafting
     from ..kernels import GROUP
-    from ..quant import Int4Linear, Int8Linear
+    from ..runtime.quant import Int4Linear, Int8Linear
 
     if rows is None or rows.shape[0] < 1024:
         return None

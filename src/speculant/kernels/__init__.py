@@ -109,7 +109,7 @@ def _build(name: str, sources: list[str], flags: list[str]):
     try:
         from torch.utils.cpp_extension import load
 
-        from ..runtime import file_lock
+        from ..runtime.process import file_lock
 
         build = _build_directory(name)
         build.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ target's final hidden state at position t, through head k (0-based), is scored a
 ``t + k + 2`` (``speculant.heads``), over the positions whose true token counts (the answer tokens
 when ``prompt_lens`` is given). Ranks are ``topk`` order, as
 ``drafters.head_steps.IndependentHeads.candidates`` uses.
-These accuracies feed :func:`speculant.tree_search.greedy_tree` (the Medusa construction).
+These accuracies feed :func:`speculant.trees.search.greedy_tree` (the Medusa construction).
 
 Sequential heads (``heads.SequentialHeads``) are scored teacher-forced: depth k+1 reads the true tokens
 t+1 .. t+k+1, so ``acc[k][i]`` is the accuracy of rank i *given a correct parent* — exactly the
@@ -25,10 +25,10 @@ from typing import Sequence
 import torch
 
 from ..errors import ConfigError
-from ..models import LoadedModel
+from ..store.models import LoadedModel
 from ..heads import MedusaHeads, SequentialHeads
 from .losses import row_inputs
-from ..tree_search import expected_length, greedy_tree
+from ..trees.search import expected_length, greedy_tree
 
 __all__ = ["build_tree", "head_topk_accuracy"]
 

@@ -105,8 +105,8 @@ def train_drafter(decoder, out: str | Path, recipe: DrafterRecipe = DrafterRecip
     report with ``drafter``: the directory of the finished drafter."""
     import torch
 
-    from ..eagle.run import EagleRun, run_eagle_training
-    from ..eagle.train import EagleTrainConfig, split_records
+    from .eagle_run import EagleRun, run_eagle_training
+    from .eagle_train import EagleTrainConfig, split_records
     from .data import load_records
     from .vocab import cut_draft_vocab
 

@@ -10,7 +10,7 @@ output layer) learn together with the heads, with ``losses.combined_loss`` (CE_l
 adapters start at zero, so the warm-up is Medusa-1). Medusa-2 changes the backbone: as in the
 Medusa paper, the intended model is the *adapted* one (``out_dir/lora_adapter`` + heads). Decode
 it with ``lora=out_dir/lora_adapter`` (``--lora``): the adapter is merged into the target as it
-loads (``speculant.lora``), and decoding is lossless with respect to the adapted model, whose
+loads (``speculant.store.lora``), and decoding is lossless with respect to the adapted model, whose
 outputs may differ from the original's. The heads alone (no ``lora``) run with the original,
 unadapted target: lossless with respect to it, but trained on the adapted hidden states, so their
 acceptance can be lower than Medusa-1 heads'; the report's ``final_original_target`` measures
@@ -43,8 +43,8 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..heads import HeadsConfig, save_heads
-from ..models import LoadedModel
-from ..packing import unpack_linears
+from ..store.models import LoadedModel
+from ..runtime.packing import unpack_linears
 from .checkpoints import resume
 from .loop import TrainRun, train_loop
 from .setup import attach_lora, build_heads, build_run, build_tables, prepare_data, resume_fingerprint, total_steps

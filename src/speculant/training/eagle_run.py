@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from ..errors import ConfigError
-from .train import EagleTrainConfig, compute_features, load_features, split_records, train_eagle, window_sample
+from .eagle_train import EagleTrainConfig, compute_features, load_features, split_records, train_eagle, window_sample
 
 __all__ = ["EagleRun", "run_eagle_training"]
 
@@ -45,10 +45,10 @@ def run_eagle_training(decoder, records: Sequence[dict], out: str | Path, cfg: E
     hidden states the drafter reads) on ``records``; see the module docstring. ``vocab_records``
     rank the draft vocabulary (default: the records trained on, so the held-out accuracy stays
     held out). Returns the training report, or with ``features_only`` what the features hold."""
-    from ..training.vocab import draft_vocabulary
-    from .checkpoint import is_eagle_dir, load_eagle
-    from .model import EagleConfig, EagleModel
-    from .narrow import check_width, narrow_mlp, with_draft_vocab
+    from .vocab import draft_vocabulary
+    from ..eagle.checkpoint import is_eagle_dir, load_eagle
+    from ..eagle.model import EagleConfig, EagleModel
+    from ..eagle.narrow import check_width, narrow_mlp, with_draft_vocab
 
     if run.init and not is_eagle_dir(run.init):  # before the features, which can take hours
         raise ConfigError(f"--init {run.init}: no EAGLE drafter there (a directory written by train-eagle)")

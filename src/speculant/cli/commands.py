@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 
-from .cli_training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
+from .training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
                            cmd_make_conversations, cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
-from .cli_drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter
-from .config import DEFAULT_LOOKUP_BRANCH, METHODS
-from .errors import SpeculantError
-from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from .runtime import tune_allocator
+from .drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter
+from ..config import DEFAULT_LOOKUP_BRANCH, METHODS
+from ..errors import SpeculantError
+from ..store.presets import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..runtime.process import tune_allocator
 
 
 def _decoder_args(p: argparse.ArgumentParser) -> None:
@@ -120,9 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "generation); llama-server, llama-server+draft, llama-server+ngram, llama-server+ngram-mod, "
                         "llama-server+ngram-map-k (llama.cpp's server on the target's GGUF: plain, the draft's GGUF "
                         "as draft model, its n-gram lookups --spec-type ngram-simple, ngram-mod, ngram-map-k; needs "
-                        "`make install-llama-server`); openvino, openvino+lookup, openvino+draft (OpenVINO GenAI, "
-                        "int4: plain, prompt lookup, the 0.5B draft; needs `make install-openvino`); a peer "
-                        "that is not installed is skipped with a message. One of ours may end in @KEY=VALUE "
+                        "`make install-llama-server`); openvino, openvino+lookup, openvino+draft (OpenVINO GenAI on "
+                        "the target's int4 IR: plain, prompt lookup, the draft's IR; needs `make install-openvino`, "
+                        "and for a model other than the Qwen presets `tools/install_openvino.py --model SPEC`); a "
+                        "peer that is not installed or cannot run the pair is skipped with a message. The rows "
+                        "that draft (sd, mcsd, hf-assisted, the +draft peers) use --draft (default: the 0.5B "
+                        "for the default target; no --draft for another target: skipped); a draft of another "
+                        "vocabulary or larger than the target is an error before anything runs. One of ours may "
+                        "end in @KEY=VALUE "
                         "options of its own row (heads=DIR, tree=SPEC|FILE.json, budget=auto|fixed, lookup=N, "
                         "gamma=N; @fixed = @budget=fixed), so two settings run side by side, e.g. "
                         "hydra+lookup@heads=A,hydra+lookup@heads=B (default: %(default)s)")
@@ -186,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stdin_text() -> str:
     """The prompt piped in on standard input, which must be UTF-8 text."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
     try:
@@ -200,7 +205,7 @@ def _tree(args):
     """--tree-file (a JSON list of paths) wins over --tree."""
     if not args.tree_file:
         return args.tree
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     try:
         with open(args.tree_file) as f:
@@ -212,8 +217,8 @@ def _tree(args):
 def _decoder(args):
     """The decoder the decoding options of ``generate`` / ``serve`` describe (the "auto" choices
     resolved for this machine); prints what runs and why."""
-    from .api import SpeculativeDecoder
-    from .config import parse_acceptance
+    from ..api import SpeculativeDecoder
+    from ..config import parse_acceptance
 
     parse_acceptance(args.accept)
     dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=_tree(args),
@@ -228,10 +233,10 @@ def _decoder(args):
 
 
 def cmd_generate(args) -> int:
-    from .config import SamplingConfig
-    from .errors import ConfigError
-    from .stopping import parse_stop
-    from .text_check import check_text
+    from ..config import SamplingConfig
+    from ..errors import ConfigError
+    from ..stopping import parse_stop
+    from ..text_check import check_text
 
     prompt = _stdin_text() if args.prompt == "-" else args.prompt
     # validate cheap arguments before loading any model
@@ -281,8 +286,8 @@ def cmd_generate(args) -> int:
 
 def _interrupted(dec, gen):
     """The result of a generation stopped by Ctrl-C: its tokens so far, ``finish_reason`` "cancelled"."""
-    from .api import GenerationResult
-    from .decoding import Stats
+    from ..api import GenerationResult
+    from ..decoding import Stats
 
     text = dec.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
     return GenerationResult(text, list(gen.token_ids), gen.prompt_tokens, "cancelled", gen.stats or Stats())
@@ -291,15 +296,15 @@ def _interrupted(dec, gen):
 def cmd_serve(args) -> int:
     import os
 
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 1 or args.max_body_bytes < 1024 or args.max_batch < 1:
         raise ConfigError("--max-queue and --max-batch must be >= 1 and --max-body-bytes >= 1024")
     api_key = args.api_key or os.environ.get("SPECULANT_API_KEY") or None
-    from .serve.app import ServeConfig
-    from .serve.server import serve
+    from ..serve.app import ServeConfig
+    from ..serve.server import serve
 
     args.chat = False  # /v1/chat/completions applies the chat template; /v1/completions sends raw text
     serve(_decoder(args), ServeConfig(host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
@@ -308,9 +313,11 @@ def cmd_serve(args) -> int:
 
 
 def cmd_bench(args, argv: list[str] | None = None) -> int:
-    from .bench.harness import BenchConfig, command_line, run_bench
+    from ..bench.harness import BenchConfig, command_line, run_bench
 
-    cfg = BenchConfig(target=args.target, draft=args.draft or DEFAULT_DRAFT, methods=tuple(args.methods.split(",")),
+    # the default target's sibling drafts unless --draft names another; any other target drafts only with a --draft
+    draft = args.draft or (DEFAULT_DRAFT if args.target == DEFAULT_TARGET else None)
+    cfg = BenchConfig(target=args.target, draft=draft, methods=tuple(args.methods.split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                       lookup_branch=args.lookup_branch or DEFAULT_LOOKUP_BRANCH,
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
@@ -321,19 +328,19 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
                       questions=args.questions, json_out=args.json_out, temperature=args.temperature,
                       seed=args.seed)
     if args.plot:
-        from .bench.plot import check_plot_path
+        from ..bench.plot import check_plot_path
 
         check_plot_path(args.plot)  # before the run, not after it
     result = run_bench(cfg, command=command_line(argv))
     if args.plot:
-        from .bench.plot import plot_result
+        from ..bench.plot import plot_result
 
         print(f"plot: {plot_result(result, args.plot)}")
     return 0
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -344,9 +351,9 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 def cmd_bench_serve(args, argv: list[str] | None = None) -> int:
     import shlex
 
-    from .bench.harness import command_line
-    from .bench.serve_bench import ServeBenchConfig, format_table, run_serve_bench
-    from .errors import ConfigError
+    from ..bench.harness import command_line
+    from ..bench.serve_bench import ServeBenchConfig, format_table, run_serve_bench
+    from ..errors import ConfigError
 
     rows = {"rows": tuple(r for r in args.rows.split(",") if r)} if args.rows is not None else {}
     try:
@@ -366,12 +373,12 @@ def cmd_bench_serve(args, argv: list[str] | None = None) -> int:
 def cmd_bench_report(args) -> int:
     from pathlib import Path
 
-    from .bench.report import load_result, markdown_table, newest_result, print_summary, update_readme
+    from ..bench.report import load_result, markdown_table, newest_result, print_summary, update_readme
 
     path = Path(args.json) if args.json else newest_result()
     result = load_result(path)
     if args.plot:
-        from .bench.plot import check_plot_path, plot_result
+        from ..bench.plot import check_plot_path, plot_result
 
         check_plot_path(args.plot)
         print(f"plot: {plot_result(result, args.plot)}", file=sys.stderr)
@@ -381,21 +388,21 @@ def cmd_bench_report(args) -> int:
         update_readme(args.update_readme, result, path)
         print(f"{args.update_readme}: results table from {path}", file=sys.stderr)
     if not (args.plot or args.markdown or args.update_readme):
-        from .bench.report import caption, full_summary
+        from ..bench.report import caption, full_summary
 
         print_summary(full_summary(result), caption(result, path.as_posix(), markdown=False))
     return 0
 
 
 def cmd_quant_eval(args) -> int:
-    from .bench.quality import run_quality
+    from ..bench.quality import run_quality
 
     run_quality(args.target, tuple(args.modes.split(",")), args.max_new_tokens, args.json_out)
     return 0
 
 
 def cmd_demo(args) -> int:
-    from .bench.demo import run_demo
+    from ..bench.demo import run_demo
 
     run_demo(args.max_new_tokens, args.methods)
     return 0

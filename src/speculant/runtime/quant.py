@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .packing import unpack_linears
-from .kernels import GROUP, INT4_ISAS, cpu_kernels, dequantize_int4_x86, int4_isa, pack_int4_x86, x86_kernels
+from ..kernels import GROUP, INT4_ISAS, cpu_kernels, dequantize_int4_x86, int4_isa, pack_int4_x86, x86_kernels
 
 QUANT_MODES = ("none", "int8", "int4")
 _NO_BIAS = torch.empty(0)
@@ -126,7 +126,7 @@ class Int4Linear(_WeightOnly):
             self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             sz = torch.cat([scale, lo + 8 * scale], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
             self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))
-        self._bias32 = linear.bias.detach().float().contiguous() if linear.bias is not None else torch.empty(0)
+        self.bias32 = linear.bias.detach().float().contiguous() if linear.bias is not None else torch.empty(0)
 
     @classmethod
     def from_packed(cls, qweight: torch.Tensor, scales: torch.Tensor, bias32: torch.Tensor | None, kind: str,
@@ -147,7 +147,7 @@ class Int4Linear(_WeightOnly):
         out.dense_above_rows = out.max_kernel_rows = 1 << 62
         out.register_buffer("qweight", qweight)
         out.register_buffer("scales_zeros", scales)
-        out._bias32 = bias32 if bias32 is not None else torch.empty(0)
+        out.bias32 = bias32 if bias32 is not None else torch.empty(0)
         return out
 
     @classmethod
@@ -160,14 +160,14 @@ class Int4Linear(_WeightOnly):
         if any(l.kind != first.kind or l.kind == "torch" or l.weight is not None or l.in_features != first.in_features
                or l.dtype != first.dtype or l.group_size != first.group_size or l.out_features % 16 for l in layers):
             raise ValueError("concat needs int4 layers of speculant's layout, one input size, no dense weights")
-        biases = [l._bias32 if l._bias32.numel() else torch.zeros(l.out_features) for l in layers]
-        bias = torch.cat(biases) if any(l._bias32.numel() for l in layers) else None
+        biases = [l.bias32 if l.bias32.numel() else torch.zeros(l.out_features) for l in layers]
+        bias = torch.cat(biases) if any(l.bias32.numel() for l in layers) else None
         out = cls.from_packed(torch.cat([l.qweight for l in layers]), torch.cat([l.scales_zeros for l in layers]),
                               bias, first.kind, first.in_features, first.dtype, first.group_size)
         start = 0
         for l in layers:
             part = out.rows(start, start + l.out_features)
-            l.qweight, l.scales_zeros, l._bias32 = part.qweight, part.scales_zeros, part._bias32
+            l.qweight, l.scales_zeros, l.bias32 = part.qweight, part.scales_zeros, part.bias32
             l.bias = None  # the float32 bias, a view of the joined one, is added by the kernel
             start += l.out_features
         return out
@@ -176,14 +176,14 @@ class Int4Linear(_WeightOnly):
         """Output channels start .. stop-1 (multiples of 16) as a layer sharing this one's buffers."""
         if start % 16 or stop % 16 or not 0 <= start < stop <= self.out_features or self.kind == "torch":
             raise ValueError(f"rows({start}, {stop}): multiples of 16 within {self.out_features}, speculant's layout")
-        bias = self._bias32[start:stop] if self._bias32.numel() else None
+        bias = self.bias32[start:stop] if self.bias32.numel() else None
         return Int4Linear.from_packed(self.qweight[start // 16:stop // 16], self.scales_zeros[start // 16:stop // 16],
                                       bias, self.kind, self.in_features, self.dtype, self.group_size)
 
     def _x86(self, x2: torch.Tensor, out_fp32: bool, bias: bool = True) -> torch.Tensor:
         """(M, K) -> (M, N) through int4_x86.cpp, the bias added in float32 (if ``bias``)."""
         return x86_kernels().int4_gemm(x2.contiguous(), self.qweight, self.scales_zeros,
-                                       self._bias32 if bias else _NO_BIAS, out_fp32, INT4_ISAS[self._isa])
+                                       self.bias32 if bias else _NO_BIAS, out_fp32, INT4_ISAS[self._isa])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind != "x86":
@@ -201,7 +201,7 @@ class Int4Linear(_WeightOnly):
             return self(x)
         shape = x.shape
         y = kernels.int4_prefill_mm(x.reshape(-1, shape[-1]).to(self.dtype).contiguous(), self.qweight,
-                                    self.scales_zeros, self._bias32, False)
+                                    self.scales_zeros, self.bias32, False)
         return y.view(*shape[:-1], self.out_features)
 
     def forward_float(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .kernels import cpu_kernels, pack_bf16
+from ..kernels import cpu_kernels, pack_bf16
 
 # the batch size oneDNN picks its blocked layout for (a tree pass): docs/design-notes.md#packed-bf16-weights
 ROWS_HINT = 32

@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from .errors import ConfigError, ModelLoadError
+from ..errors import ConfigError, ModelLoadError
 
 __all__ = ["ADAPTER_DIR", "adapter_note", "check_adapter_dir", "merge_lora"]
 

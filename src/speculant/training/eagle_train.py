@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .features import FeatureRows, compute_features, features_cost, load_features
-from .model import EagleCache, EagleModel
+from .eagle_features import FeatureRows, compute_features, features_cost, load_features
+from ..eagle.model import EagleCache, EagleModel
 
 __all__ = ["EagleTrainConfig", "answer_positions", "compute_features", "depth_accuracy", "features_cost",
            "load_features", "split_records", "train_eagle", "training_precision", "window_sample"]
@@ -99,7 +99,7 @@ def answer_mask(record: dict) -> torch.Tensor:
     token from ``prompt_len`` on: :func:`..training.conversations.answer_spans`); the extra last
     entry repeats the last token's, so ``mask[j + 1]`` says whether h_j predicts an answer token
     for every position j."""
-    from ..training.conversations import answer_spans
+    from .conversations import answer_spans
 
     L = len(record["ids"])
     mask = torch.zeros(L + 1, dtype=torch.bool)
@@ -267,7 +267,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     from tqdm.auto import tqdm
 
     from ..provenance import machine_info
-    from .checkpoint import save_eagle
+    from ..eagle.checkpoint import save_eagle
 
     hidden, starts = features
     out_dir = Path(out)

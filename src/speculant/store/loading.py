@@ -1,7 +1,7 @@
 """Loading what a decoder runs: the target and draft models on the chosen runtime, quantized as
 configured, and the drafting heads.
 
-The hf runtime keeps a transformers model (``models.load``); the native runtime a
+The hf runtime keeps a transformers model (``store.models.load``); the native runtime a
 :class:`~speculant.backends.native.NativeModel`, built straight from a safetensors directory or
 sharing a given transformers model's weights. A caller's model is never modified: quantizing one
 works on a private copy.
@@ -16,14 +16,14 @@ import os
 import torch
 from torch import nn
 
-from .backends.native import NativeModel
-from .config import NEEDS_DRAFT, NEEDS_HEADS, DecoderConfig
-from .errors import ConfigError
-from .heads import MedusaHeads, SequentialHeads, load_heads, shipped_heads
-from .heads.projection import check_lm_head
+from ..backends.native import NativeModel
+from ..config import NEEDS_DRAFT, NEEDS_HEADS, DecoderConfig
+from ..errors import ConfigError
+from ..heads import MedusaHeads, SequentialHeads, load_heads, shipped_heads
+from ..heads.projection import check_lm_head
 from .models import LoadedModel, load, parse_dtype, resolve
-from .packing import pack_linears, unpack_linears
-from .quant import QUANT_MODES, quantize_linears
+from ..runtime.packing import pack_linears, unpack_linears
+from ..runtime.quant import QUANT_MODES, quantize_linears
 
 __all__ = ["auto_draft_quant", "find_heads", "heads_kind", "load_adapted", "load_decoder_heads",
            "load_draft", "load_native", "load_target"]
@@ -38,7 +38,7 @@ def auto_draft_quant(dtype, backend: str = "hf") -> str:
         return "none"
     if backend == "native":
         return "int4"
-    from .kernels import int4_isa
+    from ..kernels import int4_isa
 
     return "int4" if int4_isa() == "amx" else "none"
 
@@ -97,7 +97,7 @@ def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep
 
 def load_adapted(spec: str | LoadedModel, dtype, lora: str | os.PathLike) -> LoadedModel:
     """The transformers model ``spec`` with the LoRA adapter directory ``lora`` merged into its
-    weights by peft (``lora.merge_lora``; on a private copy of a given model), in ``dtype``."""
+    weights by peft (``store.lora.merge_lora``; on a private copy of a given model), in ``dtype``."""
     from .lora import check_adapter_dir, merge_lora
 
     check_adapter_dir(lora)  # a bad directory fails before the model loads
@@ -166,9 +166,9 @@ def int4_heads(heads: nn.Module, always: bool = False) -> bool:
     only: the target verifies every token, so the output is the same. Returns whether it did.
     ``always``: on every CPU the kernel runs on (a drafter too big to be cheap in bf16 even packed:
     a drafting step reads all its weights for a handful of rows). Why: docs/design-notes.md#int4-heads-on-avx2"""
-    from .kernels import GROUP, x86_kernels
-    from .packing import available, swap_modules
-    from .quant import Int4Linear
+    from ..kernels import GROUP, x86_kernels
+    from ..runtime.packing import available, swap_modules
+    from ..runtime.quant import Int4Linear
 
     if (available() and not always) or x86_kernels() is None or getattr(heads, "dtype", None) != torch.bfloat16:
         return False
@@ -180,8 +180,8 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
     """The heads from ``source`` (a module is used as given; a directory is loaded here, so nobody
     else holds them, and bf16 heads' layers are packed like the target's), checked to be the kind
     ``method`` reads."""
-    from .eagle import EagleModel
-    from .eagle.checkpoint import is_eagle_dir, load_eagle
+    from ..eagle import EagleModel
+    from ..eagle.checkpoint import is_eagle_dir, load_eagle
 
     if isinstance(source, EagleModel) or (not isinstance(source, nn.Module) and is_eagle_dir(source)):
         if method != "eagle":
@@ -193,7 +193,7 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
         # int4 wherever speculant's kernel runs: ~33M weights read for a handful of rows per depth
         # (Why: docs/design-notes.md#eagle-drafter-in-int4)
         if int4_heads(drafter, always=True):
-            from .quant import joined
+            from ..runtime.quant import joined
 
             drafter.fuse_projections(joined)  # q/k/v and gate/up: one int4 call each, the same bits
         else:

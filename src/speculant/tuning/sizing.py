@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from ..costmodel import PassCost
+from .costmodel import PassCost
 
 __all__ = ["TreeSizer"]
 

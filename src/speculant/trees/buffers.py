@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 Path = tuple[int, ...]
 

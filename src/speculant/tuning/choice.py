@@ -9,7 +9,7 @@ joins it). Such a step costs
 
     T(d, m) = cost(1 + m, L) + draft(d)  milliseconds, and returns 1 + A(d, m) tokens
 
-(cost: the target's measured pass cost by rows at context L, ``costmodel.PassCost``; draft(d):
+(cost: the target's measured pass cost by rows at context L, ``tuning.costmodel.PassCost``; draft(d):
 the drafter's time per step with its tree d depths deep, measured here at load from cold caches,
 as decoding runs it). A candidate's forecast is its best (1 + A) / T over (d, m), the sizer's rule
 (``sizing.TreeSizer``), on text like what users ask: the shipped file is measured on the target's
@@ -32,8 +32,8 @@ from typing import Sequence
 import torch
 
 from ..backends.base import HiddenNeed
-from ..costmodel import PassCost
-from .base import Drafter
+from .costmodel import PassCost
+from ..drafters.base import Drafter
 
 __all__ = ["ACCURACY_FILE", "CacheSweep", "Forecast", "chain_accepts", "choose_drafter",
            "held_out_accepts", "last_level_cache_bytes", "time_drafting", "tree_accepts"]
@@ -160,7 +160,7 @@ def tree_accepts(drafter, records: Sequence[dict], hidden: torch.Tensor, starts:
     ``[d-1][m-1]``: the mean, over positions, of the deepest such node among the best m of depth <= d."""
     from ..eagle import EagleCache
     from ..eagle.drafter import EagleSteps
-    from .proposers import Stepwise
+    from ..drafters.proposers import Stepwise
 
     steps = drafter.proposer.source if isinstance(drafter.proposer, Stepwise) else None
     eagle = isinstance(steps, EagleSteps)

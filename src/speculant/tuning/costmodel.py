@@ -6,7 +6,7 @@ arithmetic (AVX-512 without AMX), every row adds to it, and more so as the conte
 (attention). Measurements: docs/design-notes.md#tree-size-follows-the-machine. :func:`pass_cost`
 measures the curve once per machine, model, dtype and runtime (widths 1-32 after 64 tokens, and
 a few again after 512; seconds for a 1.5B model), caches it under
-``$SPECULANT_CACHE``, and the dynamic tree (``drafters.dynamic_tree``, ``drafters.sizing``) sizes every
+``$SPECULANT_CACHE``, and the dynamic tree (``drafters.dynamic_tree``, ``tuning.sizing``) sizes every
 step's tree against it at that step's context length.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .backends.base import HiddenNeed
-from .errors import ConfigError
-from .tree import chain
+from ..backends.base import HiddenNeed
+from ..errors import ConfigError
+from ..trees.buffers import chain
 
 __all__ = ["PassCost", "measure_pass_cost", "pass_cost", "machine_key", "runqueue_wait_s", "waited_share"]
 
@@ -201,7 +201,7 @@ def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
                 break
     except OSError:
         pass
-    from .kernels import int4_isa, kernels_name, sources_digest
+    from ..kernels import int4_isa, kernels_name, sources_digest
 
     kernels = f"{kernels_name()}-kernels+int4-{int4_isa() or 'none'}@{sources_digest()}"
     return "|".join([cpu, f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", kernels,
@@ -209,7 +209,7 @@ def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
 
 
 def _cache_file() -> Path:
-    from .models import cache_dir
+    from ..store.models import cache_dir
 
     return cache_dir() / "pass_cost.json"
 

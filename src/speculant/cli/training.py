@@ -8,8 +8,8 @@ import sys
 
 
 
-from .output_paths import check_output_dir
-from .presets import DEFAULT_TARGET
+from ..output_paths import check_output_dir
+from ..store.presets import DEFAULT_TARGET
 
 
 def add_training_parsers(sub) -> None:
@@ -216,9 +216,9 @@ def _corpus_records(paths: list[str]) -> list[dict]:
     family by family, so its first N records would all be of one kind)."""
     from pathlib import Path
 
-    from .eagle.train import spread
-    from .errors import ConfigError
-    from .training.data import load_records
+    from ..training.eagle_train import spread
+    from ..errors import ConfigError
+    from ..training.data import load_records
 
     records = []
     for spec in paths:
@@ -240,9 +240,9 @@ def _corpus_records(paths: list[str]) -> list[dict]:
 
 
 def cmd_make_corpus(args) -> int:
-    from .api import SpeculativeDecoder
-    from .errors import ConfigError
-    from .training.corpus import make_corpus
+    from ..api import SpeculativeDecoder
+    from ..errors import ConfigError
+    from ..training.corpus import make_corpus
 
     for name in ("tokens", "batch", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -264,9 +264,9 @@ def cmd_make_corpus(args) -> int:
 
 
 def cmd_train_eagle(args) -> int:
-    from .api import SpeculativeDecoder
-    from .eagle.run import EagleRun, run_eagle_training
-    from .eagle.train import EagleTrainConfig
+    from ..api import SpeculativeDecoder
+    from ..training.eagle_run import EagleRun, run_eagle_training
+    from ..training.eagle_train import EagleTrainConfig
 
     run = EagleRun(init=args.init, intermediate_size=args.intermediate_size, draft_vocab=args.draft_vocab,
                    depth=args.depth)
@@ -290,9 +290,9 @@ def cmd_make_conversations(args) -> int:
 
     from transformers import AutoTokenizer
 
-    from .models import resolve
-    from .presets import PRESETS
-    from .training.conversations import ConversationFilter, make_conversation_corpus
+    from ..store.models import resolve
+    from ..store.presets import PRESETS
+    from ..training.conversations import ConversationFilter, make_conversation_corpus
 
     filt = ConversationFilter(max_len=args.max_len)
     check_output_dir(args.out, "--out")
@@ -309,12 +309,12 @@ def cmd_train_heads(args) -> int:
     import os
     from pathlib import Path
 
-    from .api import SpeculativeDecoder
-    from .errors import ConfigError
-    from .heads import HeadsConfig
-    from .training.data import distill, german_answers, mixed_prompts
-    from .training.prompts import english_prompts
-    from .training.train import train_heads
+    from ..api import SpeculativeDecoder
+    from ..errors import ConfigError
+    from ..heads import HeadsConfig
+    from ..training.data import distill, german_answers, mixed_prompts
+    from ..training.prompts import english_prompts
+    from ..training.train import train_heads
 
     out = check_output_dir(args.out, "--out")
     data = [Path(d) for d in args.data] if args.data else [out / "distill.jsonl"]
@@ -368,11 +368,11 @@ def cmd_train_heads(args) -> int:
 def cmd_build_tree(args) -> int:
     from pathlib import Path
 
-    from .errors import ConfigError
-    from .heads import load_heads
-    from .models import load
-    from .training.accuracy import build_tree
-    from .training.data import load_records
+    from ..errors import ConfigError
+    from ..heads import load_heads
+    from ..store.models import load
+    from ..training.accuracy import build_tree
+    from ..training.data import load_records
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1 (leave it out for every record), got {args.limit}")
@@ -392,10 +392,10 @@ def cmd_build_tree(args) -> int:
 
 
 def cmd_export_heads(args) -> int:
-    from .errors import ConfigError
-    from .heads import load_heads, shipped_heads
-    from .heads.export import export_heads
-    from .models import load, parse_dtype
+    from ..errors import ConfigError
+    from ..heads import load_heads, shipped_heads
+    from ..heads.export import export_heads
+    from ..store.models import load, parse_dtype
 
     check_output_dir(args.out, "--out")
     target = load(args.target, args.dtype)
@@ -414,9 +414,9 @@ def cmd_export_heads(args) -> int:
 def cmd_export_eagle(args) -> int:
     import torch
 
-    from .eagle.export import export_eagle, load_for_export
-    from .errors import ModelLoadError
-    from .models import resolve
+    from ..eagle.export import export_eagle, load_for_export
+    from ..errors import ModelLoadError
+    from ..store.models import resolve
 
     check_output_dir(args.out, "--out")
     model = load_for_export(args.drafter)
@@ -438,9 +438,9 @@ def cmd_export_eagle(args) -> int:
 
 
 def cmd_cut_vocab(args) -> int:
-    from .eagle.train import split_records
-    from .models import parse_dtype
-    from .training.vocab import cut_draft_vocab
+    from ..training.eagle_train import split_records
+    from ..store.models import parse_dtype
+    from ..training.vocab import cut_draft_vocab
 
     check_output_dir(args.out, "--out")
     records = _corpus_records(args.data)

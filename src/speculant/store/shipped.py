@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["DRAFTERS", "MANIFEST_NAME", "NOT_INSTALLED", "check_data", "checkout_data_root", "find_drafter",
            "install_drafters", "installed_root", "read_manifest", "say_not_installed", "sha256_file",
@@ -48,7 +48,7 @@ _CHUNK = 8 << 20
 def checkout_data_root() -> Path | None:
     """``data/`` at the top of the source checkout this package is imported from (``src/speculant``
     two levels down), or None when there is none (an installed wheel)."""
-    root = Path(__file__).resolve().parents[2] / "data"
+    root = Path(__file__).resolve().parents[3] / "data"
     return root if (root / MANIFEST_NAME).is_file() and (root / DRAFTERS).is_dir() else None
 
 
@@ -69,7 +69,7 @@ def find_drafter(target_name: str, kind: str = "medusa") -> Path | None:
     """The directory of the ``kind`` drafter shipped for ``target_name`` (installed in the cache,
     else in this checkout's data root), or None when none is there. Says :data:`NOT_INSTALLED`
     once when ``target_name`` is a preset and no drafter is installed anywhere."""
-    from .heads.checkpoint import CONFIG_NAME
+    from ..heads.checkpoint import CONFIG_NAME
     from .presets import PRESETS
 
     if Path(target_name).name != target_name or target_name.startswith("."):
@@ -160,7 +160,7 @@ def install_drafters(root: Path, dest: Path | None = None) -> list[str]:
     lists (and no other) into ``dest`` (default :func:`installed_root`), each copy checked again,
     unless the copy there was installed from the same manifest entries; returns the presets copied. Raises ConfigError
     naming every file that does not match."""
-    from .runtime import file_lock
+    from ..runtime.process import file_lock
 
     root, dest = Path(root), Path(dest) if dest is not None else installed_root()
     problems = check_data(root, unlisted=False)

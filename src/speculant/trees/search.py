@@ -26,8 +26,8 @@ from typing import Sequence
 
 import torch
 
-from .errors import ConfigError
-from .tree import Path, normalize_paths
+from ..errors import ConfigError
+from .buffers import Path, normalize_paths
 
 __all__ = ["as_accuracies", "expected_length", "greedy_tree"]
 
@@ -86,8 +86,8 @@ def expected_length(paths: Sequence[Sequence[int]], acc: Sequence[Sequence[float
 def greedy_tree(acc: Sequence[Sequence[float]] | torch.Tensor, budget: int) -> list[list[int]]:
     """The tree of ``budget`` drafted nodes (root excluded) built greedily from ``acc`` (K, R).
 
-    Returns the paths breadth-first (as ``tree.normalize_paths`` orders them), ready for
-    ``tree.compile_paths`` or ``json.dump`` (``--tree-file``). Fewer than ``budget`` nodes when
+    Returns the paths breadth-first (as ``trees.buffers.normalize_paths`` orders them), ready for
+    ``trees.buffers.compile_paths`` or ``json.dump`` (``--tree-file``). Fewer than ``budget`` nodes when
     the K x R table allows no more (at most Σ_d R^d). Ties go to the shallower node, then the
     lexicographically smaller path.
     """

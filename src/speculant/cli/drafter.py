@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from .presets import DEFAULT_TARGET
+from ..store.presets import DEFAULT_TARGET
 
 
 def add_drafter_parser(sub) -> None:
-    from .training.drafter_recipe import HOURS_1P5B, DrafterRecipe
+    from ..training.drafter_recipe import HOURS_1P5B, DrafterRecipe
 
     d = DrafterRecipe()
     hours = HOURS_1P5B
@@ -63,8 +63,8 @@ def add_drafter_parser(sub) -> None:
 
 
 def cmd_train_drafter(args) -> int:
-    from .api import SpeculativeDecoder
-    from .training.drafter_recipe import DrafterRecipe, train_drafter
+    from ..api import SpeculativeDecoder
+    from ..training.drafter_recipe import DrafterRecipe, train_drafter
 
     recipe = DrafterRecipe(tokens=args.tokens, sources=tuple(s.strip() for s in args.sources.split(",") if s.strip()),
                            max_len=args.max_len, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -77,9 +77,9 @@ def cmd_train_drafter(args) -> int:
 
 
 def cmd_drafter_accuracy(args) -> int:
-    from .api import SpeculativeDecoder
-    from .drafters.accuracy import drafter_accuracy
-    from .errors import ConfigError
+    from ..api import SpeculativeDecoder
+    from ..drafters.accuracy import drafter_accuracy
+    from ..errors import ConfigError
 
     for name in ("held_out", "per_record", "depth"):
         if getattr(args, name) < (0 if name == "held_out" else 1):

@@ -23,7 +23,7 @@ into a hidden temporary directory beside the target and renames it into place on
 marker is written, so an interrupted conversion never leaves a directory that looks complete;
 the next conversion of that model (under the same lock) removes such leftovers. A cache entry
 whose safetensors file is damaged (e.g. truncated) is named and converted again, as is one
-converted before the config fields of ``gguf_meta`` (Gemma 2's soft caps and query scale) were set.
+converted before the config fields of ``store.gguf_meta`` (Gemma 2's soft caps and query scale) were set.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from . import gguf_meta
-from .errors import ConfigError, ModelLoadError, VocabMismatchError
+from ..errors import ConfigError, ModelLoadError, VocabMismatchError
 from .presets import PRESETS, Part, Preset  # noqa: F401 - re-exported: models.PRESETS is public
-from .runtime import file_lock
-from .text_check import check_text
+from ..runtime.process import file_lock
+from ..text_check import check_text
 
 GGUF_MAGIC = b"GGUF"
 COMPLETE_MARKER = "SPECULANT_COMPLETE.json"

@@ -1,0 +1,1 @@
+"""The ``speculant`` command."""

@@ -1,0 +1,5 @@
+"""``python -m speculant.cli``."""
+
+from .commands import main
+
+raise SystemExit(main())
