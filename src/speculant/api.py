@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 
-from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -22,7 +21,9 @@ from .backends.native import NativeBackend
 from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TREE_BUDGETS  # noqa: F401 (re-exported)
 from .config import DecoderConfig, SamplingConfig
 from .batching import Batch, Member
-from .decoding import SequenceRun, Stats, decode
+from .decoding import SequenceRun, Stats, decode  # noqa: F401 (Stats re-exported)
+from .generation import Generation, GenerationResult, TokenEvent  # noqa: F401 (re-exported)
+from .penalties import Penalties
 from .defaults import resolve_runtime
 from .drafters.base import Drafter
 from .drafters.factory import DraftParts, build_drafter, warm_up_heads
@@ -36,27 +37,6 @@ from .store.models import LoadedModel, chat_messages_prompt, chat_prompt, check_
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
 from .text_check import check_text
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One streamed token. source: "draft" (an accepted draft token) or "target"."""
-    token_id: int
-    text: str  # the new text this token completes (may be "" mid-character)
-    source: str
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str  # "eos" | "length" | "stop" (a stop string) | "cancelled"
-    stats: Stats
-
-    def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
-                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
-
 
 class SpeculativeDecoder:
     """Lossless speculative decoding of a target model, optionally with a draft model or heads.
@@ -174,12 +154,13 @@ class SpeculativeDecoder:
                     vocab_size=self.vocab_size, acceptance=self.acceptance, embedding=self._embedding(),
                     pacer=Pacer() if self.pacing else None)
 
-    def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig):
+    def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, logprobs: int | None = None):
         """The decoding loop's (state, step) after every step, for prompt ids ``ids`` (T,)."""
         generator = make_generator(sampling.seed)
         drafter = self._drafter(sampling, generator)
         with torch.inference_mode():
-            yield from decode(self.target_backend, drafter, ids, **self._loop_options(max_new_tokens, sampling, generator))
+            yield from decode(self.target_backend, drafter, ids, logprobs=logprobs,
+                              **self._loop_options(max_new_tokens, sampling, generator))
 
     # ---- several sequences at once (batching.py) -------------------------------------------
     def join(self, batch: Batch, gen: "Generation",
@@ -197,7 +178,8 @@ class SpeculativeDecoder:
             draft = self._idle_drafts.pop() if self._idle_drafts else self.draft_backend.sibling()
         generator = make_generator(gen.sampling.seed)
         drafter = build_drafter(self.config, self._parts, gen.sampling, generator, draft=draft, own_sizer=True)
-        run = SequenceRun(target, drafter, gen.ids, **self._loop_options(gen.max_new_tokens, gen.sampling, generator))
+        run = SequenceRun(target, drafter, gen.ids, logprobs=gen.logprobs_top,
+                          **self._loop_options(gen.max_new_tokens, gen.sampling, generator))
 
         def on_step(member: Member, step) -> bool:
             events, done = gen.take(member.run.state, step)
@@ -238,18 +220,16 @@ class SpeculativeDecoder:
             draft.reset()
             self._idle_drafts.append(draft)
 
-    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, temperature: float = 0.0,
-                       top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                       stop: str | Sequence[str] | None = None, max_batch: int | None = None) -> list[GenerationResult]:
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int | None = None,
+                       **options) -> list[GenerationResult]:
         """``generate`` for every prompt, several sequences per target pass: one result per prompt,
-        in order, each the one ``generate(prompt, ...)`` gives (the same options for all; with a
-        ``seed``, each sequence samples as if generated alone with it). ``max_batch``: at most this
-        many sequences decode together (default: all); the others join as sequences end. Every
-        prompt and option is checked before any pass."""
+        in order, each the one ``generate(prompt, ...)`` gives (the same ``options``, ``start``'s,
+        for all; with a ``seed``, each sequence samples as if generated alone with it).
+        ``max_batch``: at most this many sequences decode together (default: all); the others join
+        as sequences end. Every prompt and option is checked before any pass."""
         if max_batch is not None and max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
-        gens = [self.start(p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                           stop=stop) for p in prompts]
+        gens = [self.start(p, max_new_tokens, **options) for p in prompts]
         batch, waiting = Batch(max_batch, self.batch_pacer), list(gens)
         with torch.inference_mode():
             while waiting or len(batch):
@@ -262,38 +242,48 @@ class SpeculativeDecoder:
 
     def start(self, prompt, max_new_tokens: int | None = 128, *, temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
-              cancel: Callable[[], bool] | None = None) -> "Generation":
+              cancel: Callable[[], bool] | None = None, min_p: float = 0.0, presence_penalty: float = 0.0,
+              frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+              logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> Generation:
         """A generation that has not run yet: iterate it for its tokens (``TokenEvent``), or call
         ``result()``. The prompt is encoded and every option checked here, before any pass.
-        ``max_new_tokens`` None: up to the model's context (4,096 tokens where it states none)."""
-        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        ``max_new_tokens`` None: up to the model's context (4,096 tokens where it states none).
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``: ``config.SamplingConfig``;
+        ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias`` ({token
+        id: bias}): ``penalties.Penalties``, applied to the target's distribution at every verified
+        node, so speculation stays exact for the penalised distribution. ``stop``: up to 4
+        strings; the text ends right before the first of them (``finish_reason`` "stop").
+        ``cancel``: polled after every step; True ends the generation (``finish_reason``
+        "cancelled"). ``logprobs``: None, or k from 0 to 20: each token's log-probability under the
+        target model and the k most likely tokens at its position (``TokenEvent.logprob``,
+        ``GenerationResult.logprobs``)."""
+        bias = tuple(sorted(_logit_bias(logit_bias).items()))
+        penalties = Penalties(presence_penalty, frequency_penalty, repetition_penalty, bias)
+        penalties.check_vocab(self.vocab_size)
+        sampling = SamplingConfig(temperature, top_k, top_p, seed, min_p, penalties)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise ConfigError(f"logprobs must be None or an integer from 0 to {MAX_TOP_LOGPROBS} (the top tokens "
+                              f"reported at each position), got {logprobs!r}")
         ids = self.encode(prompt)
         if max_new_tokens is None:  # a prompt that fills the context is refused when the generation runs
             max_new_tokens = max(1, self.max_length - int(ids.shape[0])) if self.max_length else 4096
-        return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel)
+        return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel, logprobs)
 
-    def generate(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None) -> GenerationResult | list[GenerationResult]:
+    def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationResult | list[GenerationResult]:
         """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats. ``prompt``:
-        text, chat messages or token ids (see ``encode``). ``stop``: up to 4 strings; the text
-        ends right before the first of them (``finish_reason`` "stop"). A list of prompts
+        text, chat messages or token ids (see ``encode``); ``options``: ``start``'s (temperature,
+        top_k, top_p, min_p, seed, stop, the penalties, logit_bias, logprobs). A list of prompts
         (strings, token-id lists or message lists) runs them together (``generate_batch``) and
         returns a list of results."""
         if is_prompt_list(prompt):
-            return self.generate_batch(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                       seed=seed, stop=stop)
-        return self.start(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          seed=seed, stop=stop).result()
+            return self.generate_batch(prompt, max_new_tokens, **options)
+        return self.start(prompt, max_new_tokens, **options).result()
 
-    def stream(self, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
-               cancel: Callable[[], bool] | None = None) -> Iterator[TokenEvent]:
+    def stream(self, prompt, max_new_tokens: int = 128, **options) -> Iterator[TokenEvent]:
         """Yield tokens as they are accepted, each with its text and where it came from. The texts
-        add up to ``generate(...).text``. ``cancel``: polled after every step; when it returns
-        True the generation ends after that step (``finish_reason`` "cancelled")."""
-        gen = self.start(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         seed=seed, stop=stop, cancel=cancel)
+        add up to ``generate(...).text``. ``options``: ``start``'s (``cancel`` among them)."""
+        gen = self.start(prompt, max_new_tokens, **options)
         self.last_stats, self.last_finish_reason = None, None  # set as the stream runs
         self.last_prompt_tokens = gen.prompt_tokens
         for event in gen:
@@ -302,101 +292,33 @@ class SpeculativeDecoder:
         self.last_stats, self.last_finish_reason = gen.stats, gen.finish_reason
 
 
-class Generation:
-    """One generation of a decoder: iterating it runs the decoding loop and yields a
-    ``TokenEvent`` per new token; ``token_ids``, ``text``, ``finish_reason`` and ``stats`` follow
-    it. Text is held back while it may be the start of a stop string or of a multi-byte character,
-    so the events' texts add up to ``text``. ``token_ids``: every token generated, up to the one
-    that completed a stop string."""
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
-    def __init__(self, decoder: SpeculativeDecoder, ids: torch.Tensor, max_new_tokens: int,
-                 sampling: SamplingConfig, stops: StopStrings, cancel: Callable[[], bool] | None):
-        self.decoder, self.ids, self.max_new_tokens, self.sampling = decoder, ids, max_new_tokens, sampling
-        self.stops, self.cancel = stops, cancel
-        self.prompt_tokens = int(ids.shape[0])
-        self.token_ids: list[int] = []
-        self.text = ""
-        self.finish_reason: str | None = None
-        self.stats: Stats | None = None
-        self._texts = True  # decode the text after every token (a stream shows it as it grows)
-        self._shown, self._checked = "", 0  # text shown by events so far; text scanned for stops so far
 
-    def __iter__(self) -> Iterator[TokenEvent]:
-        steps = self.decoder._run(self.ids, self.max_new_tokens, self.sampling)
+def _logit_bias(bias) -> dict[int, float]:
+    """``logit_bias`` ({token id: bias}, ids possibly as strings, as JSON gives them) as ints and floats."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise ConfigError(f"logit_bias must be a mapping of token ids to biases, got {type(bias).__name__}")
+    out = {}
+    for k, v in bias.items():
         try:
-            for state, step in steps:
-                events, done = self.take(state, step)
-                yield from events
-                if done:
-                    return
-        finally:
-            steps.close()
-            self.finish()
-
-    @property
-    def shown(self) -> str:
-        """The text the events so far have carried (``text`` less what is still held back)."""
-        return self._shown
-
-    def text_at_end(self) -> None:
-        """Decode the text once at the end instead of after every token (no events need it:
-        a batch's result); stop strings are still scanned as the tokens come."""
-        self._texts = False
-
-    def take(self, state, step) -> tuple[list[TokenEvent], bool]:
-        """One decoding step's tokens (``state``, ``step``: what the decoding loop yields): their
-        events, and whether the generation ends with them."""
-        self.stats = state.stats
-        events: list[TokenEvent] = []
-        ending = state.finish_reason is not None or (self.cancel is not None and self.cancel())
-        labelled = [(t, "draft") for t in step.accepted]
-        if step.target_token >= 0:
-            labelled.append((step.target_token, "target"))
-        for n, (tok, source) in enumerate(labelled, 1):
-            self.token_ids.append(tok)
-            if not (self._texts or self.stops.strings):
-                continue
-            text = self.decoder.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-            hit = self.stops.scan(text, self._checked)
-            self._checked = len(text.rstrip("\ufffd"))
-            final = hit is not None or (ending and n == len(labelled))
-            if hit is not None:
-                self.text, self.finish_reason = text[:hit], "stop"
-                visible = self.text
-            else:
-                self.text = text
-                # hold back an incomplete UTF-8 character and a possible start of a stop string
-                visible = text if final else text[:self.stops.safe_length(text.rstrip("\ufffd"))]
-            piece = visible[len(self._shown):] if len(visible) > len(self._shown) else ""
-            self._shown += piece
-            if final and self.finish_reason is None:
-                self.finish_reason = state.finish_reason or "cancelled"
-            events.append(TokenEvent(tok, piece, source))
-            if final:
-                return events, True
-        if ending:  # the step ended the generation without a token to carry its text
-            self.finish_reason = state.finish_reason or "cancelled"
-            return events, True
-        return events, False
-
-    def finish(self) -> None:
-        """After the last step: the text, where no event carried it."""
-        if not (self._texts or self.stops.strings) and self.finish_reason is not None:
-            self.text = self.decoder.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-
-    def result(self) -> GenerationResult:
-        """Run the generation to its end (if not yet) and return its result."""
-        if self.finish_reason is None:
-            self.text_at_end()
-            for _ in self:
-                pass
-        return GenerationResult(self.text, list(self.token_ids), self.prompt_tokens, self.finish_reason, self.stats)
+            tok = int(k)
+            val = float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"logit_bias maps token ids to numbers, got {k!r}: {v!r}") from None
+        if isinstance(v, bool) or val != val:
+            raise ConfigError(f"logit_bias maps token ids to numbers, got {k!r}: {v!r}")
+        out[tok] = val
+    return out
 
 
 def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | None = None, *,
              method: str = "auto", max_new_tokens: int = 128, **kwargs) -> GenerationResult:
     """One-shot convenience: build a decoder and generate."""
-    sampling_keys = {"temperature", "top_k", "top_p", "seed", "stop"}
+    sampling_keys = {"temperature", "top_k", "top_p", "seed", "stop", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs"}
     gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}
     return SpeculativeDecoder(target, draft, method=method, **kwargs).generate(
         prompt, max_new_tokens, **gen_kwargs)

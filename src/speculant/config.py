@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .errors import ConfigError
+from .penalties import Penalties
 
 METHODS = ("auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "eagle", "bpd")
 BACKENDS = ("auto", "hf", "native")
@@ -52,13 +53,19 @@ class SamplingConfig:
 
     temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / temperature).
     top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass in (0, 1] (1 = off).
-    seed: makes a sampled run reproducible (None = nondeterministic).
+    seed: makes a sampled run reproducible (None = nondeterministic). min_p: keep the tokens at
+    least min_p times as likely as the most likely one (0 = off).
+    penalties: presence / frequency / repetition penalties and logit bias
+    (:class:`~speculant.penalties.Penalties`), applied to the target's logits at every verified
+    node before the rest (the target's distribution is the penalised one; drafts need none).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
+    penalties: Penalties = field(default_factory=Penalties)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -77,6 +84,8 @@ class SamplingConfig:
             raise ConfigError(f"top_p must be in (0, 1] (1 disables nucleus filtering), got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0 (0 disables top-k filtering), got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p}")
 
     @property
     def greedy(self) -> bool:

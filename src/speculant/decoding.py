@@ -11,6 +11,7 @@ when the path reached a leaf, the *recovered* token (sampled from the residual) 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,9 +25,10 @@ from .config import AcceptanceConfig, SamplingConfig
 from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan
 from .tuning.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
+from .penalties import penalise
 from .trees.buffers import chain
 
-__all__ = ["DecodeState", "SequenceRun", "Stats", "Step", "StopRule", "decode"]
+__all__ = ["DecodeState", "SequenceRun", "Stats", "Step", "StopRule", "TokenLogprob", "decode", "token_logprobs"]
 
 
 @dataclass
@@ -75,11 +77,22 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The target model's log-probability of a committed token at its position (log-softmax of
+    its raw logits: before penalties, temperature and filtering, the same under any method), and
+    the ``top`` most likely tokens there as (token id, log-probability), most likely first."""
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Step:
     """What one step committed: accepted draft tokens, then the target's token (-1 when the
-    block was cut at EOS or at max_new_tokens before it)."""
+    block was cut at EOS or at max_new_tokens before it); with ``logprobs`` asked for, one
+    :class:`TokenLogprob` per token of :attr:`tokens`."""
     accepted: list[int]
     target_token: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def tokens(self) -> list[int]:
@@ -178,8 +191,11 @@ class SequenceRun:
                  sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
                  replacement: bool = True, generator: torch.Generator | None = None,
                  vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
-                 embedding: torch.Tensor | None = None, pacer: Pacer | None = None):
+                 embedding: torch.Tensor | None = None, pacer: Pacer | None = None,
+                 logprobs: int | None = None):
         self.stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
+        self.penalties = sampling.penalties if sampling.penalties.active else None
+        self.logprobs = logprobs  # None: off; k >= 0: each token's log-probability and the top k
         self.stop.check(prompt)
         self.target, self.drafter, self.pacer, self.prompt = target, drafter, pacer, prompt
         self.V = vocab_size or target.vocab_size
@@ -250,16 +266,33 @@ class SequenceRun:
         """Stages 3 and 4: accept from the verification pass's output ``out`` (which took
         ``seconds``) and commit; returns the step (the state is in ``self.state``)."""
         self.state.stats.verify_s += seconds
-        logits = out.logits[:, :self.V]
-        _check_finite(logits, self.target, self.state.stats.new_tokens)
+        raw = out.logits[:, :self.V]
+        _check_finite(raw, self.target, self.state.stats.new_tokens)
+        logits = raw if self.penalties is None else penalise(raw, self.penalties, self.state.context,
+                                                             self.state.prompt_len, draft.tree, draft.tokens)
         path, token = self.accept(draft, logits)
         step = _commit(self.target, self.drafter, self.state, draft, _Verified(out, self._start), path, token,
                        self.stop, self.clock)
+        if self.logprobs is not None:
+            step = dataclasses.replace(step, logprobs=token_logprobs(raw, path, step.tokens, self.logprobs))
         self.state.stats.plain_steps += not self._drafted
         if self.pacer is not None and self._paced_here:
             self.pacer.record(self._drafted, len(step.tokens), self.clock.step_ms())
         self.clock.lap()
         return step
+
+
+def token_logprobs(logits: torch.Tensor, path: list[int], tokens: list[int], top: int) -> tuple[TokenLogprob, ...]:
+    """Each committed token's :class:`TokenLogprob`: token j (of ``tokens``, the step's) was
+    chosen at node ``path[j]``, whose row of ``logits`` (N, V) is the target's distribution there."""
+    if not tokens:
+        return ()
+    logp = logits[torch.tensor(path[:len(tokens)])].float().log_softmax(-1)  # (n, V)
+    chosen = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    if top <= 0:
+        return tuple(TokenLogprob(c) for c in chosen)
+    val, idx = logp.topk(min(top, logp.shape[-1]), dim=-1)
+    return tuple(TokenLogprob(c, tuple(zip(i, v))) for c, i, v in zip(chosen, idx.tolist(), val.tolist()))
 
 
 def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -> Iterator[tuple[DecodeState, Step]]:

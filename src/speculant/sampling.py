@@ -23,6 +23,8 @@ the device.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -67,7 +69,13 @@ def logits_to_probs(logits: Tensor, cfg: SamplingConfig) -> Tensor:
     3. top-p (``cfg.top_p < 1``): on the distribution left by step 2, keep the smallest set of
        most likely tokens whose cumulative probability reaches ``top_p`` (ties broken towards
        the lower index); the most likely token is always kept;
-    4. softmax over the kept tokens (the others get probability exactly 0).
+    4. min_p (``cfg.min_p > 0``): keep the tokens at least ``min_p`` times as likely as the most
+       likely one (a ratio that renormalising does not change, so the order of the filters does
+       not matter to it);
+    5. softmax over the kept tokens (the others get probability exactly 0).
+
+    Penalties (``cfg.penalties``) are not applied here: they depend on the tokens of each node's
+    path (``penalties.penalise``, applied to the target's rows before this).
     """
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have shape (..., V) with V >= 1, got {tuple(logits.shape)}")
@@ -88,6 +96,9 @@ def logits_to_probs(logits: Tensor, cfg: SamplingConfig) -> Tensor:
         keep_sorted[..., 0] = True
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # (..., V)
         scores = scores.masked_fill(~keep, float("-inf"))
+    if cfg.min_p > 0:
+        floor = scores.max(dim=-1, keepdim=True).values + math.log(cfg.min_p)  # (..., 1)
+        scores = scores.masked_fill(scores < floor, float("-inf"))
     return scores.softmax(dim=-1)  # (..., V)
 
 
