@@ -90,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
     g.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the output right before this text (repeat for up to 4)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="keep the tokens at least this times as likely as the most likely one (0: off)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0: off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0: off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' (CTRL's), > 0 (1: off)")
+    g.add_argument("--logit-bias", action="append", default=None, metavar="TOKEN=BIAS",
+                   help="add BIAS (-100 to 100) to token id TOKEN's logit (repeat for more tokens)")
+    g.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help="with --json: each token's log-probability under the target and the K (0-20) most likely")
     g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions, streaming)")
@@ -235,12 +244,17 @@ def _decoder(args):
 def cmd_generate(args) -> int:
     from ..config import SamplingConfig
     from ..errors import ConfigError
+    from ..penalties import Penalties
     from ..stopping import parse_stop
     from ..text_check import check_text
 
     prompt = _stdin_text() if args.prompt == "-" else args.prompt
     # validate cheap arguments before loading any model
-    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    penalties = Penalties(args.presence_penalty, args.frequency_penalty, args.repetition_penalty,
+                          tuple(_logit_bias(args.logit_bias).items()))
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed, args.min_p, penalties)
+    if args.logprobs is not None and not 0 <= args.logprobs <= 20:
+        raise ConfigError(f"--logprobs must be from 0 to 20, got {args.logprobs}")
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     check_text(prompt, "the prompt")
@@ -248,7 +262,9 @@ def cmd_generate(args) -> int:
         raise ConfigError("the prompt is empty: give some text to continue")
     parse_stop(args.stop)
     dec = _decoder(args)
-    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop)
+    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+              min_p=args.min_p, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+              repetition_penalty=args.repetition_penalty, logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs)
     gen = dec.start(prompt, args.max_new_tokens, **kw)
     if args.json:
         try:
@@ -282,6 +298,23 @@ def cmd_generate(args) -> int:
                   + ("; green = accepted draft tokens" if color and args.method != "ar" else "") + "]",
                   style="dim", markup=False)
     return 0
+
+
+def _logit_bias(pairs: list[str] | None) -> dict[int, float]:
+    """``--logit-bias TOKEN=BIAS`` arguments as {token id: bias}."""
+    from ..errors import ConfigError
+
+    out = {}
+    for pair in pairs or []:
+        tok, sep, bias = pair.partition("=")
+        try:
+            out[int(tok)] = float(bias)
+        except ValueError:
+            raise ConfigError(f"--logit-bias {pair!r}: use TOKEN=BIAS with an integer token id and a number, "
+                              "e.g. --logit-bias 42=-100") from None
+        if not sep:
+            raise ConfigError(f"--logit-bias {pair!r}: use TOKEN=BIAS, e.g. --logit-bias 42=-100")
+    return out
 
 
 def _interrupted(dec, gen):
