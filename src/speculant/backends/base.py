@@ -54,10 +54,17 @@ class CacheBacked:
     ``native_cache.StaticKVCache``) has ``length``, ``rollback`` and ``compact``."""
 
     cache: KVCacheLike
+    shares_passes = False  # True: forward_many runs several sequences' rows through one pass
 
     @property
     def cache_length(self) -> int:
         return self.cache.length
+
+    @staticmethod
+    def forward_many(backends: Sequence["Backend"], requests: Sequence[ForwardRequest]) -> list[ForwardOut]:
+        """Several sequences' requests (one backend each): one ``forward`` per sequence here; a
+        runtime with ``shares_passes`` runs them as one pass."""
+        return [b.forward(r.tokens, r.positions, r.tree_mask, r.rows, r.want_hidden) for b, r in zip(backends, requests)]
 
     def rollback(self, length: int) -> None:
         self.cache.rollback(length)
@@ -82,8 +89,8 @@ class ForwardRequest:
 
 def forward_batch(backends: Sequence["Backend"], requests: Sequence[ForwardRequest]) -> list[ForwardOut]:
     """One pass of every ``requests[i]`` on ``backends[i]`` (distinct sequences of one model):
-    through the backend class's ``forward_many`` when it has one and every backend shares the
-    model, else one ``forward`` per sequence. Returns one ForwardOut per request, in order; each
+    through the backend class's ``forward_many`` when every backend is of one class and shares
+    the model, else one ``forward`` per sequence. Returns one ForwardOut per request, in order; each
     is what ``forward`` alone would return for that sequence (bit for bit where the runtime's
     kernels are row-invariant)."""
     if len(backends) != len(requests):
@@ -93,9 +100,8 @@ def forward_batch(backends: Sequence["Backend"], requests: Sequence[ForwardReque
     if not backends:
         return []
     first = backends[0]
-    many = getattr(type(first), "forward_many", None)
-    if many is not None and all(type(b) is type(first) and b.model is first.model for b in backends):
-        return many(list(backends), list(requests))
+    if all(type(b) is type(first) and b.model is first.model for b in backends):
+        return type(first).forward_many(list(backends), list(requests))
     return [b.forward(r.tokens, r.positions, r.tree_mask, r.rows, r.want_hidden) for b, r in zip(backends, requests)]
 
 
@@ -124,4 +130,11 @@ class Backend(Protocol):
 
     def sibling(self) -> "Backend":
         """A backend for another sequence over the same model: its own empty KV cache."""
+        ...
+
+    shares_passes: bool  # forward_many runs several sequences' rows through one pass (else one by one)
+
+    @staticmethod
+    def forward_many(backends: Sequence["Backend"], requests: Sequence[ForwardRequest]) -> list[ForwardOut]:
+        """``requests[i]`` on ``backends[i]`` (one model, distinct caches), each what ``forward`` gives."""
         ...

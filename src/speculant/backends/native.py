@@ -40,6 +40,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..kernels import cpu_kernels, x86_kernels
+from ..runtime.quant import Int4Linear
 from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed
 from .native_cache import StaticKVCache
 from .native_model import SUPPORTED, NativeBlock, NativeModel, _rms_norm, _rotate  # noqa: F401 (re-exported)
@@ -57,6 +58,8 @@ _CAUSAL = torch.empty(0, dtype=torch.bool)  # kernels' attend: no mask = causal
 
 class NativeBackend(CacheBacked):
     """A NativeModel and its static KV cache for one sequence (the Backend protocol)."""
+
+    shares_passes = True  # every sequence's rows through each linear layer at once
 
     def __init__(self, model: NativeModel | nn.Module, name: str = "native", capacity: int = 1024):
         self.model = model if isinstance(model, NativeModel) else NativeModel.from_hf(model)
@@ -297,7 +300,7 @@ class NativeBackend(CacheBacked):
             counts.append(sel.shape[0])
         h = norm(x.index_select(0, torch.cat(picked)) if len(picked) > 1 or requests[0].rows is not None else x)
         head = m.lm_head
-        logits = head.forward_float(h) if hasattr(head, "forward_float") else head(h).float()  # (Σ m_b, V)
+        logits = head.forward_float(h) if isinstance(head, Int4Linear) else head(h).float()  # (Σ m_b, V)
         if m.arch.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
             logits = torch.tanh(logits / m.arch.final_softcap) * m.arch.final_softcap
         full = norm(x) if any(r.want_hidden is HiddenNeed.ALL for r in requests) else None  # (N, H)
@@ -350,14 +353,14 @@ def _linear_plan(spans: list[tuple[int, int, bool]]):
     if not any(f for *_, f in spans):
         return lambda layer, h: layer(h)
     if all(f for *_, f in spans):
-        return lambda layer, h: getattr(layer, "forward_prefill", layer)(h)
+        return lambda layer, h: (layer.forward_prefill if isinstance(layer, Int4Linear) else layer)(h)
     fast = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if f])
     rest = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if not f])
 
     def linear(layer, h: torch.Tensor) -> torch.Tensor:
-        prefill = getattr(layer, "forward_prefill", None)
-        if prefill is None:
+        if not isinstance(layer, Int4Linear):  # only speculant's int4 layers have a prefill kernel
             return layer(h)
+        prefill = layer.forward_prefill
         out = h.new_empty(h.shape[0], layer.out_features)
         out[rest] = layer(h[rest])
         out[fast] = prefill(h[fast])

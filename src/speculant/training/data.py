@@ -296,7 +296,7 @@ def distill(decoder, prompts: Sequence[str], max_new_tokens: int, path: str | os
     f = out_path.open("a", encoding="utf-8") if out_path is not None else None
     try:
         bar = tqdm(total=len(todo), desc="distilling", unit="prompt", disable=not progress or not todo)
-        together = batch_size > 1 and hasattr(type(decoder.target_backend), "forward_many")
+        together = batch_size > 1 and decoder.target_backend.shares_passes
         step = max(group or batch_size, batch_size) if together else batch_size
         for a in range(0, len(todo), step):
             chunk = todo[a:a + step]
