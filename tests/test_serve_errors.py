@@ -1,7 +1,8 @@
 """``speculant serve`` refuses bad requests with a 4xx in OpenAI's error shape and a message that
 names the problem (text that is not Unicode, NUL, deep nesting and numbers out of range too), and
-still answers correctly afterwards; an API key is enforced; SIGTERM lets a request in flight finish
-before the process exits; the default target answers the openai client."""
+still answers correctly afterwards; every bad penalty, logit bias, min_p and logprobs value is a
+400 naming its field, on both endpoints, streaming or not; an API key is enforced; SIGTERM lets a
+request in flight finish before the process exits; the default target answers the openai client."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ BAD = [
     ("five stop strings", _with(stop=["a", "b", "c", "d", "e"]), {}, 400, "at most 4"),
     ("an empty stop string", _with(stop=["a", ""]), {}, 400, "'stop' has an empty string"),
     ("n = 2", _with(n=2), {}, 400, "'n' must be 1"),
-    ("logprobs", _with(logprobs=True), {}, 400, "'logprobs' is not supported"),
+    ("echo", _with(echo=True), {}, 400, "'echo' is not supported"),
     ("tools", _with(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "'tools' is not supported"),
     ("json response format", _with(response_format={"type": "json_object"}), {}, 400, "'response_format'"),
     ("unknown field", _with(temprature=0.5), {}, 400, "unknown field 'temprature'"),
@@ -120,6 +121,73 @@ def test_a_bad_request_is_a_clear_4xx_and_the_server_still_answers(server, name,
     assert set(error) == {"message", "type", "param", "code"} and words in error["message"], error
     ok = server.post("/v1/chat/completions", GOOD, headers=AUTH)
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == server.expected
+
+
+TEXT_GOOD = {"model": "default", "prompt": "w1 w2 w3", "max_tokens": 4, "temperature": 0}
+# the sampling options honoured since the server took them: (endpoints, fields, param, words)
+BOTH = ("chat", "completion")
+BAD_OPTIONS = [
+    (BOTH, {"presence_penalty": 2.5}, "presence_penalty", "'presence_penalty' must be between -2 and 2"),
+    (BOTH, {"presence_penalty": "1"}, "presence_penalty", "'presence_penalty' must be a number"),
+    (BOTH, {"frequency_penalty": -3}, "frequency_penalty", "'frequency_penalty' must be between -2 and 2"),
+    (BOTH, {"frequency_penalty": True}, "frequency_penalty", "'frequency_penalty' must be a number"),
+    (BOTH, {"repetition_penalty": 0}, "repetition_penalty", "'repetition_penalty' must be above 0"),
+    (BOTH, {"repetition_penalty": -1.5}, "repetition_penalty", "'repetition_penalty' must be above 0"),
+    (BOTH, {"repetition_penalty": 1000}, "repetition_penalty", "at most 100"),
+    (BOTH, {"min_p": 1}, "min_p", "'min_p' must be in [0, 1)"),
+    (BOTH, {"min_p": -0.1}, "min_p", "'min_p' must be in [0, 1)"),
+    (BOTH, {"min_p": [0.1]}, "min_p", "'min_p' must be a number"),
+    (BOTH, {"logit_bias": [5, -100]}, "logit_bias", "'logit_bias' must be an object"),
+    (BOTH, {"logit_bias": {"w1": -100}}, "logit_bias", "'logit_bias' keys must be token ids"),
+    (BOTH, {"logit_bias": {"-5": 1}}, "logit_bias", "'logit_bias' keys must be token ids"),
+    (BOTH, {"logit_bias": {"9" * 5000: 1}}, "logit_bias", "'logit_bias' keys must be token ids"),
+    (BOTH, {"logit_bias": {"5": 101}}, "logit_bias", "'logit_bias' values must be numbers from -100 to 100"),
+    (BOTH, {"logit_bias": {"5": "-100"}}, "logit_bias", "'logit_bias' values must be numbers"),
+    (BOTH, {"logit_bias": {"5": None}}, "logit_bias", "'logit_bias' values must be numbers"),
+    (BOTH, {"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias", "at most 1024"),
+    (BOTH, {"logit_bias": {"3": 1, "64": -100}}, "logit_bias",
+     "token id 64, outside the model's vocabulary (ids 0 to 63)"),
+    (("chat",), {"logprobs": "yes"}, "logprobs", "'logprobs' must be true or false"),
+    (("chat",), {"logprobs": 1}, "logprobs", "'logprobs' must be true or false"),
+    (("chat",), {"top_logprobs": 2}, "top_logprobs", "'top_logprobs' is only allowed with \"logprobs\": true"),
+    (("chat",), {"logprobs": False, "top_logprobs": 0}, "top_logprobs", "only allowed with"),
+    (("chat",), {"logprobs": True, "top_logprobs": 21}, "top_logprobs",
+     "'top_logprobs' must be an integer from 0 to 20"),
+    (("chat",), {"logprobs": True, "top_logprobs": -1}, "top_logprobs", "from 0 to 20"),
+    (("chat",), {"logprobs": True, "top_logprobs": 2.0}, "top_logprobs", "from 0 to 20"),
+    (("completion",), {"logprobs": True}, "logprobs", "'logprobs' must be an integer from 0 to 20"),
+    (("completion",), {"logprobs": 21}, "logprobs", "'logprobs' must be an integer from 0 to 20"),
+    (("completion",), {"logprobs": "3"}, "logprobs", "'logprobs' must be an integer"),
+    (("completion",), {"top_logprobs": 3}, "top_logprobs", "'top_logprobs' is a chat field"),
+]
+
+
+@pytest.mark.parametrize("endpoints, fields, param, words", BAD_OPTIONS,
+                         ids=[f"{'+'.join(b[0])}-{b[2]}-{i}" for i, b in enumerate(BAD_OPTIONS)])
+def test_a_bad_sampling_option_is_a_400_naming_it(server, endpoints, fields, param, words):
+    for kind in endpoints:
+        path, good = ("/v1/chat/completions", GOOD) if kind == "chat" else ("/v1/completions", TEXT_GOOD)
+        for stream in (False, True):
+            r = server.post(path, {**good, **fields, "stream": stream}, headers=AUTH)
+            assert r.status_code == 400, (kind, r.text)
+            error = r.json()["error"]
+            assert error["param"] == param and words in error["message"], (kind, error)
+            assert error["type"] == "invalid_request_error"
+    ok = server.post("/v1/chat/completions", GOOD, headers=AUTH)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == server.expected
+
+
+def test_good_sampling_options_are_taken(server):
+    options = {"presence_penalty": -2, "frequency_penalty": 2.0, "repetition_penalty": 1, "min_p": 0,
+               "logit_bias": {"63": -100, "0": 100.0}}
+    for path, good, logprobs in (("/v1/chat/completions", GOOD, {"logprobs": True, "top_logprobs": 20}),
+                                 ("/v1/completions", TEXT_GOOD, {"logprobs": 20, "top_logprobs": 0})):
+        r = server.post(path, {**good, **options, **logprobs}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["logprobs"] is not None
+    for off in ({"logprobs": False}, {"logprobs": None, "top_logprobs": None}):
+        r = server.post("/v1/chat/completions", {**GOOD, **off}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
 
 
 def test_the_lone_surrogate_of_issue_51_is_a_400_naming_the_field_and_the_server_goes_on(server):

@@ -1,8 +1,9 @@
 """Hypothesis fuzzes ``speculant serve`` on loopback with generated requests: valid ones and
 mutations of them (lone surrogates, NUL, huge and negative numbers, NaN, wrong types, unknown
-fields, deep nesting, broken UTF-8, cut-off JSON), a few at a time, streaming and not, on both
-worker paths. Every answer must be a 200 or a well-formed 4xx in OpenAI's error shape (never a
-5xx, never a hang), and after every batch a normal request must still get its usual answer.
+fields, deep nesting, broken UTF-8, cut-off JSON; penalties, logit bias, min_p and logprobs), a
+few at a time, streaming and not, on both worker paths. Every answer must be a 200 (with one
+logprobs entry per token, if asked for) or a well-formed 4xx in OpenAI's error shape (never a 5xx,
+never a hang), and after every batch a normal request must still get its usual answer.
 
 Bounded: a fixed number of examples, derandomized (the same ones every run), no shrinking, and a
 timeout on every request."""
@@ -74,8 +75,14 @@ FIELDS = {
     "n": st.sampled_from([1, 2, 0, None]) | JSON,
     "user": STRINGS | JSON,
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]) | JSON,
-    "logprobs": st.booleans() | JSON,
-    "presence_penalty": NUMBERS | JSON,
+    "logprobs": st.booleans() | st.integers(0, 21) | JSON,
+    "top_logprobs": st.integers(0, 21) | NUMBERS | JSON,
+    "presence_penalty": st.floats(-2, 2) | NUMBERS | JSON,
+    "frequency_penalty": st.floats(-2, 2) | NUMBERS | JSON,
+    "repetition_penalty": st.floats(0, 3) | NUMBERS | JSON,
+    "min_p": st.floats(0, 1) | NUMBERS | JSON,
+    "logit_bias": st.dictionaries(st.integers(0, 70).map(str) | STRINGS, st.floats(-100, 100) | NUMBERS | JSON,
+                                  max_size=4) | JSON,
 }
 DELETE = object()
 CHANGE = st.one_of(*[st.tuples(st.just(name), values) for name, values in FIELDS.items()],
@@ -140,6 +147,10 @@ def _check(path: str, raw: bytes, status: int, ctype: str, content: bytes, event
     answer = json.loads(content)
     if status == 200:
         assert len(answer["choices"]) == 1 and answer["usage"]["completion_tokens"] >= 0, where
+        logprobs = answer["choices"][0]["logprobs"]
+        if logprobs is not None:  # one entry per completion token
+            entries = logprobs["content"] if "content" in logprobs else logprobs["tokens"]
+            assert len(entries) == answer["usage"]["completion_tokens"], where
         return
     error = answer["error"]
     assert set(error) == {"message", "type", "param", "code"}, where

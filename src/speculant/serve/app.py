@@ -2,7 +2,9 @@
 
 ``create_app(decoder, ServeConfig(...))`` builds it. Requests are checked (``schema``), queued
 (``scheduler``) and answered as OpenAI answers: a JSON body, or with ``"stream": true`` server-sent
-events in OpenAI's chunk format ending with ``data: [DONE]``. Every error has OpenAI's shape,
+events in OpenAI's chunk format ending with ``data: [DONE]``; with logprobs asked for, every
+token's log-probabilities are in the body's ``logprobs``, or in the chunk sent for that token
+(``logprobs`` module). Every error has OpenAI's shape,
 including a fault after a stream has begun (an error event, then the stream ends). A client that
 goes away has its generation cancelled within one decoding step. If the scheduler's worker stops
 for good, ``/health`` answers 503 with the reason, new requests get 503, and
@@ -27,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from .errors import APIError, bad_request
+from .logprobs import Logprobs, token_strings
 from .metrics import Metrics
 from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, Token, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
@@ -71,6 +74,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     """The application serving ``decoder`` (a SpeculativeDecoder); its scheduler starts with it."""
     model_id = config.model_id or decoder.target.name
     metrics = Metrics(decoder.method)
+    string = token_strings(decoder.tokenizer)  # a token id's string, for logprobs
 
     def finished(ticket: Ticket, event) -> None:
         metrics.set_queue(scheduler.waiting, scheduler.running)
@@ -163,7 +167,13 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             if req.max_tokens is not None and context is not None and req.max_tokens >= context:
                 raise bad_request(f"max_tokens is {req.max_tokens} but the model's context is {context} tokens "
                                   "(prompt included): ask for fewer", param="max_tokens")
-            job = Job(req.prompt, req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed, req.stop)
+            outside = [t for t, _ in req.logit_bias if t >= decoder.vocab_size]
+            if outside:
+                raise bad_request(f"'logit_bias' names token id {outside[0]}, outside the model's vocabulary (ids 0 "
+                                  f"to {decoder.vocab_size - 1})", param="logit_bias")
+            job = Job(req.prompt, req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed, req.stop,
+                      min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                      repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs)
             try:
                 ticket = scheduler.submit(job, asyncio.get_running_loop())
             except QueueFull:
@@ -186,7 +196,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             log.exception("request failed")
             metrics.request(endpoint, 500)
             return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
-        meta = _Meta(kind, model_id, decoder.method, arrived, metrics)
+        meta = _Meta(kind, model_id, decoder.method, arrived, metrics,
+                     None if req.logprobs is None else Logprobs(kind, string))
         if req.stream:
             metrics.request(endpoint, 200)
             return StreamingResponse(_sse(ticket, req, meta, scheduler), media_type="text/event-stream",
@@ -242,18 +253,23 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
 
 
 class _Meta:
-    """One response's identity and the pieces of its body."""
+    """One response's identity and the pieces of its body; ``logprobs`` (None: not asked for)
+    collects its tokens' logprobs."""
 
-    def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics):
+    def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics,
+                 logprobs: Logprobs | None = None):
         self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.first = True
+        self.logprobs = logprobs
 
-    def token(self, event: Token) -> None:
+    def token(self, event: Token) -> dict | None:
+        """Take a token's event; returns its logprobs object (None: not asked for)."""
         if self.first:
             self.metrics.first_token(time.perf_counter() - self.arrived)
             self.first = False
+        return None if self.logprobs is None else self.logprobs.add(event)
 
     def usage(self, event: Finished, prompt_tokens: int) -> dict[str, Any]:
         s = event.stats
@@ -265,24 +281,25 @@ class _Meta:
 
     def body(self, event: Finished, prompt_tokens: int) -> dict[str, Any]:
         reason = _FINISH[event.finish_reason]
+        logprobs = None if self.logprobs is None else self.logprobs.all
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": logprobs,
                       "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice],
                 "usage": self.usage(event, prompt_tokens)}
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
-              usage: dict | None = None) -> str:
+              usage: dict | None = None, logprobs: dict | None = None) -> str:
         if usage is not None:
             choices: list = []
         elif self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+            choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
         else:
-            choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+            choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
         body = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices}
         if usage is not None:
@@ -308,9 +325,9 @@ async def _sse(ticket: Ticket, req: CompletionRequest, meta: _Meta, scheduler: S
                     continue
                 event = Failed(503, _stopped(scheduler.problem).message)
             if isinstance(event, Token):
-                meta.token(event)
-                if event.text:
-                    yield meta.chunk(event.text)
+                logprobs = meta.token(event)
+                if event.text or logprobs is not None:  # with logprobs, every token has its chunk
+                    yield meta.chunk(event.text, logprobs=logprobs)
             elif isinstance(event, Finished):
                 yield meta.chunk(None, finish=_FINISH[event.finish_reason])
                 if req.include_usage:

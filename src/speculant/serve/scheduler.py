@@ -40,7 +40,8 @@ log = logging.getLogger("speculant.serve")
 
 @dataclass(frozen=True)
 class Job:
-    """What to generate: ``prompt`` (text or chat messages) and the decoding options."""
+    """What to generate: ``prompt`` (text or chat messages) and the decoding options (those of
+    ``SpeculativeDecoder.start``)."""
     prompt: Any
     max_tokens: int | None  # None: up to the context
     temperature: float = 0.0
@@ -48,6 +49,12 @@ class Job:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the top k (Token.logprob)
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,8 @@ class Started:
 @dataclass(frozen=True)
 class Token:
     token_id: int
-    text: str
+    text: str  # the new text this token completes ("" while text is held back)
+    logprob: Any = None  # decoding.TokenLogprob, when the job asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -220,7 +228,7 @@ class Scheduler:
             ticket = live.get(gen)
             if ticket is not None:
                 for ev in events:
-                    ticket.send(Token(ev.token_id, ev.text))
+                    ticket.send(Token(ev.token_id, ev.text, ev.logprob))
 
         def failed(gen, error: Exception) -> None:
             ticket = live.pop(gen, None)
@@ -302,7 +310,10 @@ class Scheduler:
             return problem
         try:
             gen = dec.start(job.prompt, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
-                            top_p=job.top_p, seed=job.seed, stop=list(job.stop), cancel=lambda: ticket.cancelled)
+                            top_p=job.top_p, seed=job.seed, stop=list(job.stop), cancel=lambda: ticket.cancelled,
+                            min_p=job.min_p, presence_penalty=job.presence_penalty,
+                            frequency_penalty=job.frequency_penalty, repetition_penalty=job.repetition_penalty,
+                            logit_bias=dict(job.logit_bias), logprobs=job.logprobs)
         except Exception as e:  # noqa: BLE001 -- encoding the prompt failed: this job alone
             return _failure(e)
         context = dec.max_length

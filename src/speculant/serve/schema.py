@@ -1,11 +1,17 @@
 """Request bodies of ``/v1/chat/completions`` and ``/v1/completions``, checked field by field.
 
-Every field is checked here, with an error that names it and says what to send instead. A field
-that would change the result and that speculant does not support (``n`` > 1, ``logprobs``,
-``tools``, penalties, ``logit_bias``, a JSON ``response_format``, ...) is refused, never ignored;
-so is a field this server does not know (a typo must not silently change nothing). Fields that do
-not change the result (``user``, ``metadata``, ``store``, ``parallel_tool_calls`` without tools)
-are accepted and ignored.
+Every field is checked here, with an error that names it and says what to send instead. Besides
+the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature``, ``top_p``,
+``seed``, ``stop``, ``stream``) the server honours OpenAI's ``presence_penalty``,
+``frequency_penalty`` (-2..2), ``logit_bias`` ({"token id": -100..100}) and ``logprobs`` (chat:
+true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
+extensions ``top_k``, ``min_p`` ([0, 1)) and ``repetition_penalty`` (> 0, 1 off). A field that
+would change the result and that speculant does not support (``n`` > 1, ``tools``, ``echo``, a
+JSON ``response_format``, ...) is refused, never ignored; so is a field this server does not
+know (a typo must not silently change nothing). Fields that do not change the result (``user``,
+``metadata``, ``store``, ``parallel_tool_calls`` without tools) are accepted and ignored.
+Whether ``logit_bias``'s token ids are in the model's vocabulary is checked by the app, which
+knows the model.
 
 Before any field is read, the whole body is checked (``check_body``): it may be nested at most
 ``MAX_DEPTH`` levels, and every string in it, field names included, must be Unicode text (no
@@ -16,6 +22,7 @@ Numbers must be in range: a value no model could use is refused, never passed on
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,20 +34,23 @@ ROLES = ("system", "user", "assistant", "developer")  # "developer": OpenAI's ne
 # fields that do not change what is generated
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 # fields that would change the result, and the value that means "off"
-_OFF: dict[str, tuple] = {"logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
-                          "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
-                          "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-                          "logit_bias": (None, {}), "echo": (None, False), "best_of": (None, 1),
+_OFF: dict[str, tuple] = {"tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+                          "function_call": (None, "none", "auto"), "echo": (None, False), "best_of": (None, 1),
                           "suffix": (None, ""), "modalities": (None, ["text"]), "audio": (None,),
                           "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-           "stream_options", "n"}
-FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "response_format"},
-          "completion": _COMMON | {"prompt"}}
+           "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+           "repetition_penalty", "min_p"}
+FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "response_format", "top_logprobs"},
+          "completion": _COMMON | {"prompt", "top_logprobs"}}  # top_logprobs: refused with a hint (_logprobs)
 MAX_DEPTH = 64  # JSON nesting levels a body may have (a chat request with text parts needs 5)
 MAX_INT32 = 2**31 - 1  # max_tokens and top_k: beyond any context or vocabulary
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as OpenAI documents it
 MIN_TEMPERATURE = 1e-30  # the smallest temperature above 0 that sampling takes (config.SamplingConfig)
+MAX_TOP_LOGPROBS = 20  # top tokens reported per position, as OpenAI's chat API (api.MAX_TOP_LOGPROBS)
+MAX_REPETITION_PENALTY = 100.0  # penalties.Penalties' bound
+MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each one is applied at every verified node)
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key: a token id, as a string of decimal digits
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,12 @@ class CompletionRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the top k at its position
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -117,8 +133,70 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         raise bad_request("'stream_options' must be {\"include_usage\": true|false}", param="stream_options")
     if options and not stream:
         raise bad_request("'stream_options' is only allowed with \"stream\": true", param="stream_options")
+    min_p = _number(body, "min_p", 0.0, 0.0, 1.0, "in [0, 1) (0 = off)")
+    if min_p >= 1.0:
+        raise bad_request(f"'min_p' must be in [0, 1) (0 = off), got {show(body['min_p'])}", param="min_p")
+    presence = _number(body, "presence_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)")
+    frequency = _number(body, "frequency_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)")
+    repetition = _number(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY,
+                         f"above 0 and at most {MAX_REPETITION_PENALTY:g} (1 = off)")
+    if repetition <= 0.0:
+        raise bad_request(f"'repetition_penalty' must be above 0 and at most {MAX_REPETITION_PENALTY:g} (1 = off), "
+                          f"got {show(body['repetition_penalty'])}", param="repetition_penalty")
     return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, int(top_k), seed,
-                             _stop(body.get("stop")), stream, bool(options and options.get("include_usage")))
+                             _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
+                             _logprobs(body, kind), min_p, presence, frequency, repetition,
+                             _logit_bias(body.get("logit_bias")))
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many top tokens to report at each position (None: no logprobs). Chat: ``logprobs``
+    true|false and ``top_logprobs`` (only with logprobs true, as OpenAI has it); completions:
+    ``logprobs`` is the number itself (OpenAI's legacy API allows up to 5; this server 20)."""
+    value, top = body.get("logprobs"), body.get("top_logprobs")
+    if kind == "completion":
+        if top is not None and not (_is_int(top) and top == 0):  # 0 asks for nothing: accepted, as before
+            raise bad_request("'top_logprobs' is a chat field: on /v1/completions send 'logprobs': k for the top k "
+                              f"tokens (0 to {MAX_TOP_LOGPROBS})", param="top_logprobs")
+        if value is None or value is False:
+            return None
+        if not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"'logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS} (the top tokens reported "
+                              f"at each position) or null, got {show(value)}", param="logprobs")
+        return int(value)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f"'logprobs' must be true or false, got {show(value)}", param="logprobs")
+    if top is None:
+        return 0 if value else None
+    if not value:
+        raise bad_request("'top_logprobs' is only allowed with \"logprobs\": true", param="top_logprobs")
+    if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {show(top)}",
+                          param="top_logprobs")
+    return int(top)
+
+
+def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``: an object of token ids (strings of digits, as JSON keys are) to biases in
+    [-100, 100]; as (id, bias) pairs, ids ascending."""
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise bad_request(f"'logit_bias' must be an object of token ids to biases, e.g. {{\"42\": -100}}, got "
+                          f"{_type(bias)}", param="logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed",
+                          param="logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not _TOKEN_ID.fullmatch(key) or int(key) > MAX_INT32:
+            raise bad_request(f"'logit_bias' keys must be token ids (integers from 0, written as strings), got "
+                              f"{show(key)}", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad_request(f"'logit_bias' values must be numbers from -100 to 100, got {show(value)} for token "
+                              f"{key}", param="logit_bias")  # NaN fails the range; JSON has no infinity
+        out[int(key)] = float(value)
+    return tuple(sorted(out.items()))
 
 
 def _messages(messages: Any) -> tuple[dict, ...]:
