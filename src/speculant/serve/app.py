@@ -4,7 +4,9 @@
 (``scheduler``) and answered as OpenAI answers: a JSON body, or with ``"stream": true`` server-sent
 events in OpenAI's chunk format ending with ``data: [DONE]``; with logprobs asked for, every
 token's log-probabilities are in the body's ``logprobs``, or in the chunk sent for that token
-(``logprobs`` module). Every error has OpenAI's shape,
+(``logprobs`` module). With ``tools``, the messages are rendered here with the tools through the
+model's chat template, and the calls the model writes come back as ``message.tool_calls`` (streamed:
+``delta.tool_calls``) with ``finish_reason`` "tool_calls" (``tools`` module). Every error has OpenAI's shape,
 including a fault after a stream has begun (an error event, then the stream ends). A client that
 goes away has its generation cancelled within one decoding step. If the scheduler's worker stops
 for good, ``/health`` answers 503 with the reason, new requests get 503, and
@@ -28,11 +30,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from ..errors import ConfigError
+from ..store.models import chat_messages_prompt
 from .errors import APIError, bad_request
 from .logprobs import Logprobs, token_strings
 from .metrics import Metrics
 from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, Token, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
+from .tools import ToolStream, join, tool_format
 
 log = logging.getLogger("speculant.serve")
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
@@ -75,6 +80,31 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     model_id = config.model_id or decoder.target.name
     metrics = Metrics(decoder.method)
     string = token_strings(decoder.tokenizer)  # a token id's string, for logprobs
+    calls_format = tool_format(decoder.tokenizer)  # how the chat template has the model write tool calls
+
+    def tool_prompt(req: CompletionRequest) -> list[int] | None:
+        """The token ids of a chat with tools or tool messages, rendered here (the decoder renders
+        plain chats itself); None for one without; a 400 if the chat template cannot render them."""
+        uses = [i for i, m in enumerate(req.prompt) if m["role"] == "tool" or "tool_calls" in m]
+        if req.tools is None and not uses:
+            return None
+        param = "tools" if req.tools is not None else f"messages[{uses[0]}]"
+        if calls_format is None:
+            raise bad_request(f"{param}: the model's chat template has no tool support (it does not render "
+                              "tools or tool calls); send a conversation without them", param=param,
+                              code="unsupported_parameter")
+        if calls_format == "unknown" and req.tools is not None:
+            raise bad_request("tools: the model's chat template writes tool calls in a format this server cannot "
+                              "parse yet (it knows Hermes' <tool_call> tags)", param="tools",
+                              code="unsupported_parameter")
+        try:
+            text = chat_messages_prompt(decoder.tokenizer, req.prompt, req.tools)
+        except ConfigError as e:
+            raise bad_request(str(e), param="messages") from None
+        except Exception as e:  # noqa: BLE001 -- the template's own refusal, or it broke on this input
+            raise bad_request(f"the model's chat template refused the messages and tools: {type(e).__name__}: "
+                              f"{e}", param="messages") from None
+        return decoder.tokenizer(text, add_special_tokens=False).input_ids
 
     def finished(ticket: Ticket, event) -> None:
         metrics.set_queue(scheduler.waiting, scheduler.running)
@@ -171,7 +201,12 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             if outside:
                 raise bad_request(f"'logit_bias' names token id {outside[0]}, outside the model's vocabulary (ids 0 "
                                   f"to {decoder.vocab_size - 1})", param="logit_bias")
-            job = Job(req.prompt, req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed, req.stop,
+            ids = None
+            if kind == "chat" and (req.tools is not None or any("tool_calls" in m or m["role"] == "tool"
+                                                                 for m in req.prompt)):
+                ids = await asyncio.get_running_loop().run_in_executor(None, tool_prompt, req)
+            job = Job(req.prompt if ids is None else ids, req.max_tokens, req.temperature, req.top_p, req.top_k,
+                      req.seed, req.stop,
                       min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                       repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs)
             try:
@@ -197,7 +232,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             metrics.request(endpoint, 500)
             return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
         meta = _Meta(kind, model_id, decoder.method, arrived, metrics,
-                     None if req.logprobs is None else Logprobs(kind, string))
+                     None if req.logprobs is None else Logprobs(kind, string),
+                     calls_format if req.tools is not None else None)
         if req.stream:
             metrics.request(endpoint, 200)
             return StreamingResponse(_sse(ticket, req, meta, scheduler), media_type="text/event-stream",
@@ -257,8 +293,9 @@ class _Meta:
     collects its tokens' logprobs."""
 
     def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics,
-                 logprobs: Logprobs | None = None):
+                 logprobs: Logprobs | None = None, tools: str | None = None):
         self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
+        self.tools = None if tools is None else ToolStream(tools)  # parses tool calls out of the text
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.first = True
@@ -283,8 +320,13 @@ class _Meta:
         reason = _FINISH[event.finish_reason]
         logprobs = None if self.logprobs is None else self.logprobs.all
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": logprobs,
-                      "finish_reason": reason}
+            message: dict[str, Any] = {"role": "assistant", "content": event.text}
+            if self.tools is not None:
+                message["content"], calls = join(self.tools.feed(event.text) + self.tools.finish())
+                if calls:
+                    message["tool_calls"] = calls
+                    reason = _calls_finish(reason)
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
@@ -292,11 +334,12 @@ class _Meta:
                 "usage": self.usage(event, prompt_tokens)}
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
-              usage: dict | None = None, logprobs: dict | None = None) -> str:
+              usage: dict | None = None, logprobs: dict | None = None, delta: dict | None = None) -> str:
         if usage is not None:
             choices: list = []
         elif self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
         else:
             choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
@@ -305,6 +348,11 @@ class _Meta:
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
+
+
+def _calls_finish(reason: str) -> str:
+    """The finish reason of a response with tool calls: "tool_calls", unless it was cut short."""
+    return reason if reason == "length" else "tool_calls"
 
 
 def _no_constant(name: str):
@@ -326,10 +374,19 @@ async def _sse(ticket: Ticket, req: CompletionRequest, meta: _Meta, scheduler: S
                 event = Failed(503, _stopped(scheduler.problem).message)
             if isinstance(event, Token):
                 logprobs = meta.token(event)
-                if event.text or logprobs is not None:  # with logprobs, every token has its chunk
+                if meta.tools is not None:
+                    deltas = meta.tools.feed(event.text) or ([{}] if logprobs is not None else [])
+                    for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
+                        yield meta.chunk(delta=delta, logprobs=logprobs if i == 0 else None)
+                elif event.text or logprobs is not None:  # with logprobs, every token has its chunk
                     yield meta.chunk(event.text, logprobs=logprobs)
             elif isinstance(event, Finished):
-                yield meta.chunk(None, finish=_FINISH[event.finish_reason])
+                finish = _FINISH[event.finish_reason]
+                if meta.tools is not None:
+                    for delta in meta.tools.finish():
+                        yield meta.chunk(delta=delta)
+                    finish = _calls_finish(finish) if meta.tools.calls else finish
+                yield meta.chunk(None, finish=finish)
                 if req.include_usage:
                     yield meta.chunk(usage=meta.usage(event, ticket.prompt_tokens))
                 break

@@ -6,12 +6,14 @@ the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature`
 ``frequency_penalty`` (-2..2), ``logit_bias`` ({"token id": -100..100}) and ``logprobs`` (chat:
 true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
 extensions ``top_k``, ``min_p`` ([0, 1)) and ``repetition_penalty`` (> 0, 1 off). A field that
-would change the result and that speculant does not support (``n`` > 1, ``tools``, ``echo``, a
-JSON ``response_format``, ...) is refused, never ignored; so is a field this server does not
+would change the result and that speculant does not support (``n`` > 1, ``tool_choice``
+"required", ``echo``, a JSON ``response_format``, ...) is refused, never ignored; so is a field this server does not
 know (a typo must not silently change nothing). Fields that do not change the result (``user``,
 ``metadata``, ``store``, ``parallel_tool_calls`` without tools) are accepted and ignored.
-Whether ``logit_bias``'s token ids are in the model's vocabulary is checked by the app, which
-knows the model.
+``tools`` and ``tool_choice`` "auto" / "none", and messages carrying tool calls and their results
+(an assistant's ``tool_calls``, the ``tool`` role), are checked by ``tools``; whether the model's
+chat template can render them is checked by the app. Whether ``logit_bias``'s token ids are in the
+model's vocabulary is checked by the app, which knows the model.
 
 Before any field is read, the whole body is checked (``check_body``): it may be nested at most
 ``MAX_DEPTH`` levels, and every string in it, field names included, must be Unicode text (no
@@ -29,20 +31,24 @@ from typing import Any
 from ..stopping import MAX_STOP_STRINGS
 from ..text_check import text_problem
 from .errors import bad_request
+from .tools import check_tool_choice, check_tools, tool_calls_in
 
-ROLES = ("system", "user", "assistant", "developer")  # "developer": OpenAI's newer name for system
+ROLES = ("system", "user", "assistant", "developer", "tool")  # "developer": OpenAI's newer name for system
 # fields that do not change what is generated
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 # fields that would change the result, and the value that means "off"
-_OFF: dict[str, tuple] = {"tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+_OFF: dict[str, tuple] = {"functions": (None, []),
                           "function_call": (None, "none", "auto"), "echo": (None, False), "best_of": (None, 1),
                           "suffix": (None, ""), "modalities": (None, ["text"]), "audio": (None,),
                           "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
            "repetition_penalty", "min_p"}
-FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "response_format", "top_logprobs"},
+FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "response_format", "top_logprobs", "tools",
+                             "tool_choice"},
           "completion": _COMMON | {"prompt", "top_logprobs"}}  # top_logprobs: refused with a hint (_logprobs)
+_TOOL_KEYS = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}  # beyond role, content, name
+_EMPTY_OK = {"refusal", "function_call", "audio", "annotations"}  # an assistant message the client gave back
 MAX_DEPTH = 64  # JSON nesting levels a body may have (a chat request with text parts needs 5)
 MAX_INT32 = 2**31 - 1  # max_tokens and top_k: beyond any context or vocabulary
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as OpenAI documents it
@@ -73,6 +79,7 @@ class CompletionRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # 1: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
+    tools: tuple[dict, ...] | None = None  # the tools to render and parse calls of (None: none, or tool_choice "none")
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -86,8 +93,9 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                           param=unknown[0], code="unsupported_parameter")
     for name, off in _OFF.items():
         if name in body and not any(body[name] == v and type(body[name]) is type(v) or body[name] is v for v in off):
+            hint = "; use 'tools' and 'tool_choice'" if name in ("functions", "function_call") else ""
             raise bad_request(f"{name!r} is not supported by speculant serve (it would change the result); "
-                              f"remove it or set it to {off[-1]!r}", param=name, code="unsupported_parameter")
+                              f"remove it or set it to {off[-1]!r}{hint}", param=name, code="unsupported_parameter")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required: a model id from GET /v1/models", param="model")
@@ -95,8 +103,12 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     if n is not None and (not _is_int(n) or n != 1):
         raise bad_request(f"'n' must be 1 (one choice per request), got {show(n)}", param="n",
                           code="unsupported_parameter")
+    tools = None
     if kind == "chat":
         prompt: str | tuple[dict, ...] = _messages(body.get("messages"))
+        tools = check_tools(body.get("tools"))
+        if check_tool_choice(body.get("tool_choice"), tools) == "none":
+            tools = None
         fmt = body.get("response_format")
         if fmt is not None and fmt != {"type": "text"}:
             raise bad_request("'response_format' other than {\"type\": \"text\"} is not supported; remove it",
@@ -146,7 +158,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, int(top_k), seed,
                              _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
-                             _logit_bias(body.get("logit_bias")))
+                             _logit_bias(body.get("logit_bias")), tools)
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -210,13 +222,27 @@ def _messages(messages: Any) -> tuple[dict, ...]:
         role = m.get("role")
         if role not in ROLES:
             raise bad_request(f"{param}.role is {show(role)}: use one of {', '.join(ROLES)}", param=f"{param}.role")
-        extra = set(m) - {"role", "content", "name"}
+        allowed = {"role", "content", "name"} | _TOOL_KEYS.get(role, set())
+        extra = {k for k in set(m) - allowed if not (role == "assistant" and k in _EMPTY_OK and not m[k])}
         if extra:
-            raise bad_request(f"{param} has {show(sorted(extra)[0])}, which is not supported (no tool calls); "
+            raise bad_request(f"{param} has {show(sorted(extra)[0])}, which a {role} message does not take; "
                               "remove it", param=param, code="unsupported_parameter")
         if m.get("name") is not None and not isinstance(m["name"], str):
             raise bad_request(f"{param}.name must be a string, got {_type(m['name'])}", param=f"{param}.name")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), param)})
+        message: dict = {"role": "system" if role == "developer" else role}
+        if role == "assistant" and m.get("tool_calls") is not None:  # content may be null beside calls
+            message["tool_calls"] = tool_calls_in(m["tool_calls"], f"{param}.tool_calls")
+            message["content"] = "" if m.get("content") is None else _content(m["content"], param)
+        else:
+            message["content"] = _content(m.get("content"), param)
+        if role == "tool":
+            if not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]:
+                raise bad_request(f"{param}.tool_call_id must be the id of the call this message answers",
+                                  param=f"{param}.tool_call_id")
+            message["tool_call_id"] = m["tool_call_id"]
+            if m.get("name") is not None:
+                message["name"] = m["name"]
+        out.append(message)
     return tuple(out)
 
 

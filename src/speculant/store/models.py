@@ -483,22 +483,28 @@ def chat_prompt(tokenizer: Any, text: str) -> str:
     return chat_messages_prompt(tokenizer, [{"role": "user", "content": text}])
 
 
-def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict]) -> str:
+def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
     """A conversation (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``) in
-    the tokenizer's chat template, ending with the prompt for the assistant's next turn."""
+    the tokenizer's chat template, ending with the prompt for the assistant's next turn. With
+    ``tools`` (OpenAI's ``{"type": "function", "function": {...}}`` objects) the template renders
+    them; an assistant message may then carry ``tool_calls`` (arguments as objects) and a ``tool``
+    message (``tool_call_id``, ``content``) a call's result, as transformers' templates take them."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("this model has no chat template, so it cannot take chat messages: "
                           "send a plain text prompt instead")
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ConfigError("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    roles = CHAT_ROLES + ("tool",)
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ConfigError(f"messages[{i}] must be an object with \"role\" and \"content\", "
                               f"got {type(m).__name__}")
-        if m.get("role") not in CHAT_ROLES:
-            raise ConfigError(f"messages[{i}] has role {m.get('role')!r}: use one of {', '.join(CHAT_ROLES)}")
+        if m.get("role") not in roles:
+            raise ConfigError(f"messages[{i}] has role {m.get('role')!r}: use one of {', '.join(roles)}")
         if not isinstance(m.get("content"), str):
             raise ConfigError(f"messages[{i}].content must be a string, got {type(m.get('content')).__name__}")
         check_text(m["content"], f"messages[{i}] ({m['role']}) content")
-    return tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
-                                         tokenize=False, add_generation_prompt=True)
+    keys = ("role", "content", "tool_calls", "tool_call_id", "name")
+    turns = [{k: m[k] for k in keys if k in m and (k != "name" or m["role"] == "tool")} for m in messages]
+    extra = {"tools": list(tools)} if tools else {}
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **extra)

@@ -1,0 +1,287 @@
+"""OpenAI tool calling without a grammar engine: the request's ``tools`` are checked and rendered
+through the model's own chat template, and the calls the model writes are parsed back out.
+
+Request side (``check_tools``, ``check_tool_choice``, ``tool_calls_in``): ``tools`` is a list of
+``{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`` with
+distinct names; ``tool_choice`` "auto" (the default with tools) or "none" (the tools are not
+rendered and the output is not parsed). "required" and a named function need the output to be
+constrained to a call, which this server does not do yet: they are refused with a 400 saying so.
+An assistant message's ``tool_calls`` come back with their ``arguments`` (OpenAI's JSON string)
+decoded into an object, which is what chat templates render (``tojson``).
+
+Response side: a template's tool-call format is recognised from its text (``tool_format``):
+"hermes" is the ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` form of
+Qwen2.5, Hermes and others. ``ToolStream`` is the one parser: it takes the completion's text in
+pieces, as it is generated, and returns OpenAI's deltas (``{"content": ...}``, ``{"tool_calls":
+[...]}``). Text that may be the start of an opening tag is held back until it is resolved, as
+stop strings hold text back; a call is sent once its closing tag has arrived and its body is a
+JSON object with a string ``name`` and an object ``arguments``, as a delta with the id, type,
+name and empty arguments, then one with the arguments. A malformed call (bad JSON, no closing
+tag by the end) stays text. Whitespace between calls and around them is dropped once a call is
+made; text with no well-formed call comes out exactly as generated. ``parse`` is the same machine
+fed the whole text, so a streamed response adds up to the non-streamed one for every split.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from .errors import bad_request
+
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+HERMES = ("<tool_call>", "</tool_call>")
+NEEDS_CONSTRAINTS = ("needs constrained decoding (the output forced into a call of the tool), which speculant "
+                     "serve does not do yet (coming); use \"auto\", or \"none\"")
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)
+
+
+def check_tools(tools: Any) -> tuple[dict, ...] | None:
+    """``tools`` as given (None or [] : no tools), or a 400 naming the field at fault."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request(f"'tools' must be a list of {{\"type\": \"function\", \"function\": {{...}}}} objects, "
+                          f"got {_kind(tools)}", param="tools")
+    names: set[str] = set()
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise bad_request(f"{where} must be an object {{\"type\": \"function\", \"function\": {{...}}}}, got "
+                              f"{_kind(tool)}", param=where)
+        extra = sorted(set(tool) - {"type", "function"})
+        if extra:
+            raise bad_request(f"{where} has {extra[0]!r}: a tool has only \"type\" and \"function\"", param=where)
+        if tool.get("type") != "function":
+            raise bad_request(f"{where}.type must be \"function\" (the only kind of tool), got "
+                              f"{tool.get('type')!r}"[:200], param=f"{where}.type")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise bad_request(f"{where}.function must be an object with \"name\" (and \"description\", "
+                              f"\"parameters\"), got {_kind(fn)}", param=f"{where}.function")
+        extra = sorted(set(fn) - _FUNCTION_KEYS)
+        if extra:
+            raise bad_request(f"{where}.function has {extra[0]!r}: use \"name\", \"description\", \"parameters\", "
+                              "\"strict\"", param=f"{where}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise bad_request(f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-', got "
+                              f"{name!r}"[:200], param=f"{where}.function.name")
+        if name in names:
+            raise bad_request(f"{where}.function.name {name!r} is used by another tool: names must be distinct",
+                              param=f"{where}.function.name")
+        names.add(name)
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise bad_request(f"{where}.function.description must be a string, got {_kind(fn['description'])}",
+                              param=f"{where}.function.description")
+        params = fn.get("parameters")
+        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+            raise bad_request(f"{where}.function.parameters must be a JSON schema object with \"type\": \"object\" "
+                              f"(e.g. {{\"type\": \"object\", \"properties\": {{...}}}}), got {_kind(params)}",
+                              param=f"{where}.function.parameters")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise bad_request(f"{where}.function.strict must be true or false", param=f"{where}.function.strict")
+        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
+    return tuple(out)
+
+
+def check_tool_choice(choice: Any, tools: tuple[dict, ...] | None) -> str:
+    """``tool_choice`` as "auto" or "none"; "required" and a named function are refused (they
+    need constrained decoding), as is anything else, with a 400 naming the field."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice in ("auto", "none"):
+        return choice if tools else "none"
+    if choice == "required":
+        if not tools:
+            raise bad_request("'tool_choice' \"required\" needs 'tools'", param="tool_choice")
+        raise bad_request(f"'tool_choice' \"required\" {NEEDS_CONSTRAINTS}", param="tool_choice",
+                          code="unsupported_parameter")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str) or set(choice) - {"type", "function"}:
+            raise bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                              "\"function\": {\"name\": ...}}", param="tool_choice")
+        known = [t["function"]["name"] for t in tools or ()]
+        if name not in known:
+            raise bad_request(f"'tool_choice' names the function {name!r}"[:200] + ", which is not in 'tools'",
+                              param="tool_choice.function.name")
+        raise bad_request(f"'tool_choice' naming a function {NEEDS_CONSTRAINTS}", param="tool_choice",
+                          code="unsupported_parameter")
+    raise bad_request(f"'tool_choice' must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+                      f"\"function\": {{\"name\": ...}}}}, got {_kind(choice)}", param="tool_choice")
+
+
+def tool_calls_in(calls: Any, where: str) -> list[dict]:
+    """An assistant message's ``tool_calls`` for the chat template: ``arguments`` (a JSON string
+    of an object) decoded. A 400 naming the field if a call is not OpenAI's shape."""
+    if not isinstance(calls, list) or not calls:
+        raise bad_request(f"{where} must be a non-empty list of {{\"id\", \"type\": \"function\", \"function\": "
+                          "{\"name\", \"arguments\"}} objects", param=where)
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            raise bad_request(f"{at} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                              "\"arguments\"}}", param=at)
+        if not isinstance(call.get("id"), str):
+            raise bad_request(f"{at}.id must be a string", param=f"{at}.id")
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{at}.function must be {{\"name\": string, \"arguments\": JSON string}}",
+                              param=f"{at}.function")
+        args = fn.get("arguments", "{}")
+        try:
+            decoded = json.loads(args) if isinstance(args, str) else None
+        except json.JSONDecodeError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise bad_request(f"{at}.function.arguments must be a JSON object written as a string, e.g. "
+                              "'{\"city\": \"Paris\"}'", param=f"{at}.function.arguments")
+        out.append({"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": decoded}})
+    return out
+
+
+def tool_format(tokenizer: Any) -> str | None:
+    """The tool-call format the tokenizer's chat template teaches the model ("hermes"), "unknown"
+    for a template that renders tools in a format this module cannot parse, None for one that
+    does not render tools at all."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the default one, or any that renders tools
+        template = template.get("tool_use") or template.get("default") or ""
+    if not isinstance(template, str) or "tools" not in template:
+        return None
+    return "hermes" if HERMES[0] in template and HERMES[1] in template else "unknown"
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that is a proper beginning of ``tag``."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _call(body: str) -> tuple[str, str] | None:
+    """(name, arguments as a JSON string) of a well-formed call's body, else None."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    args = value.get("arguments", {})
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return value["name"], json.dumps(args, ensure_ascii=False)
+
+
+class ToolStream:
+    """The parser of one completion (module doc): ``feed(text)`` and then ``finish()`` return
+    OpenAI deltas; ``calls`` counts the calls sent. ``ids``: a call's id from its index (default
+    ``call_<random hex>``)."""
+
+    def __init__(self, fmt: str = "hermes", ids=None):
+        if fmt != "hermes":
+            raise ValueError(f"no parser for the tool-call format {fmt!r}")
+        self.open, self.close = HERMES
+        self.ids = ids or (lambda index: "call_" + uuid.uuid4().hex[:24])
+        self.calls = 0
+        self._text = ""  # not yet sent, outside a call: trailing whitespace, a possible tag beginning
+        self._body: str | None = None  # inside a call: its body so far (None: outside)
+        self._blank = ""  # the whitespace before the current call's opening tag
+        self._after = False  # right after a call: leading whitespace is dropped
+
+    def feed(self, text: str) -> list[dict]:
+        out: list[dict] = []
+        self._text += text
+        while True:
+            if self._body is None:
+                at = self._text.find(self.open)
+                if at < 0:  # send all but trailing whitespace and a possible beginning of the tag
+                    keep = _partial_suffix(self._text, self.open)
+                    ready = self._text[:len(self._text) - keep]
+                    sent = self._send(out, ready.rstrip())
+                    self._text = self._text[sent:]
+                    return out
+                before = self._text[:at]
+                sent = self._send(out, before.rstrip())
+                self._blank = before[sent:]
+                self._body, self._text = "", self._text[at + len(self.open):]
+            else:
+                self._body += self._text
+                self._text = ""
+                at = self._body.find(self.close)
+                if at < 0:
+                    return out
+                body, rest = self._body[:at], self._body[at + len(self.close):]
+                self._body = None
+                call = _call(body)
+                if call is None:  # malformed: the tag and its body are text
+                    self._send(out, self._blank + self.open + body + self.close)
+                else:
+                    name, args = call
+                    index = self.calls
+                    self.calls += 1
+                    out.append({"tool_calls": [{"index": index, "id": self.ids(index), "type": "function",
+                                                "function": {"name": name, "arguments": ""}}]})
+                    out.append({"tool_calls": [{"index": index, "function": {"arguments": args}}]})
+                    self._after = True
+                self._blank = ""
+                self._text = rest
+
+    def finish(self) -> list[dict]:
+        """The deltas of what is still held: an unclosed call and any held text, as text."""
+        out: list[dict] = []
+        rest = self._text if self._body is None else self._blank + self.open + self._body + self._text
+        self._text, self._body, self._blank = "", None, ""
+        self._send(out, rest.rstrip() if self.calls else rest)
+        return out
+
+    def _send(self, out: list[dict], text: str) -> int:
+        """Send ``text`` (its leading whitespace dropped right after a call); returns how many
+        characters of it were consumed."""
+        n = len(text)
+        if self._after:
+            text = text.lstrip()
+        if text:
+            out.append({"content": text})
+            self._after = False
+        return n
+
+
+def parse(text: str, fmt: str = "hermes", ids=None) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of a whole completion: the calls in OpenAI's message shape, the
+    content the text outside them (None if there are calls and no other text)."""
+    stream = ToolStream(fmt, ids)
+    content, calls = join(stream.feed(text) + stream.finish())
+    return content, calls
+
+
+def join(deltas: list[dict]) -> tuple[str | None, list[dict]]:
+    """Deltas added up: (content, tool_calls) as a non-streamed message has them."""
+    content, calls = "", []
+    for d in deltas:
+        content += d.get("content", "")
+        for c in d.get("tool_calls", ()):
+            if "id" in c:
+                calls.append({"id": c["id"], "type": "function", "function": dict(c["function"])})
+            else:
+                calls[c["index"]]["function"]["arguments"] += c["function"]["arguments"]
+    if calls and not content:
+        return None, calls
+    return content, calls
