@@ -24,6 +24,8 @@ from .batching import Batch, Member
 from .decoding import SequenceRun, Stats, decode  # noqa: F401 (Stats re-exported)
 from .generation import Generation, GenerationResult, TokenEvent  # noqa: F401 (re-exported)
 from .penalties import Penalties
+from .constraints import DEFAULT_ENGINE, Constraint, parse_response_format
+from .grammars import CompiledGrammar, GrammarEngine, GrammarSpec, make_engine
 from .defaults import resolve_runtime
 from .drafters.base import Drafter
 from .drafters.factory import DraftParts, build_drafter, warm_up_heads
@@ -91,6 +93,8 @@ class SpeculativeDecoder:
         self.batch_pacer = Pacer()  # whether drafting pays while several sequences decode together (kept
         # across batches: what it learned about this machine and these models holds for the next one)
         self._idle_drafts = [self.draft_backend] if self.draft_backend is not None else []
+        self._grammar_engine: GrammarEngine | None = None  # built on the first response_format
+        self._grammars: dict[GrammarSpec, CompiledGrammar] = {}  # compiled, most recent last
         if self.heads is not None:
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
             warm_up_heads(self.heads, self.vocab_size)
@@ -154,13 +158,36 @@ class SpeculativeDecoder:
                     vocab_size=self.vocab_size, acceptance=self.acceptance, embedding=self._embedding(),
                     pacer=Pacer() if self.pacing else None)
 
-    def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, logprobs: int | None = None):
+    def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, logprobs: int | None = None,
+             grammar: CompiledGrammar | None = None):
         """The decoding loop's (state, step) after every step, for prompt ids ``ids`` (T,)."""
         generator = make_generator(sampling.seed)
-        drafter = self._drafter(sampling, generator)
+        constraint = self._constraint(grammar)
+        drafter = build_drafter(self.config, self._parts, sampling, generator, constraint=constraint)
         with torch.inference_mode():
-            yield from decode(self.target_backend, drafter, ids, logprobs=logprobs,
+            yield from decode(self.target_backend, drafter, ids, logprobs=logprobs, constraint=constraint,
                               **self._loop_options(max_new_tokens, sampling, generator))
+
+    # ---- constrained decoding (constraints.py, grammars.py) --------------------------------
+    MAX_CACHED_GRAMMARS = 64
+
+    def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """``spec`` compiled for this decoder's tokenizer (cached: a server sees the same schema
+        again and again); a bad grammar raises ConfigError."""
+        if spec in self._grammars:
+            self._grammars[spec] = self._grammars.pop(spec)  # most recently used last
+            return self._grammars[spec]
+        if self._grammar_engine is None:
+            self._grammar_engine = make_engine(DEFAULT_ENGINE, self.tokenizer, self.vocab_size, self.eos_token_ids)
+        compiled = self._grammar_engine.compile(spec)
+        self._grammars[spec] = compiled
+        while len(self._grammars) > self.MAX_CACHED_GRAMMARS:
+            self._grammars.pop(next(iter(self._grammars)))
+        return compiled
+
+    def _constraint(self, grammar: CompiledGrammar | None) -> Constraint | None:
+        """A generation's grammar state, at the grammar's start (None: free text)."""
+        return None if grammar is None else Constraint.start(grammar, self.vocab_size, self.eos_token_ids)
 
     # ---- several sequences at once (batching.py) -------------------------------------------
     def join(self, batch: Batch, gen: "Generation",
@@ -177,8 +204,10 @@ class SpeculativeDecoder:
         if self.draft_backend is not None:
             draft = self._idle_drafts.pop() if self._idle_drafts else self.draft_backend.sibling()
         generator = make_generator(gen.sampling.seed)
-        drafter = build_drafter(self.config, self._parts, gen.sampling, generator, draft=draft, own_sizer=True)
-        run = SequenceRun(target, drafter, gen.ids, logprobs=gen.logprobs_top,
+        constraint = self._constraint(gen.grammar)
+        drafter = build_drafter(self.config, self._parts, gen.sampling, generator, draft=draft, own_sizer=True,
+                                constraint=constraint)
+        run = SequenceRun(target, drafter, gen.ids, logprobs=gen.logprobs_top, constraint=constraint,
                           **self._loop_options(gen.max_new_tokens, gen.sampling, generator))
 
         def on_step(member: Member, step) -> bool:
@@ -244,7 +273,8 @@ class SpeculativeDecoder:
               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
               cancel: Callable[[], bool] | None = None, min_p: float = 0.0, presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
-              logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> Generation:
+              logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+              response_format: dict | None = None) -> Generation:
         """A generation that has not run yet: iterate it for its tokens (``TokenEvent``), or call
         ``result()``. The prompt is encoded and every option checked here, before any pass.
         ``max_new_tokens`` None: up to the model's context (4,096 tokens where it states none).
@@ -256,7 +286,13 @@ class SpeculativeDecoder:
         ``cancel``: polled after every step; True ends the generation (``finish_reason``
         "cancelled"). ``logprobs``: None, or k from 0 to 20: each token's log-probability under the
         target model and the k most likely tokens at its position (``TokenEvent.logprob``,
-        ``GenerationResult.logprobs``)."""
+        ``GenerationResult.logprobs``). ``response_format``: OpenAI's ``{"type": "text"}``,
+        ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name", "schema",
+        "strict"}}``, or ``{"type": "regex", "regex": ...}`` / ``{"type": "grammar", "grammar": <Lark
+        or GBNF>}``: the output matches it (``constraints``: the target's distribution is masked at
+        every verified node, so speculation stays exact for the masked distribution); it ends
+        with ``finish_reason`` "stop" where the grammar allows nothing more, "eos" where the model
+        ends a text the grammar may end."""
         bias = tuple(sorted(_logit_bias(logit_bias).items()))
         penalties = Penalties(presence_penalty, frequency_penalty, repetition_penalty, bias)
         penalties.check_vocab(self.vocab_size)
@@ -265,15 +301,21 @@ class SpeculativeDecoder:
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise ConfigError(f"logprobs must be None or an integer from 0 to {MAX_TOP_LOGPROBS} (the top tokens "
                               f"reported at each position), got {logprobs!r}")
+        spec = parse_response_format(response_format)
+        if spec is not None and not self.acceptance.exact:
+            raise ConfigError(f"response_format needs the exact acceptance rule: {self.acceptance.label} may accept "
+                              "tokens the grammar forbids")
+        grammar = self.compile_grammar(spec) if spec is not None else None
         ids = self.encode(prompt)
         if max_new_tokens is None:  # a prompt that fills the context is refused when the generation runs
             max_new_tokens = max(1, self.max_length - int(ids.shape[0])) if self.max_length else 4096
-        return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel, logprobs)
+        return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel, logprobs,
+                          grammar)
 
     def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationResult | list[GenerationResult]:
         """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats. ``prompt``:
         text, chat messages or token ids (see ``encode``); ``options``: ``start``'s (temperature,
-        top_k, top_p, min_p, seed, stop, the penalties, logit_bias, logprobs). A list of prompts
+        top_k, top_p, min_p, seed, stop, the penalties, logit_bias, logprobs, response_format). A list of prompts
         (strings, token-id lists or message lists) runs them together (``generate_batch``) and
         returns a list of results."""
         if is_prompt_list(prompt):
@@ -318,7 +360,7 @@ def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | 
              method: str = "auto", max_new_tokens: int = 128, **kwargs) -> GenerationResult:
     """One-shot convenience: build a decoder and generate."""
     sampling_keys = {"temperature", "top_k", "top_p", "seed", "stop", "min_p", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs"}
+                     "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "response_format"}
     gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}
     return SpeculativeDecoder(target, draft, method=method, **kwargs).generate(
         prompt, max_new_tokens, **gen_kwargs)

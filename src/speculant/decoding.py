@@ -15,7 +15,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
@@ -27,6 +27,9 @@ from .tuning.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
 from .penalties import penalise
 from .trees.buffers import chain
+
+if TYPE_CHECKING:
+    from .constraints import Constraint
 
 __all__ = ["DecodeState", "SequenceRun", "Stats", "Step", "StopRule", "TokenLogprob", "decode", "token_logprobs"]
 
@@ -192,10 +195,14 @@ class SequenceRun:
                  replacement: bool = True, generator: torch.Generator | None = None,
                  vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
                  embedding: torch.Tensor | None = None, pacer: Pacer | None = None,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, constraint: Constraint | None = None):
         self.stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
         self.penalties = sampling.penalties if sampling.penalties.active else None
         self.logprobs = logprobs  # None: off; k >= 0: each token's log-probability and the top k
+        self.constraint = constraint  # None: free text; else the grammar state (``constraints``)
+        if constraint is not None and acceptance is not None and not acceptance.exact:
+            raise ConfigError(f"response_format needs the exact acceptance rule: {acceptance.label} may accept tokens "
+                              "the grammar forbids")
         self.stop.check(prompt)
         self.target, self.drafter, self.pacer, self.prompt = target, drafter, pacer, prompt
         self.V = vocab_size or target.vocab_size
@@ -270,9 +277,11 @@ class SequenceRun:
         _check_finite(raw, self.target, self.state.stats.new_tokens)
         logits = raw if self.penalties is None else penalise(raw, self.penalties, self.state.context,
                                                              self.state.prompt_len, draft.tree, draft.tokens)
+        if self.constraint is not None:  # every node's row masked by the grammar after its own path
+            logits = self.constraint.mask_tree(logits, draft.tree, draft.tokens)
         path, token = self.accept(draft, logits)
         step = _commit(self.target, self.drafter, self.state, draft, _Verified(out, self._start), path, token,
-                       self.stop, self.clock)
+                       self.stop, self.clock, self.constraint)
         if self.logprobs is not None:
             step = dataclasses.replace(step, logprobs=token_logprobs(raw, path, step.tokens, self.logprobs))
         self.state.stats.plain_steps += not self._drafted
@@ -300,7 +309,9 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -
     (``SequenceRun``'s): max_new_tokens, sampling, eos_token_ids, max_length, replacement,
     generator, vocab_size; ``acceptance``: an approximate rule (off by default: None or exact is
     lossless); ``embedding`` (V, H) for the distance rule; ``pacer``: decides step by step whether
-    drafting pays (else the step verifies the root alone; ``tuning.pacing``).
+    drafting pays (else the step verifies the root alone; ``tuning.pacing``); ``logprobs``: k to
+    report each token's log-probability and the top k; ``constraint``: a grammar the output must
+    match (``constraints.Constraint``: every verified row masked, exact for the masked target).
 
     One driver runs every generation: this is a ``batching.Batch`` of one sequence."""
     from .batching import Batch  # batching builds on SequenceRun
@@ -342,9 +353,10 @@ def _root_alone(context: torch.Tensor) -> Draft:
 
 
 def _commit(target: Backend, drafter: Drafter, state: DecodeState, draft: Draft, verified: _Verified,
-            path: list[int], token: int, stop: StopRule, clock: _Clock) -> Step:
+            path: list[int], token: int, stop: StopRule, clock: _Clock, constraint: Constraint | None = None) -> Step:
     """Keep the accepted path's KV entries (the rest of the tree is dropped), tell the drafter,
-    and append the new tokens to the context, cut by the stopping rule."""
+    and append the new tokens to the context, cut by the stopping rule (and where a grammar
+    ``constraint`` ends: its committed state advances by them)."""
     target.compact(verified.start, torch.tensor(path, dtype=torch.long))
     hidden = verified.out.hidden  # (N, H) or None
     if hidden is not None:  # the state at the last accepted node predicts what follows
@@ -353,6 +365,8 @@ def _commit(target: Backend, drafter: Drafter, state: DecodeState, draft: Draft,
     accepted = draft.tokens[path[1:]].tolist()
     _record(state.stats, draft.tree.depth, len(accepted))
     new, state.finish_reason = stop.cut(accepted + [token], state)
+    if constraint is not None:
+        new, state.finish_reason = constraint.commit(new, state.finish_reason)
     state.stats.new_tokens += len(new)
     state.context = torch.cat([state.context, torch.tensor(new, dtype=torch.long)])
     n_draft = min(len(accepted), len(new))  # the block may have been cut short

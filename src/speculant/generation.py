@@ -14,6 +14,7 @@ from .stopping import StopStrings
 
 if TYPE_CHECKING:
     from .api import SpeculativeDecoder
+    from .grammars import CompiledGrammar
 
 __all__ = ["Generation", "GenerationResult", "TokenEvent"]
 
@@ -32,7 +33,7 @@ class GenerationResult:
     text: str
     token_ids: list[int]
     prompt_tokens: int
-    finish_reason: str  # "eos" | "length" | "stop" (a stop string) | "cancelled"
+    finish_reason: str  # "eos" | "length" | "stop" (a stop string, or the grammar's end) | "cancelled"
     stats: Stats
     logprobs: list[TokenLogprob] | None = field(default=None, repr=False)  # one per token id, if asked for
 
@@ -53,8 +54,9 @@ class Generation:
 
     def __init__(self, decoder: SpeculativeDecoder, ids: torch.Tensor, max_new_tokens: int,
                  sampling: SamplingConfig, stops: StopStrings, cancel: Callable[[], bool] | None,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, grammar: CompiledGrammar | None = None):
         self.decoder, self.ids, self.max_new_tokens, self.sampling = decoder, ids, max_new_tokens, sampling
+        self.grammar = grammar  # the compiled response_format, or None (free text)
         self.stops, self.cancel = stops, cancel
         self.logprobs_top = logprobs  # None: no logprobs; k: each token's and the top k
         self.logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
@@ -67,7 +69,7 @@ class Generation:
         self._shown, self._checked = "", 0  # text shown by events so far; text scanned for stops so far
 
     def __iter__(self) -> Iterator[TokenEvent]:
-        steps = self.decoder._run(self.ids, self.max_new_tokens, self.sampling, self.logprobs_top)
+        steps = self.decoder._run(self.ids, self.max_new_tokens, self.sampling, self.logprobs_top, self.grammar)
         try:
             for state, step in steps:
                 events, done = self.take(state, step)

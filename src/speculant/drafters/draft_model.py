@@ -5,9 +5,16 @@ not cached yet (at least the root) and yields q at the root; pass d feeds every 
 at once under the tree mask and yields q at each of them. Children are the top-k of q when
 greedy, else k samples from q (with or without replacement). The last depth is never fed: its
 KV is only needed if accepted, and then it is fed with the next step's first pass.
+
+With a grammar ``constraint`` (``constraints.Constraint``) each node's draft logits are masked with
+the grammar state after its path before its children are chosen, so q is the masked draft
+distribution the candidates are drawn from: drafts the grammar refuses are never proposed (the
+output is the same either way; acceptance is higher).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,14 +24,19 @@ from ..sampling import logits_to_probs, sample_candidates, topk_candidates
 from ..trees.buffers import TreeBuffers
 from .base import Draft, HiddenNeed, ModelPass, PassPlan, drive
 
+if TYPE_CHECKING:
+    from ..constraints import Constraint
+
 
 class DraftModelDrafter:
     hidden_need = HiddenNeed.NONE  # the draft model keeps its own cache
     sizer = None  # its chain or tree has a fixed size
 
     def __init__(self, backend: Backend, tree: TreeBuffers, sampling: SamplingConfig,
-                 vocab_size: int, *, replacement: bool = True, generator: torch.Generator | None = None):
+                 vocab_size: int, *, replacement: bool = True, generator: torch.Generator | None = None,
+                 constraint: Constraint | None = None):
         self.backend, self.tree, self.sampling = backend, tree, sampling
+        self.constraint = constraint  # the generation's grammar (read only: the loop commits it)
         self.V = vocab_size  # common vocabulary of draft and target (logits are cut to it)
         self.replacement = replacement
         self.generator = generator
@@ -69,6 +81,8 @@ class DraftModelDrafter:
                 seen = tree.mask[new][:, 1:int(new[-1]) + 1]  # (m, nodes of depth 1..d)
                 out = yield ModelPass(self.backend, ForwardRequest(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen))
                 logits = out.logits[:, :self.V]
+            if self.constraint is not None:
+                logits = self.constraint.mask_nodes(logits, tree, tokens, parents)
             k = tree.fanout(d)
             cands, qd = self._children(logits, k)  # (m, k)
             if qd is not None:

@@ -111,8 +111,9 @@ def build_sizer(config: DecoderConfig, dynamic: DynamicTree | None, target: Back
 
 def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingConfig,
                   generator: torch.Generator | None = None, *, draft: Backend | None = None,
-                  own_sizer: bool = False) -> Drafter:
-    """A fresh drafter for one generation (``sampling`` and ``generator``: a draft model's).
+                  own_sizer: bool = False, constraint=None) -> Drafter:
+    """A fresh drafter for one generation (``sampling`` and ``generator``: a draft model's;
+    ``constraint``: the generation's grammar, which a draft model's q is masked with).
     For a sequence decoded beside others (``batching``): ``draft``, the draft model's backend of
     this sequence (its own KV cache; default ``parts.draft``), and ``own_sizer``, a fork of the
     shared tree sizer (each sequence sizes its own trees)."""
@@ -136,7 +137,7 @@ def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingCo
     if method == "bpd":
         return BlockwiseDrafter(parts.heads, parts.vocab_size, config.gamma)
     return DraftModelDrafter(parts.draft, parts.tree, sampling, parts.vocab_size,
-                             replacement=config.replacement, generator=generator)
+                             replacement=config.replacement, generator=generator, constraint=constraint)
 
 
 @torch.inference_mode()
