@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelLoadError, SpeculantError
-from ..store.models import COMPLETE_MARKER, GGUF_MAGIC, cache_dir, check_vocab_compatible, gguf_path
+from ..store.models import COMPLETE_MARKER, cache_dir, check_vocab_compatible, gguf_path, is_gguf
 from ..store.presets import PRESETS
 from .methods import LLAMA_SERVER, OPENVINO, split_method
 from .openvino import ir_dir, missing_ir
@@ -43,14 +43,6 @@ def uses_draft(method: str) -> bool:
     return split_method(method)[0] in DRAFT_ROWS
 
 
-def _is_gguf(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except OSError:
-        return False
-
-
 def check_spec(spec: str | os.PathLike, option: str) -> None:
     """A ConfigError unless ``spec`` (given as ``option``, e.g. ``--target``) is a preset, a GGUF
     file or a transformers model directory."""
@@ -60,7 +52,7 @@ def check_spec(spec: str | os.PathLike, option: str) -> None:
     if not path.exists():
         raise ConfigError(f"{option} {spec}: no such file or directory, nor a preset; give a .gguf file, a "
                           f"transformers model directory or a preset ({', '.join(PRESETS)})")
-    if path.is_file() and not _is_gguf(path):
+    if path.is_file() and not is_gguf(path):
         raise ConfigError(f"{option} {spec} is not a GGUF file (it does not start with 'GGUF'); give a .gguf "
                           "file, a transformers model directory or a preset")
     if path.is_dir() and not (path / "config.json").is_file():

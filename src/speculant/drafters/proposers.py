@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -128,12 +128,18 @@ class Stepwise:
     """A :class:`TreeProposer` over a :class:`StepSource` (module doc)."""
 
     source: Any  # StepSource
-    hidden_need: HiddenNeed = field(init=False)
-    depth: int = field(init=False)
-    ranked: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.hidden_need, self.depth, self.ranked = self.source.hidden_need, self.source.depth, self.source.ranked
+    @property
+    def hidden_need(self) -> HiddenNeed:
+        return self.source.hidden_need
+
+    @property
+    def depth(self) -> int:
+        return self.source.depth
+
+    @property
+    def ranked(self) -> int:
+        return self.source.ranked
 
     @property
     def state(self) -> torch.Tensor | None:

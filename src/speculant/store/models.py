@@ -165,7 +165,7 @@ def _transformers_quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _is_gguf(path: Path) -> bool:
+def is_gguf(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
             return f.read(4) == GGUF_MAGIC
@@ -270,7 +270,7 @@ def _convert(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, Any
 def _convert_to(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, Any]) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not _is_gguf(gguf):
+    if not is_gguf(gguf):
         raise ModelLoadError(f"{gguf} is not a GGUF file (it does not start with the magic bytes "
                              "'GGUF'); pass a valid .gguf file, a transformers model directory, "
                              f"or one of the presets: {', '.join(PRESETS)}")
@@ -331,7 +331,7 @@ def gguf_path(spec: str | os.PathLike) -> Path | None:
     if preset is not None:
         return assemble_gguf(preset)
     path = Path(spec).expanduser()
-    if path.is_file() and _is_gguf(path):
+    if path.is_file() and is_gguf(path):
         return path
     marker = path / COMPLETE_MARKER
     if path.is_dir() and marker.is_file():
@@ -370,7 +370,7 @@ def resolve(spec: str | os.PathLike, dtype: str | torch.dtype = torch.bfloat16) 
         raise ModelLoadError(f"{path} is a directory but not a transformers model directory "
                              f"(it has no config.json){hint}")
     if path.is_file():
-        if not _is_gguf(path):
+        if not is_gguf(path):
             raise ModelLoadError(
                 f"{path} is not a GGUF file (it does not start with the magic bytes 'GGUF'); "
                 "expected a transformers model directory, a .gguf file, or one of the presets: "
