@@ -71,7 +71,7 @@ BAD = [
     ("n = 2", _with(n=2), {}, 400, "'n' must be 1"),
     ("echo", _with(echo=True), {}, 400, "'echo' is not supported"),
     ("tools", _with(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "no tool support"),
-    ("json response format", _with(response_format={"type": "json_object"}), {}, 400, "'response_format'"),
+    ("unknown response format", _with(response_format={"type": "yaml"}), {}, 400, "response_format type must be"),
     ("unknown field", _with(temprature=0.5), {}, 400, "unknown field 'temprature'"),
     ("stream_options without stream", _with(stream_options={"include_usage": True}), {}, 400, "only allowed"),
     ("prompt too long", _with(messages=[{"role": "user", "content": LONG}]), {}, 400, "tokens but the model's context is 512"),

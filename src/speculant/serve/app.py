@@ -37,7 +37,7 @@ from .logprobs import Logprobs, token_strings
 from .metrics import Metrics
 from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, Token, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
-from .tools import ToolStream, join, tool_format
+from .tools import ToolStream, call_grammar, join, tool_format
 
 log = logging.getLogger("speculant.serve")
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
@@ -105,6 +105,14 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             raise bad_request(f"the model's chat template refused the messages and tools: {type(e).__name__}: "
                               f"{e}", param="messages") from None
         return decoder.tokenizer(text, add_special_tokens=False).input_ids
+
+    def forced_format(req: CompletionRequest) -> dict | None:
+        """The request's response_format, or with tool_choice "required" or a named function the
+        grammar of the calls it allows (the template's format was checked by ``tool_prompt``)."""
+        if req.tool_choice not in ("required", "function"):
+            return req.response_format
+        return {"type": "grammar", "grammar": call_grammar(req.tools, decoder.tokenizer, req.tool_name,
+                                                           req.parallel_tool_calls)}
 
     def finished(ticket: Ticket, event) -> None:
         metrics.set_queue(scheduler.waiting, scheduler.running)
@@ -208,7 +216,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             job = Job(req.prompt if ids is None else ids, req.max_tokens, req.temperature, req.top_p, req.top_k,
                       req.seed, req.stop,
                       min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                      repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs)
+                      repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs,
+                      response_format=forced_format(req))
             try:
                 ticket = scheduler.submit(job, asyncio.get_running_loop())
             except QueueFull:

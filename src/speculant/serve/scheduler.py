@@ -55,6 +55,7 @@ class Job:
     repetition_penalty: float = 1.0  # 1: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     logprobs: int | None = None  # None: none; k: each token's log-probability and the top k (Token.logprob)
+    response_format: dict | None = None  # SpeculativeDecoder.start's (a grammar the output must match)
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,8 @@ class Scheduler:
                             top_p=job.top_p, seed=job.seed, stop=list(job.stop), cancel=lambda: ticket.cancelled,
                             min_p=job.min_p, presence_penalty=job.presence_penalty,
                             frequency_penalty=job.frequency_penalty, repetition_penalty=job.repetition_penalty,
-                            logit_bias=dict(job.logit_bias), logprobs=job.logprobs)
+                            logit_bias=dict(job.logit_bias), logprobs=job.logprobs,
+                            response_format=job.response_format)
         except Exception as e:  # noqa: BLE001 -- encoding the prompt failed: this job alone
             return _failure(e)
         context = dec.max_length

@@ -6,13 +6,16 @@ the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature`
 ``frequency_penalty`` (-2..2), ``logit_bias`` ({"token id": -100..100}) and ``logprobs`` (chat:
 true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
 extensions ``top_k``, ``min_p`` ([0, 1)) and ``repetition_penalty`` (> 0, 1 off). A field that
-would change the result and that speculant does not support (``n`` > 1, ``tool_choice``
-"required", ``echo``, a JSON ``response_format``, ...) is refused, never ignored; so is a field this server does not
-know (a typo must not silently change nothing). Fields that do not change the result (``user``,
-``metadata``, ``store``, ``parallel_tool_calls`` without tools) are accepted and ignored.
-``tools`` and ``tool_choice`` "auto" / "none", and messages carrying tool calls and their results
-(an assistant's ``tool_calls``, the ``tool`` role), are checked by ``tools``; whether the model's
-chat template can render them is checked by the app. Whether ``logit_bias``'s token ids are in the
+would change the result and that speculant does not support (``n`` > 1, ``echo``, ...) is
+refused, never ignored; so is a field this server does not know (a typo must not silently change
+nothing). Fields that do not change the result (``user``, ``metadata``, ``store``) are accepted
+and ignored. ``response_format`` (OpenAI's ``text``, ``json_object``, ``json_schema``, and the
+extensions ``regex`` and ``grammar``, on both endpoints) is checked by
+``constraints.parse_response_format``; a grammar that does not compile is refused when the
+request starts. ``tools``, ``tool_choice`` ("auto", "none", "required", a named function) and
+``parallel_tool_calls``, and messages carrying tool calls and their results (an assistant's
+``tool_calls``, the ``tool`` role), are checked by ``tools``; whether the model's chat template can
+render them is checked by the app. Whether ``logit_bias``'s token ids are in the
 model's vocabulary is checked by the app, which knows the model.
 
 Before any field is read, the whole body is checked (``check_body``): it may be nested at most
@@ -28,6 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..constraints import parse_response_format
+from ..errors import ConfigError
 from ..stopping import MAX_STOP_STRINGS
 from ..text_check import text_problem
 from .errors import bad_request
@@ -35,7 +40,7 @@ from .tools import check_tool_choice, check_tools, tool_calls_in
 
 ROLES = ("system", "user", "assistant", "developer", "tool")  # "developer": OpenAI's newer name for system
 # fields that do not change what is generated
-_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+_IGNORED = {"user", "metadata", "store", "service_tier"}
 # fields that would change the result, and the value that means "off"
 _OFF: dict[str, tuple] = {"functions": (None, []),
                           "function_call": (None, "none", "auto"), "echo": (None, False), "best_of": (None, 1),
@@ -43,9 +48,9 @@ _OFF: dict[str, tuple] = {"functions": (None, []),
                           "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
-           "repetition_penalty", "min_p"}
-FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "response_format", "top_logprobs", "tools",
-                             "tool_choice"},
+           "repetition_penalty", "min_p", "response_format"}
+FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                             "parallel_tool_calls"},
           "completion": _COMMON | {"prompt", "top_logprobs"}}  # top_logprobs: refused with a hint (_logprobs)
 _TOOL_KEYS = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}  # beyond role, content, name
 _EMPTY_OK = {"refusal", "function_call", "audio", "annotations"}  # an assistant message the client gave back
@@ -80,6 +85,10 @@ class CompletionRequest:
     repetition_penalty: float = 1.0  # 1: off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
     tools: tuple[dict, ...] | None = None  # the tools to render and parse calls of (None: none, or tool_choice "none")
+    tool_choice: str = "none"  # "auto" | "none" | "required" | "function" (a call of tool_name)
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True  # with tool_choice "required": more than one call allowed
+    response_format: dict | None = None  # checked (constraints.parse_response_format); None: plain text
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -103,16 +112,22 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     if n is not None and (not _is_int(n) or n != 1):
         raise bad_request(f"'n' must be 1 (one choice per request), got {show(n)}", param="n",
                           code="unsupported_parameter")
-    tools = None
+    tools, choice, tool_name, parallel = None, "none", None, True
+    fmt = _response_format(body.get("response_format"))
     if kind == "chat":
         prompt: str | tuple[dict, ...] = _messages(body.get("messages"))
         tools = check_tools(body.get("tools"))
-        if check_tool_choice(body.get("tool_choice"), tools) == "none":
+        choice, tool_name = check_tool_choice(body.get("tool_choice"), tools)
+        if choice == "none":
             tools = None
-        fmt = body.get("response_format")
-        if fmt is not None and fmt != {"type": "text"}:
-            raise bad_request("'response_format' other than {\"type\": \"text\"} is not supported; remove it",
-                              param="response_format", code="unsupported_parameter")
+        parallel = body.get("parallel_tool_calls")
+        parallel = True if parallel is None else parallel
+        if not isinstance(parallel, bool):
+            raise bad_request(f"'parallel_tool_calls' must be true or false, got {show(parallel)}",
+                              param="parallel_tool_calls")
+        if choice in ("required", "function") and fmt is not None:
+            raise bad_request(f"'response_format' cannot be combined with 'tool_choice' {show(body['tool_choice'])}: "
+                              "the output is then a tool call; send one of them", param="response_format")
     else:
         prompt = _prompt(body.get("prompt"))
     max_tokens = _max_tokens(body, kind)
@@ -158,7 +173,16 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, int(top_k), seed,
                              _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
-                             _logit_bias(body.get("logit_bias")), tools)
+                             _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt)
+
+
+def _response_format(fmt: Any) -> dict | None:
+    """``response_format`` checked (a 400 saying what is wrong); None for plain text."""
+    try:
+        spec = parse_response_format(fmt)
+    except ConfigError as e:
+        raise bad_request(str(e), param="response_format") from None
+    return None if spec is None else fmt
 
 
 def _logprobs(body: dict, kind: str) -> int | None:

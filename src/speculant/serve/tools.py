@@ -3,9 +3,13 @@ through the model's own chat template, and the calls the model writes are parsed
 
 Request side (``check_tools``, ``check_tool_choice``, ``tool_calls_in``): ``tools`` is a list of
 ``{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`` with
-distinct names; ``tool_choice`` "auto" (the default with tools) or "none" (the tools are not
-rendered and the output is not parsed). "required" and a named function need the output to be
-constrained to a call, which this server does not do yet: they are refused with a 400 saying so.
+distinct names; ``tool_choice`` "auto" (the default with tools), "none" (the tools are not
+rendered and the output is not parsed), "required" (one call or more, or exactly one with
+``parallel_tool_calls`` false) or ``{"type": "function", "function": {"name": ...}}`` (exactly one
+call of that function). The last two are kept by constrained decoding: ``call_grammar`` is the
+grammar of the calls the template teaches (the tags, the function's name, its ``parameters`` as a
+JSON schema, written as the template writes JSON: ``", "`` and ``": "``), which the decoder
+enforces at every verified node like any ``response_format``.
 An assistant message's ``tool_calls`` come back with their ``arguments`` (OpenAI's JSON string)
 decoded into an object, which is what chat templates render (``tojson``).
 
@@ -34,8 +38,6 @@ from .errors import bad_request
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 HERMES = ("<tool_call>", "</tool_call>")
-NEEDS_CONSTRAINTS = ("needs constrained decoding (the output forced into a call of the tool), which speculant "
-                     "serve does not do yet (coming); use \"auto\", or \"none\"")
 
 
 def _kind(v: Any) -> str:
@@ -93,32 +95,60 @@ def check_tools(tools: Any) -> tuple[dict, ...] | None:
     return tuple(out)
 
 
-def check_tool_choice(choice: Any, tools: tuple[dict, ...] | None) -> str:
-    """``tool_choice`` as "auto" or "none"; "required" and a named function are refused (they
-    need constrained decoding), as is anything else, with a 400 naming the field."""
+def check_tool_choice(choice: Any, tools: tuple[dict, ...] | None) -> tuple[str, str | None]:
+    """``tool_choice`` as (mode, function name): ("auto" | "none" | "required", None) or
+    ("function", name); a 400 naming the field for anything else."""
     if choice is None:
-        return "auto" if tools else "none"
+        return ("auto" if tools else "none"), None
     if choice in ("auto", "none"):
-        return choice if tools else "none"
+        return (choice if tools else "none"), None
     if choice == "required":
         if not tools:
             raise bad_request("'tool_choice' \"required\" needs 'tools'", param="tool_choice")
-        raise bad_request(f"'tool_choice' \"required\" {NEEDS_CONSTRAINTS}", param="tool_choice",
-                          code="unsupported_parameter")
+        return "required", None
     if isinstance(choice, dict):
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
-        if choice.get("type") != "function" or not isinstance(name, str) or set(choice) - {"type", "function"}:
+        if choice.get("type") != "function" or not isinstance(name, str) or set(choice) - {"type", "function"} \
+                or set(fn) - {"name"}:
             raise bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
                               "\"function\": {\"name\": ...}}", param="tool_choice")
         known = [t["function"]["name"] for t in tools or ()]
         if name not in known:
             raise bad_request(f"'tool_choice' names the function {name!r}"[:200] + ", which is not in 'tools'",
                               param="tool_choice.function.name")
-        raise bad_request(f"'tool_choice' naming a function {NEEDS_CONSTRAINTS}", param="tool_choice",
-                          code="unsupported_parameter")
+        return "function", name
     raise bad_request(f"'tool_choice' must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
                       f"\"function\": {{\"name\": ...}}}}, got {_kind(choice)}", param="tool_choice")
+
+
+def call_grammar(tools: tuple[dict, ...], tokenizer: Any, name: str | None = None, parallel: bool = True) -> str:
+    """The Lark grammar (llguidance's dialect: ``%json`` embeds a JSON schema, ``<[id]>`` is a
+    token) of Hermes tool calls: exactly one call of ``name``; or, with ``name`` None, one call of
+    any of ``tools`` and, with ``parallel``, more, one per line. A call is the opening tag, a
+    newline, ``{"name": <a tool's name>, "arguments": <an object its parameters' schema
+    allows>}``, a newline and the closing tag; the tags are the tokenizer's own tokens where it
+    has them. Keywords of a parameters schema the engine does not implement are ignored unless
+    every tool says ``strict``."""
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    calls = [{"type": "object",
+              "properties": {"name": {"const": fn["name"]}, "arguments": fn.get("parameters") or {"type": "object"}},
+              "required": ["name", "arguments"], "additionalProperties": False} for fn in chosen]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                                       "lenient": not all(fn.get("strict") for fn in chosen)}}
+    opening, closing = (_literal(tokenizer, tag) for tag in HERMES)
+    call = f'{opening} "\\n" %json {json.dumps(schema)} "\\n" {closing}'
+    repeat = ' ("\\n" call)*' if parallel and name is None else ""
+    return f"start: call{repeat}\ncall: {call}\n"
+
+
+def _literal(tokenizer: Any, text: str) -> str:
+    """``text`` in a grammar: its token (``<[id]>``) where the tokenizer has it as one added token
+    (the engine matches added tokens only as tokens), else the quoted string."""
+    if text in tokenizer.get_added_vocab():
+        return f"<[{tokenizer.convert_tokens_to_ids(text)}]>"
+    return json.dumps(text)
 
 
 def tool_calls_in(calls: Any, where: str) -> list[dict]:
