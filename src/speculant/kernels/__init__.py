@@ -104,7 +104,8 @@ def cpu_kernels():
 
 
 def _build(name: str, sources: list[str], flags: list[str]):
-    """Compile (or load the cached build of) extension ``name``; None, with a warning, if that fails."""
+    """Compile (or load the cached build of) extension ``name`` from ``sources`` (files of this
+    package's directory, or absolute paths); None, with a warning, if that fails."""
     here = Path(__file__).parent
     try:
         from torch.utils.cpp_extension import load
