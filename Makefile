@@ -21,10 +21,12 @@ demo: install
 	$(PY) -m speculant.cli demo
 
 # the statistical tests (tiny models, one thread each, bound by Python) two at a time on two
-# processes (pytest-xdist), then everything else in one process
+# processes (pytest-xdist), then everything else on two processes too, a file per process at a
+# time (--dist loadfile: a file's real model is loaded once; the cache's conversions and int4
+# stores are taken under file locks, so two processes never write one entry)
 test: install
 	$(PY) -m pytest -q -ra --durations=10 -m statistical -n 2
-	$(PY) -m pytest -q -ra --durations=30 -m "not statistical"
+	$(PY) -m pytest -q -ra --durations=30 -m "not statistical" -n 2 --dist loadfile
 
 test-fast:
 	$(PY) -m pytest -q -m "not real and not slow"
