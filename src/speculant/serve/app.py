@@ -16,14 +16,14 @@ for good, ``/health`` answers 503 with the reason, new requests get 503, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
 import time
-import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -34,13 +34,13 @@ from ..errors import ConfigError
 from ..store.models import chat_messages_prompt
 from .errors import APIError, bad_request
 from .logprobs import Logprobs, token_strings
+from .responses import Response as Reply, error_of, stream, stopped
 from .metrics import Metrics
-from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, Token, WorkerStopped
+from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Ticket, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
-from .tools import ToolStream, call_grammar, join, tool_format
+from .tools import call_grammar, tool_format
 
 log = logging.getLogger("speculant.serve")
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
 
 
 @dataclass(frozen=True)
@@ -62,17 +62,6 @@ class ServeConfig:
 
 class _ClientGone(Exception):
     pass
-
-
-def _error(event: Failed) -> APIError:
-    return APIError(event.status, event.message, param=event.param,
-                    type="invalid_request_error" if event.status < 500 else "server_error",
-                    code="worker_stopped" if event.status == 503 else None)
-
-
-def _stopped(reason: str) -> APIError:
-    return APIError(503, f"the server's decoding worker stopped ({reason}); the server is shutting down: "
-                         "retry when it is back", type="server_error", code="worker_stopped")
 
 
 def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
@@ -188,13 +177,14 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 return await asyncio.wait_for(ticket.events.get(), timeout=0.25)
             except asyncio.TimeoutError:
                 if scheduler.problem is not None and ticket.events.empty():
-                    return Failed(503, _stopped(scheduler.problem).message)
+                    return Failed(503, stopped(scheduler.problem).message)
                 if await request.is_disconnected():
                     ticket.cancel()
                     raise _ClientGone from None
 
     async def complete(request: Request, kind: str) -> Response:
         endpoint, arrived = request.url.path, time.perf_counter()
+        tickets: list[Ticket] = []
         try:
             authorize(request)
             req = parse_request(await read_json(request), kind)
@@ -213,53 +203,75 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             if kind == "chat" and (req.tools is not None or any("tool_calls" in m or m["role"] == "tool"
                                                                  for m in req.prompt)):
                 ids = await asyncio.get_running_loop().run_in_executor(None, tool_prompt, req)
-            job = Job(req.prompt if ids is None else ids, req.max_tokens, req.temperature, req.top_p, req.top_k,
-                      req.seed, req.stop,
-                      min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                      repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs,
-                      response_format=forced_format(req))
+            base = Job(req.prompt if ids is None else ids, req.max_tokens, req.temperature, req.top_p, req.top_k,
+                       req.seed, req.stop,
+                       min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                       repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs,
+                       response_format=forced_format(req))
             try:
-                ticket = scheduler.submit(job, asyncio.get_running_loop())
+                for i in range(req.n):  # n choices: n generations of the batch, seeds seed, seed + 1, ...
+                    tickets.append(scheduler.submit(dataclasses.replace(base, seed=choice_seed(req.seed, i)),
+                                                    asyncio.get_running_loop()))
             except QueueFull:
+                for ticket in tickets:
+                    ticket.cancel()
                 raise APIError(429, f"the server is busy: {config.max_queue} requests are already waiting; "
                                     f"retry in {config.retry_after} s", type="rate_limit_error",
                                code="queue_full", headers={"Retry-After": str(config.retry_after)}) from None
             except WorkerStopped as e:
-                raise _stopped(str(e)) from None
+                for ticket in tickets:
+                    ticket.cancel()
+                raise stopped(str(e)) from None
             metrics.set_queue(scheduler.waiting, scheduler.running)
-            first = await next_event(ticket, request)
-            if isinstance(first, Failed):
-                raise _error(first)
+            for ticket in tickets:
+                first = await next_event(ticket, request)
+                if isinstance(first, Failed):
+                    for other in tickets:
+                        other.cancel()
+                    raise error_of(first)
         except APIError as e:
             metrics.request(endpoint, e.status)
             return e.response()
         except (_ClientGone, ClientDisconnect):
+            for ticket in tickets:
+                ticket.cancel()
             metrics.request(endpoint, 499)
             return Response(status_code=499)
         except Exception as e:  # noqa: BLE001 -- a fault of this request's own: a 500 in OpenAI's shape
             log.exception("request failed")
+            for ticket in tickets:
+                ticket.cancel()
             metrics.request(endpoint, 500)
             return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
-        meta = _Meta(kind, model_id, decoder.method, arrived, metrics,
-                     None if req.logprobs is None else Logprobs(kind, string),
-                     calls_format if req.tools is not None else None)
+        reply = Reply(kind, model_id, decoder.method, arrived, metrics, req.n,
+                      None if req.logprobs is None else (lambda: Logprobs(kind, string)),
+                      calls_format if req.tools is not None else None)
         if req.stream:
             metrics.request(endpoint, 200)
-            return StreamingResponse(_sse(ticket, req, meta, scheduler), media_type="text/event-stream",
+            return StreamingResponse(stream(tickets, req.include_usage, reply, lambda: scheduler.problem),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            while not isinstance(event := await next_event(ticket, request), (Finished, Failed)):
-                meta.token(event)
-            if isinstance(event, Failed):
-                metrics.request(endpoint, event.status)
-                return _error(event).response()
-            answer = JSONResponse(meta.body(event, ticket.prompt_tokens))
+            events = []
+            for index, ticket in enumerate(tickets):
+                while not isinstance(event := await next_event(ticket, request), (Finished, Failed)):
+                    reply.token(index, event)
+                if isinstance(event, Failed):
+                    for other in tickets:
+                        other.cancel()
+                    metrics.request(endpoint, event.status)
+                    return error_of(event).response()
+                events.append(event)
+            answer = JSONResponse(reply.body(events, tickets[0].prompt_tokens))
         except _ClientGone:
+            for ticket in tickets:
+                ticket.cancel()
             metrics.request(endpoint, 499)
             return Response(status_code=499)
         except Exception as e:  # noqa: BLE001
             log.exception("request failed")
-            ticket.cancel()
+            for ticket in tickets:
+                ticket.cancel()
             metrics.request(endpoint, 500)
             return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
         metrics.request(endpoint, 200)
@@ -285,7 +297,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                  "running": scheduler.running}
         problem = scheduler.problem
         if problem is not None:  # ASCII JSON, as errors are: the reason may quote anything
-            return Response(json.dumps({"status": "failed", "error": _stopped(problem).message, **state}),
+            return Response(json.dumps({"status": "failed", "error": stopped(problem).message, **state}),
                             status_code=503, media_type="application/json")
         return {"status": "ok", **state}
 
@@ -297,117 +309,12 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     return app
 
 
-class _Meta:
-    """One response's identity and the pieces of its body; ``logprobs`` (None: not asked for)
-    collects its tokens' logprobs."""
-
-    def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics,
-                 logprobs: Logprobs | None = None, tools: str | None = None):
-        self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
-        self.tools = None if tools is None else ToolStream(tools)  # parses tool calls out of the text
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self.first = True
-        self.logprobs = logprobs
-
-    def token(self, event: Token) -> dict | None:
-        """Take a token's event; returns its logprobs object (None: not asked for)."""
-        if self.first:
-            self.metrics.first_token(time.perf_counter() - self.arrived)
-            self.first = False
-        return None if self.logprobs is None else self.logprobs.add(event)
-
-    def usage(self, event: Finished, prompt_tokens: int) -> dict[str, Any]:
-        s = event.stats
-        n = len(event.token_ids)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
-                "speculative": {"method": self.method, "target_calls": s.target_calls if s else 0,
-                                "tokens_per_call": s.tokens_per_call if s else 0.0,
-                                "acceptance_rate": s.acceptance_rate if s else 0.0}}
-
-    def body(self, event: Finished, prompt_tokens: int) -> dict[str, Any]:
-        reason = _FINISH[event.finish_reason]
-        logprobs = None if self.logprobs is None else self.logprobs.all
-        if self.kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": event.text}
-            if self.tools is not None:
-                message["content"], calls = join(self.tools.feed(event.text) + self.tools.finish())
-                if calls:
-                    message["tool_calls"] = calls
-                    reason = _calls_finish(reason)
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
-        return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice],
-                "usage": self.usage(event, prompt_tokens)}
-
-    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
-              usage: dict | None = None, logprobs: dict | None = None, delta: dict | None = None) -> str:
-        if usage is not None:
-            choices: list = []
-        elif self.kind == "chat":
-            if delta is None:
-                delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
-        else:
-            choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
-        body = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices}
-        if usage is not None:
-            body["usage"] = usage
-        return f"data: {json.dumps(body)}\n\n"
-
-
-def _calls_finish(reason: str) -> str:
-    """The finish reason of a response with tool calls: "tool_calls", unless it was cut short."""
-    return reason if reason == "length" else "tool_calls"
-
-
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number: send a finite number")
 
 
-async def _sse(ticket: Ticket, req: CompletionRequest, meta: _Meta, scheduler: Scheduler) -> AsyncIterator[str]:
-    """The stream of one request; cancelling it (the client went away) cancels its generation. A
-    fault after the stream has begun is sent as OpenAI does, ``data: {"error": {...}}``, and ends it."""
-    try:
-        if meta.kind == "chat":
-            yield meta.chunk(role=True)
-        while True:
-            try:
-                event = await asyncio.wait_for(ticket.events.get(), timeout=1.0)
-            except asyncio.TimeoutError:
-                if scheduler.problem is None or not ticket.events.empty():
-                    continue
-                event = Failed(503, _stopped(scheduler.problem).message)
-            if isinstance(event, Token):
-                logprobs = meta.token(event)
-                if meta.tools is not None:
-                    deltas = meta.tools.feed(event.text) or ([{}] if logprobs is not None else [])
-                    for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
-                        yield meta.chunk(delta=delta, logprobs=logprobs if i == 0 else None)
-                elif event.text or logprobs is not None:  # with logprobs, every token has its chunk
-                    yield meta.chunk(event.text, logprobs=logprobs)
-            elif isinstance(event, Finished):
-                finish = _FINISH[event.finish_reason]
-                if meta.tools is not None:
-                    for delta in meta.tools.finish():
-                        yield meta.chunk(delta=delta)
-                    finish = _calls_finish(finish) if meta.tools.calls else finish
-                yield meta.chunk(None, finish=finish)
-                if req.include_usage:
-                    yield meta.chunk(usage=meta.usage(event, ticket.prompt_tokens))
-                break
-            elif isinstance(event, Failed):
-                yield f"data: {json.dumps(_error(event).body())}\n\n"
-                break
-            elif isinstance(event, Started):
-                continue
-    except Exception as e:  # noqa: BLE001 -- the headers are sent: the fault goes in the stream
-        log.exception("stream failed")
-        error = APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error")
-        yield f"data: {json.dumps(error.body())}\n\n"
-    finally:
-        ticket.cancel()  # a no-op when it finished; else it stops within one decoding step
-    yield "data: [DONE]\n\n"
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index``: ``seed + index``, wrapped into the 64-bit signed range."""
+    if seed is None:
+        return None
+    return (seed + index + 2**63) % 2**64 - 2**63

@@ -6,7 +6,7 @@ the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature`
 ``frequency_penalty`` (-2..2), ``logit_bias`` ({"token id": -100..100}) and ``logprobs`` (chat:
 true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
 extensions ``top_k``, ``min_p`` ([0, 1)) and ``repetition_penalty`` (> 0, 1 off). A field that
-would change the result and that speculant does not support (``n`` > 1, ``echo``, ...) is
+would change the result and that speculant does not support (``echo``, ``best_of``, ...) is
 refused, never ignored; so is a field this server does not know (a typo must not silently change
 nothing). Fields that do not change the result (``user``, ``metadata``, ``store``) are accepted
 and ignored. ``response_format`` (OpenAI's ``text``, ``json_object``, ``json_schema``, and the
@@ -60,6 +60,7 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as OpenAI documen
 MIN_TEMPERATURE = 1e-30  # the smallest temperature above 0 that sampling takes (config.SamplingConfig)
 MAX_TOP_LOGPROBS = 20  # top tokens reported per position, as OpenAI's chat API (api.MAX_TOP_LOGPROBS)
 MAX_REPETITION_PENALTY = 100.0  # penalties.Penalties' bound
+MAX_N = 16  # choices per request (each one a generation of the batch)
 MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each one is applied at every verified node)
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key: a token id, as a string of decimal digits
 
@@ -89,6 +90,7 @@ class CompletionRequest:
     tool_name: str | None = None
     parallel_tool_calls: bool = True  # with tool_choice "required": more than one call allowed
     response_format: dict | None = None  # checked (constraints.parse_response_format); None: plain text
+    n: int = 1  # choices: n generations, seeds seed, seed + 1, ...
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -109,9 +111,10 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required: a model id from GET /v1/models", param="model")
     n = body.get("n", 1)
-    if n is not None and (not _is_int(n) or n != 1):
-        raise bad_request(f"'n' must be 1 (one choice per request), got {show(n)}", param="n",
-                          code="unsupported_parameter")
+    n = 1 if n is None else n
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad_request(f"'n' must be an integer from 1 to {MAX_N} (the choices to generate), got {show(n)}",
+                          param="n")
     tools, choice, tool_name, parallel = None, "none", None, True
     fmt = _response_format(body.get("response_format"))
     if kind == "chat":
@@ -173,7 +176,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, int(top_k), seed,
                              _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
-                             _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt)
+                             _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n))
 
 
 def _response_format(fmt: Any) -> dict | None:

@@ -1,0 +1,201 @@
+"""OpenAI's response bodies and stream chunks for one request of ``n`` choices.
+
+A request with ``n`` > 1 runs as ``n`` generations of the batch (one scheduler ticket each, seeds
+``seed``, ``seed + 1``, ...); ``Response`` holds what the choices share (the id, the creation
+time, the model) and each choice's own parsing state (``Choice``: its tool-call parser, its
+logprobs). A whole body lists the choices by index; a stream interleaves their chunks as their
+tokens come (``stream``), each chunk naming its choice's ``index``, each choice ending with its own
+chunk carrying ``finish_reason``, and the usage chunk, if asked for, after all of them. Usage
+counts the prompt once and every choice's tokens; ``usage.speculative`` adds up the choices' target
+passes, tokens and accepted drafts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from .errors import APIError
+from .logprobs import Logprobs
+from .metrics import Metrics
+from .scheduler import Failed, Finished, Started, Ticket, Token
+from .tools import ToolStream, join
+
+log = logging.getLogger("speculant.serve")
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+def error_of(event: Failed) -> APIError:
+    return APIError(event.status, event.message, param=event.param,
+                    type="invalid_request_error" if event.status < 500 else "server_error",
+                    code="worker_stopped" if event.status == 503 else None)
+
+
+def stopped(reason: str) -> APIError:
+    return APIError(503, f"the server's decoding worker stopped ({reason}); the server is shutting down: "
+                         "retry when it is back", type="server_error", code="worker_stopped")
+
+
+class Choice:
+    """One choice's parsing state: ``tools`` parses its tool calls out of its text (None: the
+    request has no tools), ``logprobs`` collects its tokens' logprobs (None: not asked for)."""
+
+    def __init__(self, index: int, logprobs: Logprobs | None, tools: str | None):
+        self.index = index
+        self.logprobs = logprobs
+        self.tools = None if tools is None else ToolStream(tools)
+
+
+class Response:
+    """One response's identity and its ``n`` choices. ``logprobs`` makes a choice's Logprobs
+    (None: not asked for); ``tools`` is the template's tool-call format (None: no tools)."""
+
+    def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics, n: int = 1,
+                 logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None):
+        self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
+        self.choices = [Choice(i, None if logprobs is None else logprobs(), tools) for i in range(n)]
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.first = True
+
+    def token(self, index: int, event: Token) -> dict | None:
+        """Take choice ``index``'s token event; returns its logprobs object (None: not asked for)."""
+        if self.first:
+            self.metrics.first_token(time.perf_counter() - self.arrived)
+            self.first = False
+        lp = self.choices[index].logprobs
+        return None if lp is None else lp.add(event)
+
+    def usage(self, events: Sequence[Finished], prompt_tokens: int) -> dict[str, Any]:
+        stats = [e.stats for e in events if e.stats is not None]
+        n = sum(len(e.token_ids) for e in events)
+        calls = sum(s.target_calls for s in stats)
+        proposed = sum(sum(s.drafted_per_call) for s in stats)
+        accepted = sum(sum(s.accepted_per_call) for s in stats)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+                "speculative": {"method": self.method, "target_calls": calls,
+                                "tokens_per_call": sum(s.new_tokens for s in stats) / calls if calls else 0.0,
+                                "acceptance_rate": accepted / proposed if proposed else 0.0}}
+
+    def body(self, events: Sequence[Finished], prompt_tokens: int) -> dict[str, Any]:
+        """The whole response: ``events[i]`` is choice i's Finished."""
+        choices = []
+        for choice, event in zip(self.choices, events):
+            reason = FINISH[event.finish_reason]
+            logprobs = None if choice.logprobs is None else choice.logprobs.all
+            if self.kind == "chat":
+                message: dict[str, Any] = {"role": "assistant", "content": event.text}
+                if choice.tools is not None:
+                    message["content"], calls = join(choice.tools.feed(event.text) + choice.tools.finish())
+                    if calls:
+                        message["tool_calls"] = calls
+                        reason = calls_finish(reason)
+                choices.append({"index": choice.index, "message": message, "logprobs": logprobs,
+                                "finish_reason": reason})
+            else:
+                choices.append({"index": choice.index, "text": event.text, "logprobs": logprobs,
+                                "finish_reason": reason})
+        return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices,
+                "usage": self.usage(events, prompt_tokens)}
+
+    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
+              usage: dict | None = None, logprobs: dict | None = None, delta: dict | None = None,
+              index: int = 0) -> str:
+        if usage is not None:
+            choices: list = []
+        elif self.kind == "chat":
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        else:
+            choices = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+
+def calls_finish(reason: str) -> str:
+    """The finish reason of a choice with tool calls: "tool_calls", unless it was cut short."""
+    return reason if reason == "length" else "tool_calls"
+
+
+async def _merged(tickets: Sequence[Ticket], problem: Callable[[], str | None]) -> AsyncIterator[tuple[int, Any]]:
+    """(choice index, event) of every ticket as the events come, until each has finished or
+    failed; a worker that stopped for good fails the tickets still waiting."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def forward(index: int, ticket: Ticket) -> None:
+        while True:
+            try:
+                event = await asyncio.wait_for(ticket.events.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if problem() is None or not ticket.events.empty():
+                    continue
+                event = Failed(503, stopped(problem()).message)
+            await queue.put((index, event))
+            if isinstance(event, (Finished, Failed)):
+                return
+
+    tasks = [asyncio.create_task(forward(i, t)) for i, t in enumerate(tickets)]
+    try:
+        left = len(tickets)
+        while left:
+            index, event = await queue.get()
+            left -= isinstance(event, (Finished, Failed))
+            yield index, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Response,
+                 problem: Callable[[], str | None]) -> AsyncIterator[str]:
+    """The server-sent events of one request (module doc); the client going away cancels every
+    choice's generation. A fault after the stream has begun is sent as OpenAI does, ``data:
+    {"error": {...}}``, and ends it (the other choices are cancelled)."""
+    finished: dict[int, Finished] = {}
+    try:
+        if response.kind == "chat":
+            for choice in response.choices:
+                yield response.chunk(role=True, index=choice.index)
+        async for index, event in _merged(tickets, problem):
+            choice = response.choices[index]
+            if isinstance(event, Token):
+                logprobs = response.token(index, event)
+                if choice.tools is not None:
+                    deltas = choice.tools.feed(event.text) or ([{}] if logprobs is not None else [])
+                    for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
+                        yield response.chunk(delta=delta, logprobs=logprobs if i == 0 else None, index=index)
+                elif event.text or logprobs is not None:  # with logprobs, every token has its chunk
+                    yield response.chunk(event.text, logprobs=logprobs, index=index)
+            elif isinstance(event, Finished):
+                finish = FINISH[event.finish_reason]
+                if choice.tools is not None:
+                    for delta in choice.tools.finish():
+                        yield response.chunk(delta=delta, index=index)
+                    finish = calls_finish(finish) if choice.tools.calls else finish
+                yield response.chunk(None, finish=finish, index=index)
+                finished[index] = event
+            elif isinstance(event, Failed):
+                yield f"data: {json.dumps(error_of(event).body())}\n\n"
+                break
+            elif isinstance(event, Started):
+                continue
+        if include_usage and len(finished) == len(tickets):
+            yield response.chunk(usage=response.usage([finished[i] for i in range(len(tickets))],
+                                                      tickets[0].prompt_tokens))
+    except Exception as e:  # noqa: BLE001 -- the headers are sent: the fault goes in the stream
+        log.exception("stream failed")
+        error = APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error")
+        yield f"data: {json.dumps(error.body())}\n\n"
+    finally:
+        for ticket in tickets:
+            ticket.cancel()  # a no-op when it finished; else it stops within one decoding step
+    yield "data: [DONE]\n\n"
