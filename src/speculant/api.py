@@ -159,14 +159,14 @@ class SpeculativeDecoder:
                     pacer=Pacer() if self.pacing else None)
 
     def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, logprobs: int | None = None,
-             grammar: CompiledGrammar | None = None):
+             grammar: CompiledGrammar | None = None, max_draft_depth: int | None = None):
         """The decoding loop's (state, step) after every step, for prompt ids ``ids`` (T,)."""
         generator = make_generator(sampling.seed)
         constraint = self._constraint(grammar)
         drafter = build_drafter(self.config, self._parts, sampling, generator, constraint=constraint)
         with torch.inference_mode():
             yield from decode(self.target_backend, drafter, ids, logprobs=logprobs, constraint=constraint,
-                              **self._loop_options(max_new_tokens, sampling, generator))
+                              max_draft_depth=max_draft_depth, **self._loop_options(max_new_tokens, sampling, generator))
 
     # ---- constrained decoding (constraints.py, grammars.py) --------------------------------
     MAX_CACHED_GRAMMARS = 64
@@ -208,6 +208,7 @@ class SpeculativeDecoder:
         drafter = build_drafter(self.config, self._parts, gen.sampling, generator, draft=draft, own_sizer=True,
                                 constraint=constraint)
         run = SequenceRun(target, drafter, gen.ids, logprobs=gen.logprobs_top, constraint=constraint,
+                          max_draft_depth=gen.max_draft_depth,
                           **self._loop_options(gen.max_new_tokens, gen.sampling, generator))
 
         def on_step(member: Member, step) -> bool:
@@ -274,7 +275,7 @@ class SpeculativeDecoder:
               cancel: Callable[[], bool] | None = None, min_p: float = 0.0, presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
               logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-              response_format: dict | None = None) -> Generation:
+              response_format: dict | None = None, max_draft_depth: int | None = None) -> Generation:
         """A generation that has not run yet: iterate it for its tokens (``TokenEvent``), or call
         ``result()``. The prompt is encoded and every option checked here, before any pass.
         ``max_new_tokens`` None: up to the model's context (4,096 tokens where it states none).
@@ -292,7 +293,9 @@ class SpeculativeDecoder:
         or GBNF>}``: the output matches it (``constraints``: the target's distribution is masked at
         every verified node, so speculation stays exact for the masked distribution); it ends
         with ``finish_reason`` "stop" where the grammar allows nothing more, "eos" where the model
-        ends a text the grammar may end."""
+        ends a text the grammar may end. ``max_draft_depth``: None, or k >= 0: this generation's
+        drafts are cut to k tokens deep (0: plain decoding, one token per target pass); the output
+        is the same for every k (the verification is unchanged), only the speed differs."""
         bias = tuple(sorted(_logit_bias(logit_bias).items()))
         penalties = Penalties(presence_penalty, frequency_penalty, repetition_penalty, bias)
         penalties.check_vocab(self.vocab_size)
@@ -301,6 +304,10 @@ class SpeculativeDecoder:
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise ConfigError(f"logprobs must be None or an integer from 0 to {MAX_TOP_LOGPROBS} (the top tokens "
                               f"reported at each position), got {logprobs!r}")
+        if max_draft_depth is not None and (isinstance(max_draft_depth, bool) or not isinstance(max_draft_depth, int)
+                                            or max_draft_depth < 0):
+            raise ConfigError(f"max_draft_depth must be None or an integer >= 0 (0: plain decoding), got "
+                              f"{max_draft_depth!r}")
         spec = parse_response_format(response_format)
         if spec is not None and not self.acceptance.exact:
             raise ConfigError(f"response_format needs the exact acceptance rule: {self.acceptance.label} may accept "
@@ -310,7 +317,7 @@ class SpeculativeDecoder:
         if max_new_tokens is None:  # a prompt that fills the context is refused when the generation runs
             max_new_tokens = max(1, self.max_length - int(ids.shape[0])) if self.max_length else 4096
         return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel, logprobs,
-                          grammar)
+                          grammar, max_draft_depth)
 
     def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationResult | list[GenerationResult]:
         """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats. ``prompt``:
@@ -360,7 +367,8 @@ def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | 
              method: str = "auto", max_new_tokens: int = 128, **kwargs) -> GenerationResult:
     """One-shot convenience: build a decoder and generate."""
     sampling_keys = {"temperature", "top_k", "top_p", "seed", "stop", "min_p", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "response_format"}
+                     "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "response_format",
+                     "max_draft_depth"}
     gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}
     return SpeculativeDecoder(target, draft, method=method, **kwargs).generate(
         prompt, max_new_tokens, **gen_kwargs)

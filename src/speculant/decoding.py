@@ -22,7 +22,7 @@ import torch
 from .acceptance import accept_tree
 from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
-from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan
+from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, within_depth
 from .tuning.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
 from .penalties import penalise
@@ -195,8 +195,10 @@ class SequenceRun:
                  replacement: bool = True, generator: torch.Generator | None = None,
                  vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
                  embedding: torch.Tensor | None = None, pacer: Pacer | None = None,
-                 logprobs: int | None = None, constraint: Constraint | None = None):
+                 logprobs: int | None = None, constraint: Constraint | None = None,
+                 max_draft_depth: int | None = None):
         self.stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
+        self.max_draft_depth = max_draft_depth  # None: the drafter's own; 0: the root alone (plain decoding)
         self.penalties = sampling.penalties if sampling.penalties.active else None
         self.logprobs = logprobs  # None: off; k >= 0: each token's log-probability and the top k
         self.constraint = constraint  # None: free text; else the grammar state (``constraints``)
@@ -246,10 +248,13 @@ class SequenceRun:
         several sequences' together). ``drafting``: the caller's choice between drafting and the
         root alone for this step (a batch paces all its members at once), in place of this run's
         own pacer (which then does not count the step); None: the pacer's choice. Without a
-        pacer (pacing off) every step drafts."""
+        pacer (pacing off) every step drafts. ``max_draft_depth`` (the run's) cuts the draft to
+        that depth; 0 verifies the root alone at every step."""
         self.clock.begin_step()
-        self._paced_here = drafting is None
-        if self.pacer is None:
+        self._paced_here = drafting is None and self.max_draft_depth != 0
+        if self.max_draft_depth == 0:
+            self._drafted = False
+        elif self.pacer is None:
             self._drafted = True
         else:
             self._drafted = self.pacer.draft_now() if drafting is None else drafting
@@ -258,6 +263,8 @@ class SequenceRun:
             return self.clock.timed("draft_s", _root_alone, context)
         t = time.perf_counter()
         draft = yield from self.drafter.propose_passes(context)
+        if self.max_draft_depth is not None:
+            draft = within_depth(draft, self.max_draft_depth)
         self.state.stats.draft_s += time.perf_counter() - t
         return draft
 
@@ -311,7 +318,8 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -
     lossless); ``embedding`` (V, H) for the distance rule; ``pacer``: decides step by step whether
     drafting pays (else the step verifies the root alone; ``tuning.pacing``); ``logprobs``: k to
     report each token's log-probability and the top k; ``constraint``: a grammar the output must
-    match (``constraints.Constraint``: every verified row masked, exact for the masked target).
+    match (``constraints.Constraint``: every verified row masked, exact for the masked target);
+    ``max_draft_depth``: drafts cut to that depth (0: plain decoding).
 
     One driver runs every generation: this is a ``batching.Batch`` of one sequence."""
     from .batching import Batch  # batching builds on SequenceRun

@@ -30,6 +30,19 @@ class Draft:
     q: torch.Tensor | None = None  # (N, V) float32 draft distribution at each node, or None
 
 
+def within_depth(draft: Draft, depth: int) -> Draft:
+    """``draft`` without its nodes deeper than ``depth`` (>= 0). The nodes are in breadth-first
+    order, so the ones kept are the first M and keep their indices: a drafter's per-node state
+    stays valid for the cut tree."""
+    if draft.tree.depth <= depth:
+        return draft
+    from ..trees.buffers import compile_paths
+
+    kept = int((draft.tree.depths <= depth).sum())
+    tree = compile_paths(draft.tree.paths[1:kept])
+    return Draft(tree, draft.tokens[:kept], None if draft.q is None else draft.q[:kept])
+
+
 class Job(Protocol):
     """One piece of a drafter's step that the drafters of several sequences can do together (one
     read of the weights for all of them): jobs with equal ``together`` keys run as ONE call of

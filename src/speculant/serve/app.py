@@ -207,7 +207,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                        req.seed, req.stop,
                        min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                        repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs,
-                       response_format=forced_format(req))
+                       response_format=forced_format(req), max_draft_depth=req.max_draft_depth)
             try:
                 for i in range(req.n):  # n choices: n generations of the batch, seeds seed, seed + 1, ...
                     tickets.append(scheduler.submit(dataclasses.replace(base, seed=choice_seed(req.seed, i)),

@@ -56,6 +56,7 @@ class Job:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     logprobs: int | None = None  # None: none; k: each token's log-probability and the top k (Token.logprob)
     response_format: dict | None = None  # SpeculativeDecoder.start's (a grammar the output must match)
+    max_draft_depth: int | None = None  # SpeculativeDecoder.start's (0: plain decoding)
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,7 @@ class Scheduler:
                             min_p=job.min_p, presence_penalty=job.presence_penalty,
                             frequency_penalty=job.frequency_penalty, repetition_penalty=job.repetition_penalty,
                             logit_bias=dict(job.logit_bias), logprobs=job.logprobs,
-                            response_format=job.response_format)
+                            response_format=job.response_format, max_draft_depth=job.max_draft_depth)
         except Exception as e:  # noqa: BLE001 -- encoding the prompt failed: this job alone
             return _failure(e)
         context = dec.max_length

@@ -5,7 +5,9 @@ the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature`
 ``seed``, ``stop``, ``stream``) the server honours OpenAI's ``presence_penalty``,
 ``frequency_penalty`` (-2..2), ``logit_bias`` ({"token id": -100..100}) and ``logprobs`` (chat:
 true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
-extensions ``top_k``, ``min_p`` ([0, 1)) and ``repetition_penalty`` (> 0, 1 off). A field that
+extensions ``top_k``, ``min_p`` ([0, 1)), ``repetition_penalty`` (> 0, 1 off) and
+``speculative`` (false: plain decoding for this request; ``{"max_depth": k}``: drafts at most k
+tokens deep; the output is the same either way). A field that
 would change the result and that speculant does not support (``echo``, ``best_of``, ...) is
 refused, never ignored; so is a field this server does not know (a typo must not silently change
 nothing). Fields that do not change the result (``user``, ``metadata``, ``store``) are accepted
@@ -48,7 +50,7 @@ _OFF: dict[str, tuple] = {"functions": (None, []),
                           "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
-           "repetition_penalty", "min_p", "response_format"}
+           "repetition_penalty", "min_p", "response_format", "speculative"}
 FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                              "parallel_tool_calls"},
           "completion": _COMMON | {"prompt", "top_logprobs"}}  # top_logprobs: refused with a hint (_logprobs)
@@ -60,6 +62,7 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as OpenAI documen
 MIN_TEMPERATURE = 1e-30  # the smallest temperature above 0 that sampling takes (config.SamplingConfig)
 MAX_TOP_LOGPROBS = 20  # top tokens reported per position, as OpenAI's chat API (api.MAX_TOP_LOGPROBS)
 MAX_REPETITION_PENALTY = 100.0  # penalties.Penalties' bound
+MAX_DRAFT_DEPTH = 64  # the extension speculative.max_depth's bound
 MAX_N = 16  # choices per request (each one a generation of the batch)
 MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each one is applied at every verified node)
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key: a token id, as a string of decimal digits
@@ -91,6 +94,7 @@ class CompletionRequest:
     parallel_tool_calls: bool = True  # with tool_choice "required": more than one call allowed
     response_format: dict | None = None  # checked (constraints.parse_response_format); None: plain text
     n: int = 1  # choices: n generations, seeds seed, seed + 1, ...
+    max_draft_depth: int | None = None  # the extension "speculative": None: the server's drafts; 0: plain decoding
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -176,7 +180,28 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, int(top_k), seed,
                              _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
-                             _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n))
+                             _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
+                             _speculative(body.get("speculative")))
+
+
+def _speculative(value: Any) -> int | None:
+    """The extension ``speculative``: true or absent (the server's speculation), false (plain
+    decoding for this request) or ``{"max_depth": k}`` (drafts at most k tokens deep, 0 to
+    MAX_DRAFT_DEPTH); as the decoder's max_draft_depth."""
+    if value is None or value is True:
+        return None
+    if value is False:
+        return 0
+    if isinstance(value, dict) and set(value) <= {"max_depth"}:
+        depth = value.get("max_depth")
+        if depth is None:
+            return None
+        if _is_int(depth) and 0 <= depth <= MAX_DRAFT_DEPTH:
+            return int(depth)
+        raise bad_request(f"'speculative.max_depth' must be an integer from 0 (plain decoding) to {MAX_DRAFT_DEPTH}, "
+                          f"got {show(depth)}", param="speculative.max_depth")
+    raise bad_request(f"'speculative' must be true, false or {{\"max_depth\": k}}, got {show(value)}",
+                      param="speculative")
 
 
 def _response_format(fmt: Any) -> dict | None:
