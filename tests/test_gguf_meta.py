@@ -1,4 +1,5 @@
-"""speculant.store.gguf_meta: a Gemma 2 GGUF's soft caps and query scale reach the converted config.
+"""speculant.store.gguf_meta: a Gemma 2 GGUF's soft caps and query scale, and a Gemma 3 GGUF's query
+scale and RoPE scaling, reach the converted config.
 
 transformers' GGUF loader does not read them (its Gemma2Config keeps caps 50 / 30 and
 query_pre_attn_scalar 256), so the tiny GGUFs here use other values throughout: caps 40 / 20, a
@@ -26,7 +27,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 
 def _write_gemma2_gguf(path: Path, layers: int = 2, caps: tuple[float, float] | None = (40.0, 20.0),
-                       tensors: bool = True, arch: str = "gemma2") -> Path:
+                       tensors: bool = True, arch: str = "gemma2", rope_scale: float | None = None) -> Path:
     """A float32 Gemma 2 GGUF with random weights (``tensors=False``: metadata only, enough for
     ``config_fixes`` but not for a conversion)."""
     import gguf
@@ -44,6 +45,10 @@ def _write_gemma2_gguf(path: Path, layers: int = 2, caps: tuple[float, float] | 
     w.add_value_length(HEAD_DIM)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(8)
+    if rope_scale is not None:
+        w.add_rope_freq_base(1e6)
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope_scale)
     if caps is not None:
         w.add_attn_logit_softcapping(caps[0])
         w.add_final_logit_softcapping(caps[1])
@@ -109,8 +114,26 @@ def test_query_scale_follows_llama_cpp_rule_and_absent_caps_keep_the_defaults(tm
     assert gguf_meta.config_fixes(small) == {"attn_logit_softcapping": 40.0, "final_logit_softcapping": 20.0,
                                              "query_pre_attn_scalar": HEAD_DIM}
     # another architecture: nothing to fix
-    other = _write_gemma2_gguf(tmp_path / "g3.gguf", tensors=False, arch="gemma3")
+    other = _write_gemma2_gguf(tmp_path / "l.gguf", tensors=False, arch="llama")
     assert gguf_meta.config_fixes(other) == {}
+
+
+def test_gemma3_fixes(tmp_path):
+    # Gemma 3: no caps to read; the 27B is 62 layers; linear RoPE scaling of the global layers
+    small = _write_gemma2_gguf(tmp_path / "g3-1b.gguf", layers=26, tensors=False, arch="gemma3")
+    assert gguf_meta.config_fixes(small) == {"query_pre_attn_scalar": HEAD_DIM}
+    big = _write_gemma2_gguf(tmp_path / "g3-27b.gguf", layers=62, tensors=False, arch="gemma3", rope_scale=8.0)
+    assert gguf_meta.config_fixes(big) == {
+        "query_pre_attn_scalar": HIDDEN // HEADS,
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+    unscaled = _write_gemma2_gguf(tmp_path / "g3-4b.gguf", layers=34, tensors=False, arch="gemma3", rope_scale=1.0)
+    assert "rope_parameters" not in gguf_meta.config_fixes(unscaled)
+    from transformers import Gemma3TextConfig  # the fixes make a config transformers (and the runtime) read
+
+    cfg = Gemma3TextConfig(num_hidden_layers=62)
+    gguf_meta.apply(cfg, big)
+    assert cfg.query_pre_attn_scalar == HIDDEN // HEADS and cfg.rope_parameters["full_attention"]["factor"] == 8.0
 
 
 def test_a_gemma2_conversion_made_before_the_fix_is_converted_again(tmp_path, capsys):
@@ -143,4 +166,6 @@ def test_an_entry_of_another_architecture_without_config_fixes_is_kept(tmp_path)
     (target / models.COMPLETE_MARKER).write_text(json.dumps({"dtype": "float32"}))
     assert gguf_meta.outdated(target / models.COMPLETE_MARKER) is None
     (target / "config.json").write_text(json.dumps({"model_type": "gemma2"}))
+    assert "was converted before" in gguf_meta.outdated(target / models.COMPLETE_MARKER)
+    (target / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
     assert "was converted before" in gguf_meta.outdated(target / models.COMPLETE_MARKER)

@@ -9,6 +9,12 @@ values llama.cpp runs the same file with: the caps from their keys (a cap the fi
 the default, which is llama.cpp's default too), and the query scale by llama.cpp's rule, which
 goes by model size: n_embd / n_head for the 27B (46 layers), the head dimension otherwise.
 
+Gemma 3 has the same gap: its query scale (the 27B, 62 layers: 5376 / 32 = 168, not 256) and
+the linear RoPE scaling of its global layers (``gemma3.rope.scaling.type`` "linear" and
+``gemma3.rope.scaling.factor``, 8 for the 4B, 12B and 27B), which transformers does not read:
+``rope_parameters`` is set from them, the local (sliding-window) layers keeping base 10,000
+unscaled, as llama.cpp runs them.
+
 A conversion records ``VERSION`` in its marker; ``outdated`` names a cache entry of an
 architecture fixed here that was converted before (or under an older version): it is redone.
 """
@@ -20,9 +26,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-VERSION = 1  # bump whenever the fields set here change: older conversions are redone
-FIXED_MODEL_TYPES = ("gemma2",)  # config.json model_type of the architectures fixed here
-_GEMMA2_27B_LAYERS = 46  # llama.cpp's LLM_TYPE_27B for gemma2
+VERSION = 2  # bump whenever the fields set here change: older conversions are redone
+FIXED_MODEL_TYPES = ("gemma2", "gemma3", "gemma3_text")  # config.json model_type of the architectures fixed here
+_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's LLM_TYPE_27B of each
+_LOCAL_ROPE_BASE = 10000.0  # Gemma 3's sliding-window layers (llama.cpp's and transformers' default)
 
 
 def _value(reader: Any, key: str) -> Any:
@@ -41,19 +48,28 @@ def config_fixes(gguf: str | os.PathLike) -> dict[str, Any]:
 
     reader = GGUFReader(str(gguf))
     arch = _value(reader, "general.architecture")
-    if arch != "gemma2":
+    if arch not in _27B_LAYERS:
         return {}
     fixes: dict[str, Any] = {}
-    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
-        value = _value(reader, f"{arch}.{cap}")
-        if value is not None:
-            fixes[cap] = float(value)
+    if arch == "gemma2":
+        for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+            value = _value(reader, f"{arch}.{cap}")
+            if value is not None:
+                fixes[cap] = float(value)
     hidden = int(_value(reader, f"{arch}.embedding_length"))
     heads = int(_value(reader, f"{arch}.attention.head_count"))
     head_dim = _value(reader, f"{arch}.attention.key_length")
     head_dim = hidden // heads if head_dim is None else int(head_dim)
     layers = int(_value(reader, f"{arch}.block_count"))
-    fixes["query_pre_attn_scalar"] = hidden // heads if layers == _GEMMA2_27B_LAYERS else head_dim
+    fixes["query_pre_attn_scalar"] = hidden // heads if layers == _27B_LAYERS[arch] else head_dim
+    if arch == "gemma3":
+        kind, factor = _value(reader, f"{arch}.rope.scaling.type"), _value(reader, f"{arch}.rope.scaling.factor")
+        if kind == "linear" and factor is not None and float(factor) != 1.0:
+            base = _value(reader, f"{arch}.rope.freq_base")
+            fixes["rope_parameters"] = {
+                "full_attention": {"rope_type": "linear", "factor": float(factor),
+                                   "rope_theta": 1e6 if base is None else float(base)},
+                "sliding_attention": {"rope_type": "default", "rope_theta": _LOCAL_ROPE_BASE}}
     return fixes
 
 
@@ -78,4 +94,4 @@ def outdated(marker: Path) -> str | None:
     if isinstance(version, int) and version >= VERSION:
         return None
     return (f"was converted before speculant set the {model_type} config fields transformers does "
-            "not read from a GGUF (soft caps, query scale)")
+            "not read from a GGUF (soft caps, query scale, RoPE scaling)")
