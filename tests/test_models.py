@@ -382,3 +382,21 @@ def test_real_qwen_pair_shares_vocab_and_smollm2_does_not():
     assert len(target.tokenizer.get_vocab()) == 151_936 and target.tokenizer.eos_token_id == 151_645
     with pytest.raises(VocabMismatchError, match="qwen2.5-coder-0.5b-instruct"):
         models.check_vocab_compatible(target, models.load("smollm2-135m-instruct"))
+
+
+def test_a_model_without_sdpa_in_transformers_loads_with_eager_attention(tmp_path):
+    # Gemma 2 (soft-capped attention logits) has no sdpa path in transformers; loading its
+    # directory takes eager attention, and speculation on it is still plain decoding
+    from speculant import SpeculativeDecoder
+    from tiny import tiny_family, word_tokenizer
+
+    gemma, llama = tmp_path / "gemma2", tmp_path / "llama"
+    tiny_family("gemma2").save_pretrained(gemma)
+    tiny_family("mistral").save_pretrained(llama)
+    for d in (gemma, llama):
+        word_tokenizer().save_pretrained(d)
+    assert models.load(str(gemma), "float32").model.config._attn_implementation == "eager"
+    assert models.load(str(llama), "float32").model.config._attn_implementation == "sdpa"
+    plain = SpeculativeDecoder(str(gemma), method="ar", backend="hf", dtype="float32").generate("w1 w2 w3", 12)
+    sd = SpeculativeDecoder(str(gemma), str(gemma), method="sd", backend="hf", dtype="float32", pacing=False)
+    assert sd.generate("w1 w2 w3", 12).token_ids == plain.token_ids

@@ -418,7 +418,9 @@ class LoadedModel:
 
 
 def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> LoadedModel:
-    """Resolve ``spec`` (converting a GGUF once) and load it in ``dtype`` with sdpa attention."""
+    """Resolve ``spec`` (converting a GGUF once) and load it in ``dtype`` with sdpa attention, or
+    eager attention for an architecture transformers has no sdpa path for (Gemma 2: its
+    attention logits are soft-capped)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = parse_dtype(dtype)
@@ -426,7 +428,8 @@ def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> Load
     try:
         with _transformers_quiet():  # a warm load takes seconds: no progress bars
             tokenizer = AutoTokenizer.from_pretrained(str(path))
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
+                                                         attn_implementation=_attention_for(path))
     except Exception as e:
         why = damaged_weights(path)
         what = f"{why}" if why else f"{type(e).__name__}: {e}"
@@ -437,6 +440,18 @@ def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> Load
     model.requires_grad_(False)
     name = str(spec) if str(spec) in PRESETS else Path(spec).name
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, path=path, dtype=dtype)
+
+
+def _attention_for(path: Path) -> str:
+    """"sdpa", or "eager" where transformers' class for the model has no sdpa attention."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+        cls = AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, OSError, ValueError):
+        return "sdpa"  # loading says what is wrong
+    return "sdpa" if getattr(cls, "_supports_sdpa", True) else "eager"
 
 
 def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
