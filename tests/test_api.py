@@ -57,6 +57,9 @@ def test_config_normalizes_and_resolves(dirs):
 def test_auto_method_follows_what_is_given(dirs):
     with_draft = SpeculativeDecoder(dirs["target"], dirs["draft"], dtype="float32")
     assert with_draft.method == "sd" and "sd" in with_draft.why
+    plain = SpeculativeDecoder(dirs["target"], method="ar", dtype="float32").generate("w1 w2 w3", 8)
+    assert with_draft.draft is not None  # loaded for the method auto chose
+    assert with_draft.generate("w1 w2 w3", 8).token_ids == plain.token_ids
     alone = SpeculativeDecoder(dirs["target"], dtype="float32", tree_budget=FLAT)
     assert alone.method == "lookup" and alone.gamma == 8 and alone.sizer is not None  # no heads ship for it
     assert "lookup" in alone.why and "transformers" in alone.why

@@ -637,3 +637,12 @@ def test_results_say_where_they_come_from_and_the_readme_takes_clean_runs_only(t
     with pytest.raises(ConfigError, match="uncommitted changes"):
         update_readme(readme, result, path)
     assert readme.read_text() == f"{BEGIN}\nold\n{END}\n"
+
+
+def test_the_auto_row_drafts_with_a_draft_the_user_gave(tiny, tmp_path):
+    # as `speculant generate --draft D` does: with --draft the planner may choose the draft model;
+    # without it (the default pair's sibling draft, given for the rows that draft) auto plans alone
+    given = run_bench(_cfg(tiny, ("ar", "auto"), tmp_path, auto_draft=True))
+    alone = run_bench(_cfg(tiny, ("ar", "auto"), tmp_path))
+    assert given["resolved"]["auto"]["method"].startswith(("sd", "mcsd"))
+    assert not alone["resolved"]["auto"]["method"].startswith(("sd", "mcsd"))

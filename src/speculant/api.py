@@ -67,15 +67,15 @@ class SpeculativeDecoder:
             config = DecoderConfig.from_options(target, draft, **options)
         config, runtime = resolve_runtime(config)
         self.target = load_target(config)
-        self.draft = load_draft(config)
-        if self.draft is not None:
-            check_vocab_compatible(self.target, self.draft)
-            _warn_if_draft_larger(self.target, self.draft)
         self.tokenizer = self.target.tokenizer
         self.target_backend = _backend(config.backend, self.target, "target")
         self.plan = plan(config, runtime, self.target, self.target_backend)
         c = self.config = self.plan.config
         self.why = self.plan.why
+        self.draft = load_draft(c)  # after the plan: "auto" may choose the draft model
+        if self.draft is not None:
+            check_vocab_compatible(self.target, self.draft)
+            _warn_if_draft_larger(self.target, self.draft)
         if note := adapter_note(self.plan.heads_source, c.lora):
             print(f"speculant: note: {note}", file=sys.stderr, flush=True)
         self.draft_backend = _backend(c.backend, self.draft, "draft") if self.draft is not None else None

@@ -79,6 +79,7 @@ from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, qu
 class BenchConfig:
     target: str
     draft: str | None = None  # None: the rows that draft (bench.pair.DRAFT_ROWS) are skipped
+    auto_draft: bool = False  # the auto row may draft with ``draft`` (as generate --draft does): given by the user
     methods: tuple[str, ...] = ("ar", "sd", "mcsd", "lookup", "hf-assisted")
     per_category: int = 1
     max_new_tokens: int = 128
@@ -297,7 +298,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None) -> dict:
             skip(m, no_draft(cfg.target))
         elif why := _peer_unavailable(m, cfg):
             skip(m, why)
-    if any(uses_draft(m) for m in methods):
+    if any(uses_draft(m) for m in methods) or (cfg.auto_draft and cfg.draft is not None and "auto" in methods):
         check_pair(cfg.target, cfg.draft)
     files = plan_peers([m for m in methods if is_peer(m)], cfg.target, cfg.draft)
     for m, planned in files.items():
@@ -326,7 +327,8 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
     when the run started."""
     from rich.console import Console
 
-    needs_draft = any(split_method(m)[0] in ("sd", "mcsd", "hf-assisted") for m in methods)  # speculant loads it
+    needs_draft = any(split_method(m)[0] in ("sd", "mcsd", "hf-assisted") or (m == "auto" and cfg.auto_draft)
+                      for m in methods)  # speculant loads it
     rt = choose_runtime(cfg.target, cfg.dtype, cfg.backend, cfg.target_quant, cfg.quant_head)
     cfg = dataclasses.replace(cfg, backend=rt.backend, target_quant=rt.target_quant, quant_head=rt.quant_head)
     console.print(f"speculant bench: {rt.why}")
@@ -349,7 +351,8 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
         spec = parse_method(m)
         if spec.name in PEERS:
             continue
-        dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if spec.name in ("sd", "mcsd") else None,
+        drafts = spec.name in ("sd", "mcsd") or (spec.name == "auto" and cfg.auto_draft and draft is not None)
+        dec = SpeculativeDecoder(ours_target or target, (ours_draft or draft) if drafts else None,
                                  method=spec.base, replacement=cfg.replacement, acceptance=spec.rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=cfg.target_quant, quant_head=cfg.quant_head,

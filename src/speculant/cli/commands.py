@@ -350,7 +350,8 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
 
     # the default target's sibling drafts unless --draft names another; any other target drafts only with a --draft
     draft = args.draft or (DEFAULT_DRAFT if args.target == DEFAULT_TARGET else None)
-    cfg = BenchConfig(target=args.target, draft=draft, methods=tuple(args.methods.split(",")),
+    cfg = BenchConfig(target=args.target, draft=draft, auto_draft=args.draft is not None,
+                      methods=tuple(args.methods.split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                       lookup_branch=args.lookup_branch or DEFAULT_LOOKUP_BRANCH,
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
