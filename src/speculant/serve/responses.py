@@ -105,7 +105,7 @@ class Response:
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
               usage: dict | None = None, logprobs: dict | None = None, delta: dict | None = None,
-              index: int = 0) -> str:
+              index: int = 0, source: str | None = None) -> str:
         if usage is not None:
             choices: list = []
         elif self.kind == "chat":
@@ -114,6 +114,8 @@ class Response:
             choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
         else:
             choices = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
+        if source is not None and choices:  # the extension speculative.sources
+            choices[0]["source"] = source
         body = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices}
         if usage is not None:
@@ -156,7 +158,7 @@ async def _merged(tickets: Sequence[Ticket], problem: Callable[[], str | None]) 
 
 
 async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Response,
-                 problem: Callable[[], str | None]) -> AsyncIterator[str]:
+                 problem: Callable[[], str | None], sources: bool = False) -> AsyncIterator[str]:
     """The server-sent events of one request (module doc); the client going away cancels every
     choice's generation. A fault after the stream has begun is sent as OpenAI does, ``data:
     {"error": {...}}``, and ends it (the other choices are cancelled)."""
@@ -169,12 +171,15 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
             choice = response.choices[index]
             if isinstance(event, Token):
                 logprobs = response.token(index, event)
+                source = event.source if sources else None
+                every = logprobs is not None or sources  # then every token has its chunk
                 if choice.tools is not None:
-                    deltas = choice.tools.feed(event.text) or ([{}] if logprobs is not None else [])
+                    deltas = choice.tools.feed(event.text) or ([{}] if every else [])
                     for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
-                        yield response.chunk(delta=delta, logprobs=logprobs if i == 0 else None, index=index)
-                elif event.text or logprobs is not None:  # with logprobs, every token has its chunk
-                    yield response.chunk(event.text, logprobs=logprobs, index=index)
+                        yield response.chunk(delta=delta, logprobs=logprobs if i == 0 else None, index=index,
+                                             source=source if i == 0 else None)
+                elif event.text or every:
+                    yield response.chunk(event.text, logprobs=logprobs, index=index, source=source)
             elif isinstance(event, Finished):
                 finish = FINISH[event.finish_reason]
                 if choice.tools is not None:

@@ -69,6 +69,7 @@ class Token:
     token_id: int
     text: str  # the new text this token completes ("" while text is held back)
     logprob: Any = None  # decoding.TokenLogprob, when the job asked for logprobs
+    source: str = "target"  # "draft": an accepted draft token; "target": the target's own
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ class Scheduler:
             ticket = live.get(gen)
             if ticket is not None:
                 for ev in events:
-                    ticket.send(Token(ev.token_id, ev.text, ev.logprob))
+                    ticket.send(Token(ev.token_id, ev.text, ev.logprob, ev.source))
 
         def failed(gen, error: Exception) -> None:
             ticket = live.pop(gen, None)

@@ -7,7 +7,8 @@ the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature`
 true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
 extensions ``top_k``, ``min_p`` ([0, 1)), ``repetition_penalty`` (> 0, 1 off) and
 ``speculative`` (false: plain decoding for this request; ``{"max_depth": k}``: drafts at most k
-tokens deep; the output is the same either way). A field that
+tokens deep; the output is the same either way; ``"sources": true``: each streamed token's chunk
+names its source, "draft" or "target"). A field that
 would change the result and that speculant does not support (``echo``, ``best_of``, ...) is
 refused, never ignored; so is a field this server does not know (a typo must not silently change
 nothing). Fields that do not change the result (``user``, ``metadata``, ``store``) are accepted
@@ -95,6 +96,7 @@ class CompletionRequest:
     response_format: dict | None = None  # checked (constraints.parse_response_format); None: plain text
     n: int = 1  # choices: n generations, seeds seed, seed + 1, ...
     max_draft_depth: int | None = None  # the extension "speculative": None: the server's drafts; 0: plain decoding
+    token_sources: bool = False  # the extension speculative.sources: each streamed token says where it came from
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -181,27 +183,29 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                              _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
                              _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
-                             _speculative(body.get("speculative")))
+                             *_speculative(body.get("speculative")))
 
 
-def _speculative(value: Any) -> int | None:
+def _speculative(value: Any) -> tuple[int | None, bool]:
     """The extension ``speculative``: true or absent (the server's speculation), false (plain
-    decoding for this request) or ``{"max_depth": k}`` (drafts at most k tokens deep, 0 to
-    MAX_DRAFT_DEPTH); as the decoder's max_draft_depth."""
+    decoding for this request) or ``{"max_depth": k, "sources": bool}`` (drafts at most k tokens
+    deep, 0 to MAX_DRAFT_DEPTH; ``sources``: every streamed token's chunk says whether it was an
+    accepted draft or the target's own). As (the decoder's max_draft_depth, sources)."""
     if value is None or value is True:
-        return None
+        return None, False
     if value is False:
-        return 0
-    if isinstance(value, dict) and set(value) <= {"max_depth"}:
-        depth = value.get("max_depth")
-        if depth is None:
-            return None
-        if _is_int(depth) and 0 <= depth <= MAX_DRAFT_DEPTH:
-            return int(depth)
+        return 0, False
+    if not isinstance(value, dict) or set(value) - {"max_depth", "sources"}:
+        raise bad_request(f"'speculative' must be true, false or {{\"max_depth\": k, \"sources\": true|false}}, "
+                          f"got {show(value)}", param="speculative")
+    depth, sources = value.get("max_depth"), value.get("sources", False)
+    if depth is not None and not (_is_int(depth) and 0 <= depth <= MAX_DRAFT_DEPTH):
         raise bad_request(f"'speculative.max_depth' must be an integer from 0 (plain decoding) to {MAX_DRAFT_DEPTH}, "
                           f"got {show(depth)}", param="speculative.max_depth")
-    raise bad_request(f"'speculative' must be true, false or {{\"max_depth\": k}}, got {show(value)}",
-                      param="speculative")
+    if not isinstance(sources, bool):
+        raise bad_request(f"'speculative.sources' must be true or false, got {show(sources)}",
+                          param="speculative.sources")
+    return (None if depth is None else int(depth)), sources
 
 
 def _response_format(fmt: Any) -> dict | None:
