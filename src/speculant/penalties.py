@@ -34,6 +34,10 @@ from .trees.buffers import TreeBuffers
 
 __all__ = ["Penalties", "penalise"]
 
+MAX_PENALTY = 2.0  # presence / frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's range)
+MAX_REPETITION_PENALTY = 100.0  # repetition penalties lie in (0, MAX_REPETITION_PENALTY]
+MAX_BIAS = 100.0  # logit biases lie in [-MAX_BIAS, MAX_BIAS] (OpenAI's range)
+
 
 @dataclass(frozen=True)
 class Penalties:
@@ -47,15 +51,17 @@ class Penalties:
 
     def __post_init__(self) -> None:
         for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
-            if not -2.0 <= float(value) <= 2.0:
-                raise ConfigError(f"{name} must be between -2 and 2, got {value}")
-        if not 0.0 < float(self.repetition) <= 100.0:
-            raise ConfigError(f"repetition_penalty must be > 0 and <= 100 (1: off), got {self.repetition}")
+            if not -MAX_PENALTY <= float(value) <= MAX_PENALTY:
+                raise ConfigError(f"{name} must be between -{MAX_PENALTY:g} and {MAX_PENALTY:g}, got {value}")
+        if not 0.0 < float(self.repetition) <= MAX_REPETITION_PENALTY:
+            raise ConfigError(f"repetition_penalty must be > 0 and <= {MAX_REPETITION_PENALTY:g} (1: off), got "
+                              f"{self.repetition}")
         for tok, bias in self.logit_bias:
             if int(tok) < 0:
                 raise ConfigError(f"logit_bias token ids must be >= 0, got {tok}")
-            if not -100.0 <= float(bias) <= 100.0:
-                raise ConfigError(f"logit_bias values must be between -100 and 100, got {bias} for token {tok}")
+            if not -MAX_BIAS <= float(bias) <= MAX_BIAS:
+                raise ConfigError(f"logit_bias values must be between -{MAX_BIAS:g} and {MAX_BIAS:g}, got {bias} for "
+                                  f"token {tok}")
 
     @property
     def active(self) -> bool:

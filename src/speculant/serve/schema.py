@@ -36,6 +36,7 @@ from typing import Any
 
 from ..constraints import parse_response_format
 from ..errors import ConfigError
+from ..penalties import MAX_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY
 from ..stopping import MAX_STOP_STRINGS
 from ..text_check import text_problem
 from .errors import bad_request
@@ -62,7 +63,6 @@ MAX_INT32 = 2**31 - 1  # max_tokens and top_k: beyond any context or vocabulary
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as OpenAI documents it
 MIN_TEMPERATURE = 1e-30  # the smallest temperature above 0 that sampling takes (config.SamplingConfig)
 MAX_TOP_LOGPROBS = 20  # top tokens reported per position, as OpenAI's chat API (api.MAX_TOP_LOGPROBS)
-MAX_REPETITION_PENALTY = 100.0  # penalties.Penalties' bound
 MAX_DRAFT_DEPTH = 64  # the extension speculative.max_depth's bound
 MAX_N = 16  # choices per request (each one a generation of the batch)
 MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each one is applied at every verified node)
@@ -172,8 +172,9 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     min_p = _number(body, "min_p", 0.0, 0.0, 1.0, "in [0, 1) (0 = off)")
     if min_p >= 1.0:
         raise bad_request(f"'min_p' must be in [0, 1) (0 = off), got {show(body['min_p'])}", param="min_p")
-    presence = _number(body, "presence_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)")
-    frequency = _number(body, "frequency_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)")
+    between = f"between -{MAX_PENALTY:g} and {MAX_PENALTY:g} (0 = off)"
+    presence = _number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY, between)
+    frequency = _number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY, between)
     repetition = _number(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY,
                          f"above 0 and at most {MAX_REPETITION_PENALTY:g} (1 = off)")
     if repetition <= 0.0:
@@ -260,8 +261,9 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
         if not _TOKEN_ID.fullmatch(key) or int(key) > MAX_INT32:
             raise bad_request(f"'logit_bias' keys must be token ids (integers from 0, written as strings), got "
                               f"{show(key)}", param="logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise bad_request(f"'logit_bias' values must be numbers from -100 to 100, got {show(value)} for token "
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_BIAS <= value <= MAX_BIAS:
+            raise bad_request(f"'logit_bias' values must be numbers from -{MAX_BIAS:g} to {MAX_BIAS:g}, got "
+                              f"{show(value)} for token "
                               f"{key}", param="logit_bias")  # NaN fails the range; JSON has no infinity
         out[int(key)] = float(value)
     return tuple(sorted(out.items()))

@@ -209,7 +209,7 @@ def build_run(model: nn.Module, heads: MedusaHeads | SequentialHeads, peft_model
     learning rate), its schedule (a linear warm-up and a cosine decay; the adapters start after
     ``cfg.warmup_heads_steps``), both prepared by ``accelerator``."""
     trainable = Trainable(model, heads)
-    context = getattr(heads, "context", None)  # sequential heads' context layer: its own learning rate
+    context = heads.context if isinstance(heads, SequentialHeads) else None  # its own learning rate
     in_context = {id(p) for p in context.parameters()} if context is not None else set()
     groups = [{"params": [p for p in heads.parameters() if id(p) not in in_context], "lr": cfg.lr_heads}]
     lambdas = [lr_lambda(total, cfg.lr_warmup_steps)]
