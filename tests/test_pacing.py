@@ -146,3 +146,22 @@ def test_defaults_pick_the_runtime_and_the_method(tmp_path):
     rt = choose_runtime(str(big), "bfloat16")
     kernel = int4_isa() is not None
     assert (rt.backend, rt.target_quant, rt.quant_head) == (("native", "int4", True) if kernel else ("hf", "none", False))
+
+
+def test_a_model_the_native_runtime_cannot_rotate_is_refused_before_loading(tmp_path):
+    # partial rotary embeddings (rotating part of each head): refused from config.json alone, with
+    # the reason, and the decoder runs on transformers instead
+    from speculant.backends.native_arch import native_refusal
+    from speculant.defaults import choose_runtime
+    from tiny import tiny_qwen2
+
+    fields = {"model_type": "phi3", "hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "intermediate_size": 256, "vocab_size": 64}
+    assert native_refusal(fields) is None
+    assert "rotates 16 of 32 dimensions" in native_refusal({**fields, "partial_rotary_factor": 0.5})
+    big = tmp_path / "q"
+    model = tiny_qwen2(seed=0, hidden=128, dtype=torch.bfloat16)
+    model.config.partial_rotary_factor = 0.5
+    model.save_pretrained(big)
+    rt = choose_runtime(str(big), "bfloat16")
+    assert rt.backend == "hf" and "rotates 16 of 32" in rt.why

@@ -128,12 +128,28 @@ def layer_plan(cfg, head_dim: int) -> tuple[list[Rope], list[int], list[int]]:
 
 def native_refusal(config: dict) -> str | None:
     """Why the native backend does not run the model of ``config`` (a config.json's fields), or
-    None when it does."""
+    None when it does: the checks loading makes (the architecture, and each layer's RoPE and
+    window: :func:`layer_plan`), before any weight is read."""
     from types import SimpleNamespace
 
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     try:
         arch_for(SimpleNamespace(**text))
+        cfg = _config_object(text)
+        if cfg is not None:
+            heads = int(cfg.num_attention_heads)
+            layer_plan(cfg, getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads)
     except ConfigError as e:
         return str(e).split(": use backend=")[0]
     return None
+
+
+def _config_object(fields: dict):
+    """transformers' config class of ``fields["model_type"]`` filled with ``fields`` (its defaults
+    and derived fields, e.g. the layer types), or None for a type it does not know."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.for_model(**fields)
+    except (KeyError, ValueError, TypeError):
+        return None
