@@ -15,7 +15,7 @@ from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
 
-from tiny import tiny_llama, tiny_model_dir
+from tiny import tiny_pair
 
 PROMPT = "w1 w2 w3 w4 w1 w2 w3"
 FLAT = PassCost((1, 64), (100.0, 100.0))  # a pass costs the same at any width: no measuring in tests
@@ -23,10 +23,7 @@ FLAT = PassCost((1, 64), (100.0, 100.0))  # a pass costs the same at any width: 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model_dir(root / "target", seed=0)
-    draft = tiny_model_dir(root / "draft", seed=1, base=tiny_llama(0, scale=4.0), noise=0.3)
-    return {"target": str(target), "draft": str(draft)}
+    return tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from speculant.tuning.costmodel import PassCost
 from speculant.heads import HeadsConfig, MedusaHeads, save_heads
 
 from serve_helpers import CHAT_TEMPLATE, RunningServer
-from tiny import tiny_llama, tiny_model_dir
+from tiny import tiny_pair
 
 FLAT = PassCost((1, 64), (100.0, 100.0))
 N = 20
@@ -28,10 +28,7 @@ MESSAGES = [{"role": "system", "content": "w3"}, {"role": "user", "content": "w1
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model_dir(root / "target", seed=0)
-    draft = tiny_model_dir(root / "draft", seed=1, base=tiny_llama(0, scale=4.0), noise=0.3)
-    return {"target": str(target), "draft": str(draft), "root": root}
+    return tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 def _decoder(dirs, method: str = "sd", **extra):

@@ -14,7 +14,7 @@ import pytest
 from speculant import SpeculativeDecoder
 
 from serve_helpers import CHAT_TEMPLATE, RunningServer
-from tiny import tiny_llama, tiny_model_dir
+from tiny import tiny_pair
 
 N = 16
 K = 3  # top tokens asked for
@@ -25,10 +25,7 @@ PROMPT = "w5 w6 w7 w5 w6"
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model_dir(root / "target", seed=0)
-    draft = tiny_model_dir(root / "draft", seed=1, base=tiny_llama(0, scale=4.0), noise=0.3)
-    return {"target": str(target), "draft": str(draft)}
+    return tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 def _decoder(dirs, method: str):

@@ -13,7 +13,7 @@ from speculant.tuning.costmodel import PassCost
 from speculant.heads import HeadsConfig, MedusaHeads, save_heads
 from speculant.stopping import StopStrings, parse_stop
 
-from tiny import tiny_llama, tiny_model_dir
+from tiny import tiny_pair
 
 PROMPT = "w1 w2 w3 w4 w1 w2 w3"
 N = 24
@@ -24,10 +24,7 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model_dir(root / "target", seed=0)
-    draft = tiny_model_dir(root / "draft", seed=1, base=tiny_llama(0, scale=4.0), noise=0.3)
-    return {"target": str(target), "draft": str(draft), "root": root}
+    return tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,14 @@ def tiny_model_dir(path, seed: int = 0, vocab: int = 64, noise: float = 0.0, bas
     return path
 
 
+def tiny_pair(root, noise: float = 0.3) -> dict:
+    """A tiny target (seed 0) and a draft that is the target perturbed by ``noise`` (it agrees with
+    the target often), saved under ``root``: {"target", "draft", "root"} (the directories as str)."""
+    target = tiny_model_dir(root / "target", seed=0)
+    draft = tiny_model_dir(root / "draft", seed=1, base=tiny_llama(0, scale=4.0), noise=noise)
+    return {"target": str(target), "draft": str(draft), "root": root}
+
+
 def tiny_qwen2(seed: int = 0, vocab: int = 64, hidden: int = 64, layers: int = 2, scale: float = 1.0,
                tied: bool = False, dtype: torch.dtype = torch.float32):
     """A 2-layer Qwen2 with random weights: q/k/v biases (made nonzero), GQA (4 query heads per
