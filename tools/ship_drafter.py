@@ -1,0 +1,63 @@
+"""Ship a newly trained EAGLE drafter for the default target only if it guesses better than the one
+shipped, on text neither trained on: the target's greedy answers to the Spec-Bench questions the
+bench does not use (``tools/teacher_forced_tau.py gen``).
+
+    python tools/ship_drafter.py CANDIDATE_DIR --dev DEV.jsonl [--dry-run]
+
+Both drafters (and the shipped sequential heads, whose row auto's forecast reads beside the
+EAGLE drafter's) are measured on the same answer positions (``speculant drafter-accuracy
+--all-records``). The candidate ships when its greedy chain is right more often at depth 1 and at
+depth 2: its files replace ``data/drafters/<target>/eagle`` (with the new ``accuracy.json``), and
+``data/manifest.json`` and the cache's copy are updated (``tools/data_manifest.py``). Either way the
+comparison is printed as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = "qwen2.5-coder-1.5b-instruct"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("candidate", help="the trained drafter (train-drafter's OUT/drafter)")
+    p.add_argument("--dev", required=True, help="the target's answers to held-out questions (JSONL)")
+    p.add_argument("--shipped", default=str(ROOT / "data" / "drafters" / TARGET / "eagle"))
+    p.add_argument("--heads", default=str(ROOT / "data" / "drafters" / TARGET / "sequential"))
+    p.add_argument("--dry-run", action="store_true", help="compare only")
+    args = p.parse_args()
+
+    from speculant import SpeculativeDecoder
+    from speculant.drafters.accuracy import drafter_accuracy
+
+    dec = SpeculativeDecoder(TARGET, method="ar")
+    both = drafter_accuracy(dec, args.dev, [args.heads], [args.shipped, args.candidate], all_records=True)
+    hydra, shipped, candidate = both["drafters"]
+    better = all(candidate["greedy"][d] > shipped["greedy"][d] for d in (0, 1))
+    report = {"shipped": shipped["greedy"], "candidate": candidate["greedy"], "heads": hydra["greedy"],
+              "records": len(both["records"]), "per_record": both["per_record"], "ships": better and not args.dry_run}
+    print(json.dumps(report, indent=1))
+    if not better or args.dry_run:
+        return 0
+    new = Path(args.shipped + ".new")
+    if new.exists():
+        shutil.rmtree(new)
+    shutil.copytree(args.candidate, new)
+    accuracy = {**both, "drafters": [hydra, {**candidate, "path": "eagle"}]}
+    (new / "accuracy.json").write_text(json.dumps(accuracy, indent=1) + "\n")
+    shutil.rmtree(args.shipped)
+    new.replace(args.shipped)
+    for step in ("write", "install"):
+        subprocess.run([sys.executable, str(ROOT / "tools" / "data_manifest.py"), step], check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
