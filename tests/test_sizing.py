@@ -294,7 +294,10 @@ def test_decoder_tree_budget(tmp_path, monkeypatch):
     from speculant.api import DEFAULT_MAX_ROWS
     from tiny import tiny_model_dir
 
+    import speculant.tuning.costmodel as cm
+
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cm, "BUSY_WAIT", float("inf"))  # cached even while other jobs (another test process) run
     lm = speculant.load(tiny_model_dir(tmp_path / "m"), "float32")
     heads = SequentialHeads(HeadsConfig(3, 1, lm.model.config.hidden_size, lm.logits_dim, kind="sequential"),
                             lm.model.get_output_embeddings(), lm.model.get_input_embeddings())
