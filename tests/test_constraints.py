@@ -254,6 +254,31 @@ def test_eos_only_where_the_grammar_may_end_and_the_end_ends_it(grammars, tokeni
         Constraint.start(g, V, {EOS}).commit([s], None)
 
 
+def test_a_draft_is_cut_before_its_first_refused_node(grammars, tokenizer):
+    g = grammars["regex"]  # (cat|dog)s? [0-9]{1,3}
+    cat, s, sp, one, dog = (tokenizer.convert_tokens_to_ids(t) for t in ("cat", "s", "Ġ", "1", "dog"))
+    c = Constraint.start(g, V, {EOS})
+    assert c.allowed_prefix(chain(5), torch.tensor([0, cat, s, sp, one, one])) == 6  # all allowed
+    assert c.allowed_prefix(chain(5), torch.tensor([0, cat, s, s, one, one])) == 3  # "cats" then "s": cut at it
+    assert c.allowed_prefix(chain(2), torch.tensor([0, one, cat])) == 1  # nothing but the root
+    tree = build_tree([[0], [1], [0, 0], [1, 0]])  # nodes: cat, dog, cat>s, dog>1 (refused)
+    assert c.allowed_prefix(tree, torch.tensor([0, cat, dog, s, one])) == 4
+    assert c.allowed_prefix(tree, torch.tensor([0, one, dog, s, s])) == 1  # node 1 refused: the rest cut too
+    assert c.commit([cat], None) == ([cat], None)  # the committed state was left as it was
+
+
+def test_constrained_lookup_verifies_fewer_rows_and_writes_the_same(grammars, target, tokenizer, monkeypatch):
+    # prompt lookup proposes the prompt's continuations (", dogs 3, ..." after a match), which the
+    # grammar refuses: cut before verification, they cost no rows, and the output is unchanged
+    prompt = torch.tensor(tokenizer.encode("cats 12, dogs 3, cat 45, dog 7, cats 12, dogs 3, cat"))
+    plain = _decode(target, NoDrafter(), prompt, grammars["regex"])
+    cut = _decode(target, LookupDrafter(6), prompt, grammars["regex"])
+    monkeypatch.setattr(Constraint, "allowed_prefix", lambda self, tree, tokens: tree.size)  # no cut
+    whole = _decode(target, LookupDrafter(6), prompt, grammars["regex"])
+    assert cut.context.tolist() == whole.context.tolist() == plain.context.tolist()
+    assert sum(cut.stats.drafted_per_call) < sum(whole.stats.drafted_per_call)
+
+
 # ---- outputs ------------------------------------------------------------------------------------
 def _check_output(name: str, grammar, tokens: list[int], finish: str, tokenizer) -> bool:
     """Whether the output is complete (and then valid); a cut one must be a valid prefix."""

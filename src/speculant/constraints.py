@@ -188,6 +188,28 @@ class Constraint:
         visit(0)
         return self._apply(logits, bits, filled, can_end)
 
+    def allowed_prefix(self, tree: TreeBuffers, tokens: Tensor) -> int:
+        """How many of the drafted tree's first nodes (breadth-first, ``tokens`` (N,) long) the
+        grammar allows, each after its own path: the draft can be cut there before it is verified
+        (a refused node and its subtree could never be accepted; a chain is cut at its first
+        refused token). The committed state is unchanged."""
+        kids, toks = tree.children.tolist(), tokens.tolist()
+        entered = [False] * tree.size
+        m = self.matcher
+
+        def visit(i: int) -> None:
+            entered[i] = True
+            if m.ended():
+                return
+            for c in kids[i]:
+                t = toks[c] if c >= 0 else -1
+                if 0 <= t < self.V and t not in self.eos and m.advance(t):
+                    visit(c)
+                    m.rollback(1)
+
+        visit(0)
+        return entered.index(False) if False in entered else tree.size
+
     def mask_nodes(self, logits: Tensor, tree: TreeBuffers, tokens: Tensor, nodes: Tensor) -> Tensor:
         """Draft side: ``logits`` (m, V) the draft's rows at tree nodes ``nodes`` (m,), each masked
         with the state after its path (of ``tokens`` (N,), filled down to those nodes); a node on a

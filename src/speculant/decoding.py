@@ -22,7 +22,7 @@ import torch
 from .acceptance import accept_tree
 from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
-from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, within_depth
+from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, first_nodes, within_depth
 from .tuning.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
 from .penalties import penalise
@@ -249,7 +249,9 @@ class SequenceRun:
         root alone for this step (a batch paces all its members at once), in place of this run's
         own pacer (which then does not count the step); None: the pacer's choice. Without a
         pacer (pacing off) every step drafts. ``max_draft_depth`` (the run's) cuts the draft to
-        that depth; 0 verifies the root alone at every step."""
+        that depth; 0 verifies the root alone at every step. Under a grammar the draft is cut
+        before its first node the grammar refuses (breadth-first: a chain at its first refused
+        token), so no row is verified that could not be accepted."""
         self.clock.begin_step()
         self._paced_here = drafting is None and self.max_draft_depth != 0
         if self.max_draft_depth == 0:
@@ -265,6 +267,8 @@ class SequenceRun:
         draft = yield from self.drafter.propose_passes(context)
         if self.max_draft_depth is not None:
             draft = within_depth(draft, self.max_draft_depth)
+        if self.constraint is not None:  # cut where the grammar refuses: those rows could never be accepted
+            draft = first_nodes(draft, self.constraint.allowed_prefix(draft.tree, draft.tokens))
         self.state.stats.draft_s += time.perf_counter() - t
         return draft
 

@@ -31,14 +31,20 @@ class Draft:
 
 
 def within_depth(draft: Draft, depth: int) -> Draft:
-    """``draft`` without its nodes deeper than ``depth`` (>= 0). The nodes are in breadth-first
-    order, so the ones kept are the first M and keep their indices: a drafter's per-node state
-    stays valid for the cut tree."""
+    """``draft`` without its nodes deeper than ``depth`` (>= 0)."""
     if draft.tree.depth <= depth:
+        return draft
+    return first_nodes(draft, int((draft.tree.depths <= depth).sum()))
+
+
+def first_nodes(draft: Draft, kept: int) -> Draft:
+    """``draft``'s first ``kept`` (>= 1) nodes. The nodes are in breadth-first order, so every
+    node's parent comes before it: the first M are a tree, and keep their indices (a drafter's
+    per-node state stays valid for the cut tree)."""
+    if kept >= draft.tree.size:
         return draft
     from ..trees.buffers import compile_paths
 
-    kept = int((draft.tree.depths <= depth).sum())
     tree = compile_paths(draft.tree.paths[1:kept])
     return Draft(tree, draft.tokens[:kept], None if draft.q is None else draft.q[:kept])
 
