@@ -463,9 +463,11 @@ def _pvalue(counts: dict, p: dict) -> float:
     return chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue
 
 
-@pytest.mark.slow
-@pytest.mark.statistical
-def test_sampling_follows_the_masked_target(engine, tokenizer):
+def _sampling_case(engine, tokenizer):
+    """The tiny target and draft, the grammar, the prompt, the exact masked distribution p, and the
+    sampling: every token the grammar may start with gets the same large bias, so the masked
+    distribution is unchanged and the unmasked target (the negative control) samples almost only
+    among them too."""
     target = tiny_llama(seed=4, vocab=V, hidden=16, layers=1, scale=10.0)
     draft = perturbed(target, noise=1.0, seed=5)
     grammar = engine.compile(GrammarSpec("regex", REGEX))
@@ -473,16 +475,29 @@ def test_sampling_follows_the_masked_target(engine, tokenizer):
     p = _masked_joint(target, grammar, prompt)
     assert 8 <= len(p) <= 30 and max(p.values()) < 0.5  # a spread-out distribution over a few outcomes
     allowed = sorted({k[0] for k in p})
-    # every token the grammar may start with gets the same large bias: the masked distribution is
-    # unchanged, and the unmasked target (the negative control) samples almost only among them too
     sampling = SamplingConfig(temperature=1.0, penalties=Penalties(logit_bias=tuple((t, 20.0) for t in allowed)))
-    for make in (lambda g, c: DraftModelDrafter(HFBackend(draft), build_tree("3x2"), sampling, V, generator=g,
-                                                constraint=c),
-                 lambda g, c: DraftModelDrafter(HFBackend(draft), chain(2), sampling, V, generator=g),
-                 lambda g, c: LookupDrafter(2)):
-        assert _pvalue(_counts(target, grammar, make, sampling, prompt), p) > 1e-4
-    # negative control: the same masked drafts verified against the unmasked target
-    wrong = _counts(target, grammar, lambda g, c: DraftModelDrafter(HFBackend(draft), build_tree("3x2"), sampling, V,
-                                                                    generator=g, constraint=c),
-                    sampling, prompt, masked=False)
+    return target, draft, grammar, prompt, p, sampling
+
+
+# each case a test of its own: two test processes share them out
+SAMPLED_DRAFTERS = {
+    "draft-tree-masked": lambda draft, sampling: lambda g, c: DraftModelDrafter(
+        HFBackend(draft), build_tree("3x2"), sampling, V, generator=g, constraint=c),
+    "draft-chain": lambda draft, sampling: lambda g, c: DraftModelDrafter(HFBackend(draft), chain(2), sampling, V,
+                                                                          generator=g),
+    "lookup": lambda draft, sampling: lambda g, c: LookupDrafter(2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+@pytest.mark.parametrize("name", list(SAMPLED_DRAFTERS) + ["negative-control"])
+def test_sampling_follows_the_masked_target(engine, tokenizer, name):
+    target, draft, grammar, prompt, p, sampling = _sampling_case(engine, tokenizer)
+    if name != "negative-control":
+        assert _pvalue(_counts(target, grammar, SAMPLED_DRAFTERS[name](draft, sampling), sampling, prompt), p) > 1e-4
+        return
+    # the same masked drafts verified against the unmasked target
+    wrong = _counts(target, grammar, SAMPLED_DRAFTERS["draft-tree-masked"](draft, sampling), sampling, prompt,
+                    masked=False)
     assert _pvalue(wrong, p) < 1e-4

@@ -1,0 +1,35 @@
+"""A real pretrained model (SmolLM2-135M, installed by `make install`) drafting for itself and with
+its shipped heads: speculative greedy output is identical to plain greedy output (float32). A file
+of its own, so that `make test`'s two processes can take the real-model files side by side."""
+
+from __future__ import annotations
+
+import pytest
+
+from speculant import SpeculativeDecoder, load
+
+from test_real import PROMPTS
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load("smollm2-135m-instruct", "float32")
+
+
+
+def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
+    plain = SpeculativeDecoder(smol, method="ar", chat=True).generate(PROMPTS[0], 48)
+    for method, kw in [("sd", {"gamma": 4}), ("mcsd", {"tree": "2x2x1"})]:
+        # pacing off: this checks acceptance (a self-draft never pays in time; the pacer would stop it)
+        spec = SpeculativeDecoder(smol, smol, method=method, chat=True, pacing=False, **kw).generate(PROMPTS[0], 48)
+        assert spec.token_ids == plain.token_ids, method
+        assert spec.stats.tokens_per_call > 2  # a self-draft is (nearly) always accepted
+    lookup = SpeculativeDecoder(smol, method="lookup", chat=True).generate(PROMPTS[0], 48)
+    assert lookup.token_ids == plain.token_ids
+    for lookup_branch in (0, 4):  # the sequential heads shipped for SmolLM2
+        hydra = SpeculativeDecoder(smol, method="hydra", chat=True, lookup_branch=lookup_branch,
+                                   pacing=False).generate(PROMPTS[0], 48)
+        assert hydra.token_ids == plain.token_ids
+        assert hydra.stats.target_calls < plain.stats.target_calls
