@@ -100,7 +100,7 @@ DRAFTER_RUN ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/eagle-sharegpt
 drafter-conversations: install
 	$(PY) -m speculant.cli train-drafter --out $(DRAFTER_RUN) --extra-data $(EAGLE_CORPUS)
 
-# The shipped EAGLE drafter fine-tuned on real conversations (how the one shipped now was made):
+# The shipped EAGLE drafter fine-tuned on real conversations:
 # 300k answer tokens of ShareGPT, 600 steps from the drafter shipped now; it replaces it only if its
 # greedy chain is right more often at depths 1 and 2 on the target's answers to the held-out
 # Spec-Bench questions (tools/ship_drafter.py). About 2 h on 2 cores; every stage resumes.
