@@ -6,8 +6,10 @@ bench does not use (``tools/teacher_forced_tau.py gen``).
 
 Both drafters (and the shipped sequential heads, whose row auto's forecast reads beside the
 EAGLE drafter's) are measured on the same answer positions (``speculant drafter-accuracy
---all-records``). The candidate ships when its greedy chain is right more often at depth 1 and at
-depth 2: its files replace ``data/drafters/<target>/eagle`` (with the new ``accuracy.json``), and
+--all-records``), on answers from every one of the 13 categories (a drafter that is better on a
+few kinds of text can be slower on the rest). The candidate ships when its greedy chain is right
+more often at depth 1 and at depth 2, and should then be benched (``speculant bench`` with
+``eagle+lookup@heads=OLD`` beside ``auto``) before it is committed: its files replace ``data/drafters/<target>/eagle`` (with the new ``accuracy.json``), and
 ``data/manifest.json`` and the cache's copy are updated (``tools/data_manifest.py``). Either way the
 comparison is printed as JSON.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = "qwen2.5-coder-1.5b-instruct"
+CATEGORIES = 13  # Spec-Bench's categories, each with answers in the comparison
 
 
 def main() -> int:
@@ -36,6 +39,11 @@ def main() -> int:
 
     from speculant import SpeculativeDecoder
     from speculant.drafters.accuracy import drafter_accuracy
+
+    cats = {json.loads(line).get("cat") for line in open(args.dev) if line.strip()}
+    if len(cats) < CATEGORIES and not args.dry_run:  # a drafter better on a few kinds of text can be slower overall
+        sys.exit(f"{args.dev} has answers of {len(cats)} of Spec-Bench's {CATEGORIES} categories: generate all of "
+                 "them (teacher_forced_tau.py gen), or compare with --dry-run")
 
     dec = SpeculativeDecoder(TARGET, method="ar")
     both = drafter_accuracy(dec, args.dev, [args.heads], [args.shipped, args.candidate], all_records=True)
