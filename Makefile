@@ -19,7 +19,8 @@ install:
 
 # Debian's Chromium, for the chat page's browser test (tests/test_chat_page.py, driven by Playwright)
 install-browser:
-	command -v chromium >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+	command -v chromium >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
+		|| echo "make install-browser: could not install Debian's chromium (not root?); tests/test_chat_page.py will skip"
 
 demo: install
 	$(PY) -m speculant.cli demo
