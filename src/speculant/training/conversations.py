@@ -203,7 +203,15 @@ def answer_spans(record: dict) -> list[tuple[int, int]]:
     return [(int(record["prompt_len"]), len(record["ids"]))]
 
 
-def human_prompts(seed: int = 0, filt: ConversationFilter = ConversationFilter(), max_chars: int = 4000,
+MAX_PROMPT_CHARS = 4000  # human_prompts: a longer first human turn is dropped
+
+
+def eval_exclusion(n: int) -> str:
+    """What a manifest says was kept out: the evaluation set, by word ``n``-grams."""
+    return f"Spec-Bench (speculant/data/spec_bench_questions.jsonl): questions and references, word {n}-grams"
+
+
+def human_prompts(seed: int = 0, filt: ConversationFilter = ConversationFilter(), max_chars: int = MAX_PROMPT_CHARS,
                   conversations: Iterable[tuple[str, list[tuple[str, str]]]] | None = None) -> tuple[list[str], dict]:
     """The first human turns of ShareGPT's conversations (default: ``sharegpt_conversations()``) as
     prompts for the target to answer itself (``make-corpus --families human``): shuffled with
@@ -222,7 +230,8 @@ def human_prompts(seed: int = 0, filt: ConversationFilter = ConversationFilter()
         if not first or "\x00" in first:
             counts["no_prompt"] += 1
             continue
-        key = " ".join(_words(first))
+        words = _words(first)
+        key = " ".join(words)
         if key in seen:
             counts["repeat"] += 1
             continue
@@ -231,7 +240,7 @@ def human_prompts(seed: int = 0, filt: ConversationFilter = ConversationFilter()
             counts["too_long"] += 1
         elif _foreign_share(first) > filt.max_foreign:
             counts["foreign"] += 1
-        elif any(g in banned for g in _grams(_words(first), filt.overlap_n)):
+        elif any(g in banned for g in _grams(words, filt.overlap_n)):
             counts["spec_bench_overlap"] += 1
         else:
             counts["kept"] += 1
@@ -312,8 +321,7 @@ def make_conversation_corpus(tokenizer, out: str | Path, tokens: int, sources: S
     manifest = {"target": target, "goal_answer_tokens": tokens, "answer_tokens": total, "records": len(records),
                 "tokens": sum(len(r["ids"]) for r in records), "seed": seed, "filter": asdict(filt),
                 "by_source": counts, "sources": {s: SOURCES[s] for s in sources},
-                "evaluation_set_excluded": "Spec-Bench (speculant/data/spec_bench_questions.jsonl): questions and "
-                                           f"references, word {filt.overlap_n}-grams",
+                "evaluation_set_excluded": eval_exclusion(filt.overlap_n),
                 "command": f"speculant make-conversations --target {target or 'MODEL'} --out DIR --tokens {tokens} "
                            f"--sources {','.join(sources)} --max-len {filt.max_len}"}
     (outdir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")

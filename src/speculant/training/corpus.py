@@ -138,19 +138,19 @@ def interleave(families: dict[str, list[str]], block: int) -> list[tuple[str, st
 
 
 def _family_set(name: str, seed: int):
-    """(families, grow, sources) of the family set ``name`` (:data:`FAMILY_SETS`): its prompts by
+    """(families, grow, sources, notes) of the family set ``name`` (:data:`FAMILY_SETS`): its prompts by
     family before any answer, ``grow(families, records, tokenizer)`` filling in place the families
     made from the target's answers, each family's source, and what else the manifest records."""
     if name == "human":
-        from .conversations import SOURCES as CONVERSATION_SOURCES, ConversationFilter, human_prompts
+        from .conversations import SOURCES as CONVERSATION_SOURCES, MAX_PROMPT_CHARS, ConversationFilter, \
+            eval_exclusion, human_prompts
 
         filt = ConversationFilter()
         prompts, counts = human_prompts(seed, filt)
         source = CONVERSATION_SOURCES["sharegpt"]
         notes = {"filter": {"first_human_turns": counts, "overlap_n": filt.overlap_n, "max_foreign": filt.max_foreign,
-                            "max_chars": 4000},
-                 "evaluation_set_excluded": "Spec-Bench (speculant/data/spec_bench_questions.jsonl): questions and "
-                                            f"references, word {filt.overlap_n}-grams"}
+                            "max_chars": MAX_PROMPT_CHARS},
+                 "evaluation_set_excluded": eval_exclusion(filt.overlap_n)}
         return {"sharegpt": prompts}, lambda *_: None, {
             "sharegpt": f"the first human turns of {source['package']} ({source['what']}); licence: "
                         f"{source['licence']}; the answers are the target's own"}, notes
