@@ -29,7 +29,9 @@ def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
     lookup = SpeculativeDecoder(smol, method="lookup", chat=True).generate(PROMPTS[0], 48)
     assert lookup.token_ids == plain.token_ids
     for lookup_branch in (0, 4):  # the sequential heads shipped for SmolLM2
+        # a fixed tree: this checks that the heads are right, not what the cost model makes of a pass
+        # cost measured while the other test process holds a core (a tree of the root alone)
         hydra = SpeculativeDecoder(smol, method="hydra", chat=True, lookup_branch=lookup_branch,
-                                   pacing=False).generate(PROMPTS[0], 48)
+                                   pacing=False, tree_budget="fixed").generate(PROMPTS[0], 48)
         assert hydra.token_ids == plain.token_ids
         assert hydra.stats.target_calls < plain.stats.target_calls
