@@ -115,8 +115,12 @@ drafter-finetune: install
 # The target's own greedy answers to the first human turns of real conversations (ShareGPT; filter
 # counts, licence and the Spec-Bench exclusion in its manifest.json): self-distilled training data for
 # the EAGLE drafter (train-eagle --data HUMAN_CORPUS/corpus.jsonl, the default --token-target data).
-# About 37 answer tokens/s on 2 AVX2 cores (batch 16); resumes where a stopped run left it.
+# About 37 answer tokens/s on 2 AVX2 cores (batch 16); resumes where a stopped run left it. The answers
+# without the prompts (keyed by each prompt's SHA-256) and the manifest are kept in HUMAN_PACKED, which
+# is committed: on a new machine the corpus is made again from them and the package, nothing answered twice.
 HUMAN_CORPUS ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/corpus-human
+HUMAN_PACKED ?= data/corpora/qwen2.5-coder-1.5b-instruct-human
 HUMAN_TOKENS ?= 300000
 drafter-human-corpus: install
-	$(PY) -m speculant.cli make-corpus --families human --out $(HUMAN_CORPUS) --tokens $(HUMAN_TOKENS) --batch 16
+	$(PY) -m speculant.cli make-corpus --families human --out $(HUMAN_CORPUS) --tokens $(HUMAN_TOKENS) --batch 16 \
+		--packed $(HUMAN_PACKED)

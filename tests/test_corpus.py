@@ -267,3 +267,41 @@ def test_train_eagle_init_takes_a_draft_vocabulary_ranked_on_other_data(tmp_path
     assert main(["train-eagle", "--target", target, "--data", str(data), "--out", str(tmp_path / "x"),
                  "--draft-vocab", "-1"]) == 2
     assert "--draft-vocab must be >= 0" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_a_packed_corpus_holds_no_prompt_and_makes_the_same_corpus_again(tmp_path, monkeypatch):
+    """make-corpus --packed: the answers keyed by their prompt's SHA-256 (no prompt text in the
+    file), and a fresh output directory made from them and the prompts, record for record, with
+    nothing answered again; a packed file answered with another tokenizer is refused."""
+    import gzip
+
+    import speculant
+    from speculant.errors import ConfigError
+    from speculant.training import corpus as corpus_mod
+    from speculant.training.corpus import PACKED_NAME
+    from speculant.training.corpus_pack import read_packed, unpack
+
+    model_dir = tiny_model_dir(tmp_path / "tiny", seed=0, vocab=V)
+    dec = speculant.SpeculativeDecoder(str(model_dir), method="ar", chat=True, dtype="float32", backend="native")
+    prompts = [f"private question number {i}: what is {i} plus {i}?" for i in range(12)]
+    monkeypatch.setattr(corpus_mod, "_family_set", lambda name, seed: ({"private": prompts}, lambda *_: None,
+                                                                       {"private": "not ours"}, {}))
+    packed = tmp_path / "packed"
+    first = make_corpus(dec, tmp_path / "a", 40, batch_size=2, max_new_tokens=5, progress=False, packed=packed)
+    made = load_records(tmp_path / "a" / CORPUS_NAME)
+    text = gzip.decompress((packed / PACKED_NAME).read_bytes()).decode()
+    assert len(text.splitlines()) == len(made) == first["records"] and "private question" not in text
+    assert json.loads((packed / MANIFEST_NAME).read_text()) == first
+
+    def no_answers(*a, **k):
+        raise AssertionError("a packed answer was made again")
+
+    monkeypatch.setattr(corpus_mod, "distill", no_answers)
+    again = make_corpus(dec, tmp_path / "b", 40, batch_size=2, max_new_tokens=5, progress=False, packed=packed)
+    assert load_records(tmp_path / "b" / CORPUS_NAME) == made
+    assert again["answer_tokens"] == first["answer_tokens"] and again["runs"][0] == first["runs"][0]
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        unpack(read_packed(packed / PACKED_NAME), prompts, lambda p: [1, 2, 3])
+    (tmp_path / "junk.gz").write_bytes(b"not gzip")
+    with pytest.raises(ConfigError, match="not a packed corpus"):
+        read_packed(tmp_path / "junk.gz")

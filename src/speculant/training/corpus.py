@@ -39,17 +39,18 @@ from pathlib import Path
 from typing import Sequence
 
 from ..provenance import machine_info
-from .data import STDLIB_MODULES, _public, distill, german_answer, importable, load_records, stdlib_prompts, \
-    wmt_prompts
+from .corpus_pack import pack, read_packed, unpack
+from .data import STDLIB_MODULES, _public, distill, german_answer, importable, load_records, rewrite_records, \
+    stdlib_prompts, wmt_prompts
 from .asked import asked_families, grow_asked
 from .prompts import de_en_prompts, english_prompt_families, german_sentences, german_writing_prompts, \
     more_chat_prompts
 
-__all__ = ["ASKED_SOURCES", "CORPUS_NAME", "FAMILY_SETS", "MANIFEST_NAME", "SOURCES", "code_edit_prompts",
+__all__ = ["ASKED_SOURCES", "CORPUS_NAME", "FAMILY_SETS", "MANIFEST_NAME", "PACKED_NAME", "SOURCES", "code_edit_prompts",
            "corpus_families", "german_sources",
            "make_corpus"]
 
-CORPUS_NAME, MANIFEST_NAME = "corpus.jsonl", "manifest.json"
+CORPUS_NAME, MANIFEST_NAME, PACKED_NAME = "corpus.jsonl", "manifest.json", "answers.jsonl.gz"
 SOURCES = {
     "chat": "prompts written for speculant (speculant.training.prompts), Apache-2.0 like the project",
     "code": "first paragraphs of CPython standard-library docstrings (PSF License v2)",
@@ -180,18 +181,24 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int = 16, max_new_tokens: int = 512,
-                seed: int = 0, progress: bool = True, describe: dict | None = None, families: str = "drafter") -> dict:
+                seed: int = 0, progress: bool = True, describe: dict | None = None, families: str = "drafter",
+                packed: str | os.PathLike | None = None) -> dict:
     """Answer the families' prompts with ``decoder`` (a ``SpeculativeDecoder`` with
     ``chat=True``; greedy) into ``out/corpus.jsonl`` until the answers hold ``tokens`` tokens (or the
     prompts run out); resumable. ``describe``: what to record about the model and the command.
     ``families``: which set of families (:data:`FAMILY_SETS`): ``"drafter"`` (this module's) or
     ``"asked"`` (self-instructed prose, :mod:`speculant.training.asked`) or ``"human"`` (the first
     human turns of ShareGPT, :func:`speculant.training.conversations.human_prompts`).
+    ``packed``: a directory holding the answers without their prompts (:mod:`.corpus_pack`,
+    ``answers.jsonl.gz``) and the manifest, for committing a corpus whose prompts are not ours:
+    its answers are taken in first (nothing is answered twice) and it is rewritten with the manifest.
     Returns the manifest (also written to ``out/manifest.json`` after every batch)."""
     prompts, grow, sources, notes = _family_set(families, seed)  # an unknown set is refused before anything is written
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     path, manifest_path = directory / CORPUS_NAME, directory / MANIFEST_NAME
+    if packed is not None:
+        _take_packed(Path(packed), path, manifest_path, prompts, decoder)
     old = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     legacy = [{k: old.get(k) for k in ("machine", "seconds", "records", "answer_tokens")}] if "seconds" in old else []
     runs = list(old.get("runs") or legacy)  # a manifest without runs: all its time was one run
@@ -215,11 +222,29 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
                              decoder, sources)
         manifest["prompts_left"] = len(todo)  # 0 below the goal: the families' prompts ran out
         _write_json(manifest_path, manifest)
+        if packed is not None:  # the same state as the manifest's
+            pack(records, Path(packed) / PACKED_NAME)
+            _write_json(Path(packed) / MANIFEST_NAME, manifest)
         if have >= tokens or not todo:
             return manifest
         # a group of 4 batches per call: the batch refills as answers end (records written per group)
         distill(decoder, todo[:4 * batch_size], max_new_tokens, path, progress=progress, batch_size=batch_size,
                 group=4 * batch_size)
+
+
+def _take_packed(packed: Path, path: Path, manifest_path: Path, families: dict[str, list[str]], decoder) -> None:
+    """Add to the corpus at ``path`` the answers in ``packed`` (a directory) to prompts of
+    ``families`` it lacks, and take the packed manifest (its runs) where the corpus has none."""
+    if not (packed / PACKED_NAME).is_file():
+        return
+    records = load_records(path)
+    done = {r["prompt"] for r in records}
+    wanted = [p for ps in families.values() for p in ps if p not in done]
+    new = unpack(read_packed(packed / PACKED_NAME), wanted, lambda p: decoder.encode(p).tolist())
+    if new:
+        rewrite_records(path, records + new)
+    if not manifest_path.is_file() and (packed / MANIFEST_NAME).is_file():
+        _write_json(manifest_path, json.loads((packed / MANIFEST_NAME).read_text()))
 
 
 def _manifest(records: list[dict], family: dict[str, str], goal: int, started: str, runs: list[dict],

@@ -35,8 +35,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "german_answer", "german_answers", "load_records", "mixed_prompts", "stdlib_prompts",
-           "windows", "wmt_prompts"]
+__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "german_answer", "german_answers", "load_records",
+           "mixed_prompts", "rewrite_records", "stdlib_prompts", "windows", "wmt_prompts"]
 
 STDLIB_MODULES = (
     "json", "re", "string", "textwrap", "itertools", "functools", "collections", "math", "statistics",
@@ -221,7 +221,7 @@ def load_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-def _rewrite(path: Path, records: list[dict]) -> None:
+def rewrite_records(path: Path, records: list[dict]) -> None:
     """Replace ``path`` atomically by ``records`` (drops a torn line left by a crash)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -291,7 +291,7 @@ def distill(decoder, prompts: Sequence[str], max_new_tokens: int, path: str | os
         records = load_records(out_path)
         done = {r["prompt"]: r for r in records}
         if out_path.is_file() and len(out_path.read_text("utf-8").splitlines()) != len(records):
-            _rewrite(out_path, records)
+            rewrite_records(out_path, records)
     todo = [p for p in dict.fromkeys(prompts) if p not in done]
     f = out_path.open("a", encoding="utf-8") if out_path is not None else None
     try:
