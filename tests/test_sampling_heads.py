@@ -70,7 +70,12 @@ def _distilled(target, medusa, hydra, eagle, steps: int = 200) -> None:
 
 
 @pytest.fixture(scope="module")
-def parts():
+def parts(tmp_path_factory):
+    """The target and its distilled heads; distilled once per test run: the first test process
+    to get here trains and saves them, under a lock, in the run's shared temporary directory, and
+    the other loads them."""
+    from speculant.runtime.process import file_lock
+
     target = tiny_llama(seed=4, vocab=V, hidden=H, layers=1, scale=60.0).eval()
     for p in target.parameters():
         p.requires_grad_(False)
@@ -78,7 +83,16 @@ def parts():
     medusa = MedusaHeads(HeadsConfig(3, 1, H, V), lm)
     hydra = SequentialHeads(HeadsConfig(3, 1, H, V, kind="sequential"), lm, emb)
     eagle = EagleModel(EagleConfig.for_target(target.config, intermediate_size=32, depth=3), lm, emb)
-    _distilled(target, medusa, hydra, eagle)
+    shared = tmp_path_factory.getbasetemp().parent  # one per run, seen by every xdist process
+    saved = shared / "sampling-heads-distilled.pt"
+    with file_lock(shared / "sampling-heads-distilled.lock"):
+        if saved.is_file():
+            for module, state in zip((medusa, hydra, eagle), torch.load(saved)):
+                module.load_state_dict(state)
+                module.eval()
+        else:
+            _distilled(target, medusa, hydra, eagle)
+            torch.save([m.state_dict() for m in (medusa, hydra, eagle)], saved)
     return target, medusa, (hydra, eagle)
 
 
