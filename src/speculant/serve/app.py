@@ -38,9 +38,9 @@ from ..errors import ConfigError
 from ..store.models import chat_messages_prompt
 from .errors import APIError, bad_request
 from .logprobs import Logprobs, token_strings
-from .responses import Response as Reply, error_of, stream, stopped
+from .responses import ClientGone, Response as Reply, error_of, merged, next_event, stream, stopped
 from .metrics import Metrics
-from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Ticket, WorkerStopped
+from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
 from .tools import call_grammar, tool_format
 
@@ -63,10 +63,6 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     model_id: str | None = None
     retry_after: int = 2
-
-
-class _ClientGone(Exception):
-    pass
 
 
 def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
@@ -119,6 +115,10 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             shutdown(reason)
 
     scheduler = Scheduler(decoder, config.max_queue, on_finish=finished, max_batch=config.max_batch, on_fatal=fatal)
+
+    def problem() -> str | None:
+        """Why the decoding worker stopped for good, or None while it runs."""
+        return scheduler.problem
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -175,18 +175,6 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         except ValueError as e:  # NaN / Infinity, or an integer of thousands of digits
             raise bad_request(f"the request body is not valid JSON: {e}") from None
 
-    async def next_event(ticket: Ticket, request: Request):
-        """The ticket's next event; cancels the job if the client goes away while waiting."""
-        while True:
-            try:
-                return await asyncio.wait_for(ticket.events.get(), timeout=0.25)
-            except asyncio.TimeoutError:
-                if scheduler.problem is not None and ticket.events.empty():
-                    return Failed(503, stopped(scheduler.problem).message)
-                if await request.is_disconnected():
-                    ticket.cancel()
-                    raise _ClientGone from None
-
     async def complete(request: Request, kind: str) -> Response:
         endpoint, arrived = request.url.path, time.perf_counter()
         tickets: list[Ticket] = []
@@ -229,7 +217,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 raise stopped(str(e)) from None
             metrics.set_queue(scheduler.waiting, scheduler.running)
             for ticket in tickets:
-                first = await next_event(ticket, request)
+                first = await next_event(ticket, problem, request.is_disconnected)
                 if isinstance(first, Failed):
                     for other in tickets:
                         other.cancel()
@@ -237,7 +225,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         except APIError as e:
             metrics.request(endpoint, e.status)
             return e.response()
-        except (_ClientGone, ClientDisconnect):
+        except (ClientGone, ClientDisconnect):
             for ticket in tickets:
                 ticket.cancel()
             metrics.request(endpoint, 499)
@@ -253,23 +241,24 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                       calls_format if req.tools is not None else None)
         if req.stream:
             metrics.request(endpoint, 200)
-            return StreamingResponse(stream(tickets, req.include_usage, reply, lambda: scheduler.problem,
+            return StreamingResponse(stream(tickets, req.include_usage, reply, problem,
                                             req.token_sources),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            events = []
-            for index, ticket in enumerate(tickets):
-                while not isinstance(event := await next_event(ticket, request), (Finished, Failed)):
-                    reply.token(index, event)
+            events: dict[int, Finished] = {}
+            async for index, event in merged(tickets, problem, request.is_disconnected):
                 if isinstance(event, Failed):
                     for other in tickets:
                         other.cancel()
                     metrics.request(endpoint, event.status)
                     return error_of(event).response()
-                events.append(event)
-            answer = JSONResponse(reply.body(events, tickets[0].prompt_tokens))
-        except _ClientGone:
+                if isinstance(event, Finished):
+                    events[index] = event
+                elif not isinstance(event, Started):
+                    reply.token(index, event)
+            answer = JSONResponse(reply.body([events[i] for i in range(len(tickets))], tickets[0].prompt_tokens))
+        except ClientGone:
             for ticket in tickets:
                 ticket.cancel()
             metrics.request(endpoint, 499)

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from .errors import APIError
 from .logprobs import Logprobs
@@ -128,19 +128,40 @@ def calls_finish(reason: str) -> str:
     return reason if reason == "length" else "tool_calls"
 
 
-async def _merged(tickets: Sequence[Ticket], problem: Callable[[], str | None]) -> AsyncIterator[tuple[int, Any]]:
+POLL_S = 0.25  # how often a waiting request looks at the worker and at its client
+
+
+class ClientGone(Exception):
+    """The client went away while its request waited (its tickets are cancelled)."""
+
+
+async def next_event(ticket: Ticket, problem: Callable[[], str | None],
+                     gone: Callable[[], Awaitable[bool]] | None = None) -> Any:
+    """The ticket's next event. A worker that stopped for good (``problem()`` names why) gives a
+    503 :class:`Failed` once nothing is left queued; ``gone`` (an async check, e.g. Starlette's
+    ``Request.is_disconnected``) true while waiting cancels the ticket and raises :class:`ClientGone`."""
+    while True:
+        try:
+            return await asyncio.wait_for(ticket.events.get(), timeout=POLL_S)
+        except asyncio.TimeoutError:
+            reason = problem()
+            if reason is not None and ticket.events.empty():
+                return Failed(503, stopped(reason).message)
+            if gone is not None and await gone():
+                ticket.cancel()
+                raise ClientGone from None
+
+
+async def merged(tickets: Sequence[Ticket], problem: Callable[[], str | None],
+                 gone: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[tuple[int, Any]]:
     """(choice index, event) of every ticket as the events come, until each has finished or
-    failed; a worker that stopped for good fails the tickets still waiting."""
+    failed (:func:`next_event` for each; ``gone``, checked here once for all of them, cancels every
+    ticket and raises :class:`ClientGone`)."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def forward(index: int, ticket: Ticket) -> None:
         while True:
-            try:
-                event = await asyncio.wait_for(ticket.events.get(), timeout=1.0)
-            except asyncio.TimeoutError:
-                if problem() is None or not ticket.events.empty():
-                    continue
-                event = Failed(503, stopped(problem()).message)
+            event = await next_event(ticket, problem)
             await queue.put((index, event))
             if isinstance(event, (Finished, Failed)):
                 return
@@ -149,7 +170,14 @@ async def _merged(tickets: Sequence[Ticket], problem: Callable[[], str | None]) 
     try:
         left = len(tickets)
         while left:
-            index, event = await queue.get()
+            try:
+                index, event = await asyncio.wait_for(queue.get(), timeout=POLL_S)
+            except asyncio.TimeoutError:
+                if gone is not None and await gone():
+                    for ticket in tickets:
+                        ticket.cancel()
+                    raise ClientGone from None
+                continue
             left -= isinstance(event, (Finished, Failed))
             yield index, event
     finally:
@@ -167,7 +195,7 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
         if response.kind == "chat":
             for choice in response.choices:
                 yield response.chunk(role=True, index=choice.index)
-        async for index, event in _merged(tickets, problem):
+        async for index, event in merged(tickets, problem):
             choice = response.choices[index]
             if isinstance(event, Token):
                 logprobs = response.token(index, event)
