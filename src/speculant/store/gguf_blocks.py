@@ -1,0 +1,101 @@
+"""A GGUF file's k-quant blocks as integer codes and float32 group scales, unchanged.
+
+What the int4 runtime needs to run a user's Q4_K_M file as it is, instead of de-quantizing it and
+quantizing again: every weight as ``code * scale + offset`` with the file's own codes and the
+file's own scales (float32, exact: a block's fp16 ``d`` times a 6-bit sub-scale needs 17
+significant bits, more than bf16 keeps). The layouts are ggml's (``ggml-common.h``, ``block_q4_K``
+and ``block_q6_K``, 256 weights per block); the weights these give are bit for bit those of
+``gguf.quants.dequantize`` (tests/test_gguf_blocks.py).
+
+* **Q4_K** (144 bytes): fp16 ``d``, fp16 ``dmin``, 12 bytes packing eight 6-bit scales and eight
+  6-bit mins, 128 bytes of 4-bit codes. Sub-block ``j`` (32 weights) is
+  ``w = (d * sc_j) * q - (dmin * m_j)``: groups of 32 with ``scale = d * sc_j`` and ``offset = -dmin * m_j``.
+* **Q6_K** (210 bytes): 128 bytes of low 4 bits, 64 bytes of high 2 bits, sixteen int8 scales,
+  fp16 ``d``. Weight ``i`` is ``w = (d * sc_{i // 16}) * (q - 32)``: groups of 16, codes in -32..31.
+
+Shapes: a tensor of ``N`` rows of ``K`` weights (GGUF lists them as ``[K, N]``) is read as its raw
+bytes ``(N, K / 256 * block_bytes)`` uint8, the layout ``GGUFReader`` gives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelLoadError
+
+__all__ = ["BLOCK", "Q4K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q6_k", "q4_k_parts", "q6_k_parts"]
+
+BLOCK = 256  # weights per k-quant block (QK_K)
+Q4K_BYTES, Q6K_BYTES = 144, 210
+
+
+def _blocks(raw: np.ndarray, block_bytes: int, name: str) -> np.ndarray:
+    """``raw`` (N, bytes) uint8 as (N, K / 256, block_bytes), or a clear error."""
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % block_bytes:
+        raise ModelLoadError(f"a {name} tensor must be rows of whole {block_bytes}-byte blocks (uint8, 2-D); got "
+                             f"{raw.dtype} of shape {raw.shape}: the GGUF file is damaged or not what it says")
+    return raw.reshape(raw.shape[0], -1, block_bytes)
+
+
+def _fp16(two_bytes: np.ndarray) -> np.ndarray:
+    """(..., 2) uint8 little-endian fp16 -> (...) float32."""
+    return np.ascontiguousarray(two_bytes).view("<f2")[..., 0].astype(np.float32)
+
+
+def _q4k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 scale bytes of each block (..., 12) -> eight 6-bit scales and eight 6-bit mins (..., 8)
+    as int: sub-blocks 0-3 hold theirs in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins);
+    sub-blocks 4-7 in the nibbles of bytes 8-11 (low: scale, high: min) and, as their top two bits,
+    the high 2 bits of bytes 0-3 (scales) and 4-7 (mins)."""
+    s = packed.astype(np.int32)
+    lo_sc, lo_m, nib = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([lo_sc & 63, (nib & 15) | ((lo_sc >> 6) << 4)], axis=-1)
+    mins = np.concatenate([lo_m & 63, (nib >> 4) | ((lo_m >> 6) << 4)], axis=-1)
+    return sc, mins
+
+
+def q4_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K tensor's raw bytes (N, K / 256 * 144) -> (codes (N, K) uint8 in 0..15,
+    scale (N, K / 32) float32, offset (N, K / 32) float32): ``w = code * scale + offset`` per
+    group of 32 inputs."""
+    b = _blocks(raw, Q4K_BYTES, "Q4_K")
+    N, nb = b.shape[:2]
+    d, dmin = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])  # (N, nb)
+    sc, mins = _q4k_scales_mins(b[..., 4:16])  # (N, nb, 8)
+    qs = b[..., 16:].reshape(N, nb, 4, 32)  # four runs of 32 bytes: sub-blocks 2p (low nibbles), 2p + 1 (high)
+    codes = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, nb * BLOCK)
+    scale = d[..., None] * sc.astype(np.float32)
+    offset = -(dmin[..., None] * mins.astype(np.float32))
+    return codes.astype(np.uint8), scale.reshape(N, nb * 8), offset.reshape(N, nb * 8)
+
+
+def q6_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q6_K tensor's raw bytes (N, K / 256 * 210) -> (codes (N, K) int8 in -32..31,
+    scale (N, K / 16) float32): ``w = code * scale`` per group of 16 inputs."""
+    b = _blocks(raw, Q6K_BYTES, "Q6_K")
+    N, nb = b.shape[:2]
+    ql = b[..., 0:128].reshape(N, nb, 2, 64)  # per half of 128 weights: 64 bytes of low bits
+    qh = b[..., 128:192].reshape(N, nb, 2, 32)  # and 32 bytes of high bits
+    # within a half, weight 32 r + l (r = 0..3) takes the low nibble (r = 0, 1) or high nibble (r = 2, 3)
+    # of ql[l + 32 (r % 2)] and bits 2r, 2r + 1 of qh[l]
+    low = np.stack([ql[..., 0:32] & 15, ql[..., 32:64] & 15, ql[..., 0:32] >> 4, ql[..., 32:64] >> 4], axis=3)
+    high = np.stack([(qh >> (2 * r)) & 3 for r in range(4)], axis=3)
+    codes = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
+    scale = _fp16(b[..., 208:210])[..., None] * b[..., 192:208].view(np.int8).astype(np.float32)
+    return codes.reshape(N, nb * BLOCK).astype(np.int8), scale.reshape(N, nb * 16)
+
+
+def dequantize_q4_k(raw: np.ndarray) -> np.ndarray:
+    """The float32 weights (N, K) of a Q4_K tensor, from :func:`q4_k_parts`."""
+    codes, scale, offset = q4_k_parts(raw)
+    N, K = codes.shape
+    w = codes.reshape(N, -1, 32).astype(np.float32) * scale[..., None] + offset[..., None]
+    return w.reshape(N, K)
+
+
+def dequantize_q6_k(raw: np.ndarray) -> np.ndarray:
+    """The float32 weights (N, K) of a Q6_K tensor, from :func:`q6_k_parts`."""
+    codes, scale = q6_k_parts(raw)
+    N, K = codes.shape
+    return (codes.reshape(N, -1, 16).astype(np.float32) * scale[..., None]).reshape(N, K)
