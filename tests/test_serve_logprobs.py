@@ -208,3 +208,48 @@ def test_the_raw_shapes_are_openais(server):
     lp = text["choices"][0]["logprobs"]
     assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
     assert all(len(v) == 4 for v in lp.values()) and all(len(d) == 2 for d in lp["top_logprobs"])
+
+
+def test_echo_returns_the_prompt_and_scores_its_tokens_with_the_target(client, server, reference):
+    """echo (completions): the prompt comes back before the completion, streamed in a chunk of its
+    own; with logprobs its tokens come first, the first one's null and each other's the target's
+    log-softmax at the position before it (a plain forward of the model, independently), top k
+    included; max_tokens 0 scores the prompt and generates nothing, as lm-eval's loglikelihood asks."""
+    import torch
+
+    ids = reference.encode(PROMPT)
+    with torch.no_grad():
+        logp = reference.target.model(ids[None]).logits[0].float().log_softmax(-1)  # (T, V)
+    want = reference.generate(PROMPT, N, logprobs=K)
+    got = client.completions.create(model="default", prompt=PROMPT, max_tokens=N, temperature=0, logprobs=K,
+                                    echo=True)
+    lp = got.choices[0].logprobs
+    assert got.choices[0].text == PROMPT + want.text
+    T = ids.shape[0]
+    assert lp.tokens[:T] == [_string(reference, i) for i in ids.tolist()] and lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    for j in range(1, T):
+        assert abs(lp.token_logprobs[j] - logp[j - 1, ids[j]].item()) < TOL
+        top = logp[j - 1].topk(K)
+        assert list(lp.top_logprobs[j]) == [_string(reference, i) for i in top.indices.tolist()]
+    assert len(lp.tokens) == T + len(want.token_ids)
+    assert [abs(a - b.logprob) < TOL for a, b in zip(lp.token_logprobs[T:], want.logprobs)] == [True] * N
+    assert lp.text_offset[T] == len(PROMPT)  # the completion's tokens count from the end of the prompt
+    assert got.usage.prompt_tokens == T and got.usage.completion_tokens == N
+
+    chunks = [c for c in client.completions.create(model="default", prompt=PROMPT, max_tokens=N, temperature=0,
+                                                   echo=True, stream=True) if c.choices]
+    assert chunks[0].choices[0].text == PROMPT and "".join(c.choices[0].text for c in chunks) == PROMPT + want.text
+
+    scored = client.completions.create(model="default", prompt=PROMPT, max_tokens=0, logprobs=1, echo=True)
+    assert scored.choices[0].text == PROMPT and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs.token_logprobs == lp.token_logprobs[:T]
+    plain = client.completions.create(model="default", prompt=PROMPT, max_tokens=3, temperature=0, echo=False)
+    assert plain.choices[0].text == want.text[:len(plain.choices[0].text)] and not plain.choices[0].text.startswith(PROMPT)
+
+    for body, field in [({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+                        ({"prompt": PROMPT, "echo": "yes"}, "echo"),
+                        ({"messages": MESSAGES, "echo": True}, "echo")]:
+        endpoint = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        r = server.post(endpoint, {"model": "default", **body})
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.json())

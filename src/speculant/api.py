@@ -21,7 +21,7 @@ from .backends.native import NativeBackend
 from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TREE_BUDGETS  # noqa: F401 (re-exported)
 from .config import DecoderConfig, SamplingConfig
 from .batching import Batch, Member
-from .decoding import SequenceRun, Stats, decode  # noqa: F401 (Stats re-exported)
+from .decoding import SequenceRun, Stats, TokenLogprob, decode, token_logprobs  # noqa: F401 (Stats re-exported)
 from .generation import Generation, GenerationResult, TokenEvent  # noqa: F401 (re-exported)
 from .penalties import Penalties
 from .constraints import DEFAULT_ENGINE, Constraint, parse_response_format
@@ -249,6 +249,28 @@ class SpeculativeDecoder:
         if draft is not None:
             draft.reset()
             self._idle_drafts.append(draft)
+
+    def prompt_logprobs(self, ids: torch.Tensor, top: int = 0, chunk: int = 128) -> tuple[TokenLogprob | None, ...]:
+        """Each prompt token's log-probability under the target given the tokens before it, and
+        the ``top`` most likely tokens there (:class:`TokenLogprob`; None for the first token, which
+        nothing predicts): what OpenAI's ``echo`` with ``logprobs`` reports. ``ids`` (T,): the
+        prompt's token ids (``encode``). One pass over the prompt on a KV cache of its own, ``chunk``
+        rows of logits at a time."""
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        backend = self._idle_targets.pop() if self._idle_targets else self.target_backend.sibling()
+        out: list[TokenLogprob | None] = [None]
+        try:
+            backend.reset()
+            with torch.inference_mode():
+                for a in range(0, ids.shape[0] - 1, chunk):
+                    rows = ids[a:min(a + chunk, ids.shape[0] - 1)]  # each predicts the token after it
+                    logits = backend.forward(rows).logits  # (n, V)
+                    nxt = ids[a + 1:a + 1 + rows.shape[0]].tolist()
+                    out += token_logprobs(logits[:, :self.vocab_size], list(range(len(nxt))), nxt, top)
+        finally:
+            backend.reset()
+            self._idle_targets.append(backend)
+        return tuple(out)
 
     def generate_batch(self, prompts: Sequence, max_new_tokens: int = 128, *, max_batch: int | None = None,
                        **options) -> list[GenerationResult]:

@@ -200,7 +200,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                        req.seed, req.stop,
                        min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                        repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs,
-                       response_format=forced_format(req), max_draft_depth=req.max_draft_depth)
+                       response_format=forced_format(req), max_draft_depth=req.max_draft_depth,
+                       prompt_logprobs=req.logprobs if req.echo else None)
             try:
                 for i in range(req.n):  # n choices: n generations of the batch, seeds seed, seed + 1, ...
                     tickets.append(scheduler.submit(dataclasses.replace(base, seed=choice_seed(req.seed, i)),
@@ -216,12 +217,14 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                     ticket.cancel()
                 raise stopped(str(e)) from None
             metrics.set_queue(scheduler.waiting, scheduler.running)
+            starts = []
             for ticket in tickets:
                 first = await next_event(ticket, problem, request.is_disconnected)
                 if isinstance(first, Failed):
                     for other in tickets:
                         other.cancel()
                     raise error_of(first)
+                starts.append(first)
         except APIError as e:
             metrics.request(endpoint, e.status)
             return e.response()
@@ -238,7 +241,9 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
         reply = Reply(kind, model_id, decoder.method, arrived, metrics, req.n,
                       None if req.logprobs is None else (lambda: Logprobs(kind, string)),
-                      calls_format if req.tools is not None else None)
+                      calls_format if req.tools is not None else None, echo=req.prompt if req.echo else None)
+        for index, first in enumerate(starts):
+            reply.started(index, first)
         if req.stream:
             metrics.request(endpoint, 200)
             return StreamingResponse(stream(tickets, req.include_usage, reply, problem,

@@ -12,7 +12,8 @@ There is one entry per completion token (``usage.completion_tokens`` of them), t
 likely first. A streamed chunk carries the entries of the tokens whose events it is sent for (one
 chunk per token when logprobs are asked for, with the text that token's event brought, possibly "").
 
-Log-probabilities are the target model's own (the log-softmax of its raw logits, before
+With ``echo``, the prompt's tokens come first (:meth:`Logprobs.add_prompt`), the first one's
+log-probability null. Log-probabilities are the target model's own (the log-softmax of its raw logits, before
 temperature, penalties, logit bias and filtering: ``decoding.TokenLogprob``), the same under every
 method. One that is -inf is reported as -9999.0, as OpenAI does for "very unlikely" (JSON has no
 infinity).
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .scheduler import Token
 
@@ -69,6 +70,30 @@ class Logprobs:
     def _chat_token(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self.string(token_id)
         return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+    def add_prompt(self, ids: Sequence[int], scored: Sequence, text: str) -> dict[str, list]:
+        """Record the entries of an echoed prompt (completions): token ids ``ids``, each one's
+        ``decoding.TokenLogprob`` in ``scored`` (None for the first: null, as OpenAI has it), the
+        prompt's ``text``; returns their object. A prompt token's ``text_offset`` adds up the token
+        strings before it (where they do not add up to the text, e.g. a BOS token, it is approximate);
+        the completion's tokens then count from the end of ``text``."""
+        one = self._empty()
+        at = 0
+        for token_id, lp in zip(ids, scored):
+            one["tokens"].append(self.string(token_id))
+            one["token_logprobs"].append(None if lp is None else _finite(lp.logprob))
+            top: dict[str, float] | None = None
+            if lp is not None:
+                top = {}
+                for i, v in lp.top:
+                    top.setdefault(self.string(i), _finite(v))
+            one["top_logprobs"].append(top)
+            one["text_offset"].append(min(at, len(text)))
+            at += len(self.string(token_id))
+        self.offset = len(text)
+        for key, entries in one.items():
+            self.all[key].extend(entries)
+        return one
 
     def add(self, event: Token) -> dict[str, list]:
         """Record the entry of the token of ``event`` and return the object of that token alone

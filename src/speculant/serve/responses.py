@@ -55,12 +55,20 @@ class Response:
     (None: not asked for); ``tools`` is the template's tool-call format (None: no tools)."""
 
     def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics, n: int = 1,
-                 logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None):
+                 logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None, echo: str | None = None):
         self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
         self.choices = [Choice(i, None if logprobs is None else logprobs(), tools) for i in range(n)]
+        self.echo = echo  # completions with echo: the prompt, which each choice's text starts with
+        self.echoed: list[dict | None] = [None] * n  # each choice's prompt logprobs object, once started
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.first = True
+
+    def started(self, index: int, event: Started) -> None:
+        """Take choice ``index``'s Started event: with echo and logprobs, the prompt's tokens come first."""
+        lp = self.choices[index].logprobs
+        if self.echo is not None and lp is not None:
+            self.echoed[index] = lp.add_prompt(event.prompt_ids, event.prompt_logprobs, self.echo)
 
     def token(self, index: int, event: Token) -> dict | None:
         """Take choice ``index``'s token event; returns its logprobs object (None: not asked for)."""
@@ -97,7 +105,7 @@ class Response:
                 choices.append({"index": choice.index, "message": message, "logprobs": logprobs,
                                 "finish_reason": reason})
             else:
-                choices.append({"index": choice.index, "text": event.text, "logprobs": logprobs,
+                choices.append({"index": choice.index, "text": (self.echo or "") + event.text, "logprobs": logprobs,
                                 "finish_reason": reason})
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices,
@@ -195,6 +203,9 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
         if response.kind == "chat":
             for choice in response.choices:
                 yield response.chunk(role=True, index=choice.index)
+        elif response.echo is not None:  # the prompt first, in a chunk of its own per choice
+            for choice in response.choices:
+                yield response.chunk(response.echo, logprobs=response.echoed[choice.index], index=choice.index)
         async for index, event in merged(tickets, problem):
             choice = response.choices[index]
             if isinstance(event, Token):

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ..batching import Batch
+from ..decoding import Stats
 from ..errors import ConfigError
 from ..text_check import text_problem
 
@@ -57,11 +58,14 @@ class Job:
     logprobs: int | None = None  # None: none; k: each token's log-probability and the top k (Token.logprob)
     response_format: dict | None = None  # SpeculativeDecoder.start's (a grammar the output must match)
     max_draft_depth: int | None = None  # SpeculativeDecoder.start's (0: plain decoding)
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's too (Started.prompt_logprobs)
 
 
 @dataclass(frozen=True)
 class Started:
     prompt_tokens: int
+    prompt_ids: tuple[int, ...] = ()  # with Job.prompt_logprobs: the prompt's token ids
+    prompt_logprobs: tuple = ()  # and each one's decoding.TokenLogprob (None for the first)
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,7 @@ class Scheduler:
         gen = None
         try:
             gen = self._prepare(ticket)
-            if isinstance(gen, Failed):
+            if isinstance(gen, (Failed, Finished)):
                 self._end(ticket, gen)
                 return
             live[gen] = ticket
@@ -306,13 +310,16 @@ class Scheduler:
                 self._end(ticket, _failure(e))
 
     def _prepare(self, ticket: Ticket):
-        """The job's Generation, checked against the context (Started sent), or Failed(400)."""
+        """The job's Generation, checked against the context (Started sent), or Failed(400), or
+        (max_tokens 0) its Finished: nothing to generate."""
         job, dec = ticket.job, self.decoder
         problem = _input_problem(job)
         if problem is not None:
             return problem
         try:
-            gen = dec.start(job.prompt, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
+            # max_tokens 0 (echo only): the prompt is encoded and checked, nothing generated
+            gen = dec.start(job.prompt, job.max_tokens or (None if job.max_tokens is None else 1),
+                            temperature=job.temperature, top_k=job.top_k,
                             top_p=job.top_p, seed=job.seed, stop=list(job.stop), cancel=lambda: ticket.cancelled,
                             min_p=job.min_p, presence_penalty=job.presence_penalty,
                             frequency_penalty=job.frequency_penalty, repetition_penalty=job.repetition_penalty,
@@ -330,7 +337,13 @@ class Scheduler:
                                f"tokens: ask for at most {context - gen.prompt_tokens} tokens or shorten the prompt",
                           "max_tokens")
         ticket.prompt_tokens = gen.prompt_tokens
-        ticket.send(Started(gen.prompt_tokens))
+        if job.prompt_logprobs is None:
+            ticket.send(Started(gen.prompt_tokens))
+        else:
+            scored = dec.prompt_logprobs(gen.ids, job.prompt_logprobs)
+            ticket.send(Started(gen.prompt_tokens, tuple(gen.ids.tolist()), scored))
+        if job.max_tokens == 0:
+            return Finished([], "", "length", Stats())
         return gen
 
 

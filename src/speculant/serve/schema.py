@@ -8,8 +8,10 @@ true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20)
 extensions ``top_k``, ``min_p`` ([0, 1)), ``repetition_penalty`` (> 0, 1 off) and
 ``speculative`` (false: plain decoding for this request; ``{"max_depth": k}``: drafts at most k
 tokens deep; the output is the same either way; ``"sources": true``: each streamed token's chunk
-names its source, "draft" or "target"). A field that
-would change the result and that speculant does not support (``echo``, ``best_of``, ...) is
+names its source, "draft" or "target"). ``echo`` (completions): the prompt comes back before
+the completion, with ``logprobs`` its tokens' too (the first one's null), and ``max_tokens`` 0 then
+only scores the prompt. A field that
+would change the result and that speculant does not support (``best_of``, ``suffix``, ...) is
 refused, never ignored; so is a field this server does not know (a typo must not silently change
 nothing). Fields that do not change the result (``user``, ``metadata``, ``store``) are accepted
 and ignored. ``response_format`` (OpenAI's ``text``, ``json_object``, ``json_schema``, and the
@@ -55,7 +57,7 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
            "repetition_penalty", "min_p", "response_format", "speculative"}
 FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                              "parallel_tool_calls"},
-          "completion": _COMMON | {"prompt", "top_logprobs"}}  # top_logprobs: refused with a hint (_logprobs)
+          "completion": _COMMON | {"prompt", "top_logprobs", "echo"}}  # top_logprobs: refused with a hint (_logprobs)
 _TOOL_KEYS = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}  # beyond role, content, name
 _EMPTY_OK = {"refusal", "function_call", "audio", "annotations"}  # an assistant message the client gave back
 MAX_DEPTH = 64  # JSON nesting levels a body may have (a chat request with text parts needs 5)
@@ -97,6 +99,7 @@ class CompletionRequest:
     n: int = 1  # choices: n generations, seeds seed, seed + 1, ...
     max_draft_depth: int | None = None  # the extension "speculative": None: the server's drafts; 0: plain decoding
     token_sources: bool = False  # the extension speculative.sources: each streamed token says where it came from
+    echo: bool = False  # completions: the prompt comes back before the completion (with logprobs: its tokens' too)
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -109,8 +112,11 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         raise bad_request(f"unknown field {show(unknown[0])}: speculant serve does not support it; remove it",
                           param=unknown[0], code="unsupported_parameter")
     for name, off in _OFF.items():
+        if name in FIELDS[kind]:  # echo: a field of the completions endpoint only
+            continue
         if name in body and not any(body[name] == v and type(body[name]) is type(v) or body[name] is v for v in off):
-            hint = "; use 'tools' and 'tool_choice'" if name in ("functions", "function_call") else ""
+            hint = "; use 'tools' and 'tool_choice'" if name in ("functions", "function_call") else \
+                "; it is a field of /v1/completions" if name == "echo" else ""
             raise bad_request(f"{name!r} is not supported by speculant serve (it would change the result); "
                               f"remove it or set it to {off[-1]!r}{hint}", param=name, code="unsupported_parameter")
     model = body.get("model")
@@ -139,7 +145,12 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                               "the output is then a tool call; send one of them", param="response_format")
     else:
         prompt = _prompt(body.get("prompt"))
-    max_tokens = _max_tokens(body, kind)
+    echo = body.get("echo", False) if kind == "completion" else False
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise bad_request(f"'echo' must be true or false, got {show(echo)}", param="echo")
+    max_tokens = _max_tokens(body, kind, zero_ok=echo)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0, "between 0 and 2 (0 = greedy)")
     if 0 < temperature < MIN_TEMPERATURE:
         raise bad_request(f"'temperature' must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (logits / temperature "
@@ -184,7 +195,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                              _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
                              _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
-                             *_speculative(body.get("speculative")))
+                             *_speculative(body.get("speculative")), echo=echo)
 
 
 def _speculative(value: Any) -> tuple[int | None, bool]:
@@ -329,14 +340,16 @@ def _prompt(prompt: Any) -> str:
     return prompt
 
 
-def _max_tokens(body: dict, kind: str) -> int | None:
+def _max_tokens(body: dict, kind: str, zero_ok: bool = False) -> int | None:
+    """The request's token limit; 0 only with ``zero_ok`` (echo: the prompt scored, nothing generated)."""
     name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     value = body.get(name)
     if value is None:
         return None
-    if not _is_int(value) or not 1 <= value <= MAX_INT32:
-        raise bad_request(f"{name!r} must be an integer >= 1 (and within the model's context), got {show(value)}",
-                          param=name)
+    if not _is_int(value) or not (0 if zero_ok else 1) <= value <= MAX_INT32:
+        hint = " (0 only with \"echo\": true, to score the prompt)" if kind == "completion" and not zero_ok else ""
+        raise bad_request(f"{name!r} must be an integer >= {0 if zero_ok else 1}{hint} (and within the model's "
+                          f"context), got {show(value)}", param=name)
     return int(value)
 
 
