@@ -23,7 +23,7 @@ import hmac
 import json
 import logging
 import time
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,9 +110,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             metrics.generation(ticket.prompt_tokens, len(event.token_ids), event.finish_reason, event.stats)
 
     def fatal(reason: str) -> None:
-        shutdown = getattr(app.state, "shutdown", None)
-        if shutdown is not None:
-            shutdown(reason)
+        if app.state.shutdown is not None:
+            app.state.shutdown(reason)
 
     scheduler = Scheduler(decoder, config.max_queue, on_finish=finished, max_batch=config.max_batch, on_fatal=fatal)
 
@@ -127,6 +126,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
 
     app = FastAPI(title="speculant", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler, app.state.metrics, app.state.model_id = scheduler, metrics, model_id
+    app.state.shutdown = None  # how the process ends when the worker stops for good: server.serve sets it
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -252,16 +252,17 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             events: dict[int, Finished] = {}
-            async for index, event in merged(tickets, problem, request.is_disconnected):
-                if isinstance(event, Failed):
-                    for other in tickets:
-                        other.cancel()
-                    metrics.request(endpoint, event.status)
-                    return error_of(event).response()
-                if isinstance(event, Finished):
-                    events[index] = event
-                elif not isinstance(event, Started):
-                    reply.token(index, event)
+            async with aclosing(merged(tickets, problem, request.is_disconnected)) as source:
+                async for index, event in source:
+                    if isinstance(event, Failed):
+                        for other in tickets:
+                            other.cancel()
+                        metrics.request(endpoint, event.status)
+                        return error_of(event).response()
+                    if isinstance(event, Finished):
+                        events[index] = event
+                    elif not isinstance(event, Started):
+                        reply.token(index, event)
             answer = JSONResponse(reply.body([events[i] for i in range(len(tickets))], tickets[0].prompt_tokens))
         except ClientGone:
             for ticket in tickets:

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 import uuid
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from .errors import APIError
@@ -206,32 +207,33 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
         elif response.echo is not None:  # the prompt first, in a chunk of its own per choice
             for choice in response.choices:
                 yield response.chunk(response.echo, logprobs=response.echoed[choice.index], index=choice.index)
-        async for index, event in merged(tickets, problem):
-            choice = response.choices[index]
-            if isinstance(event, Token):
-                logprobs = response.token(index, event)
-                source = event.source if sources else None
-                every = logprobs is not None or sources  # then every token has its chunk
-                if choice.tools is not None:
-                    deltas = choice.tools.feed(event.text) or ([{}] if every else [])
-                    for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
-                        yield response.chunk(delta=delta, logprobs=logprobs if i == 0 else None, index=index,
-                                             source=source if i == 0 else None)
-                elif event.text or every:
-                    yield response.chunk(event.text, logprobs=logprobs, index=index, source=source)
-            elif isinstance(event, Finished):
-                finish = FINISH[event.finish_reason]
-                if choice.tools is not None:
-                    for delta in choice.tools.finish():
-                        yield response.chunk(delta=delta, index=index)
-                    finish = calls_finish(finish) if choice.tools.calls else finish
-                yield response.chunk(None, finish=finish, index=index)
-                finished[index] = event
-            elif isinstance(event, Failed):
-                yield f"data: {json.dumps(error_of(event).body())}\n\n"
-                break
-            elif isinstance(event, Started):
-                continue
+        async with aclosing(merged(tickets, problem)) as events:  # a break ends its forwarding tasks at once
+            async for index, event in events:
+                choice = response.choices[index]
+                if isinstance(event, Token):
+                    logprobs = response.token(index, event)
+                    source = event.source if sources else None
+                    every = logprobs is not None or sources  # then every token has its chunk
+                    if choice.tools is not None:
+                        deltas = choice.tools.feed(event.text) or ([{}] if every else [])
+                        for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
+                            yield response.chunk(delta=delta, logprobs=logprobs if i == 0 else None, index=index,
+                                                 source=source if i == 0 else None)
+                    elif event.text or every:
+                        yield response.chunk(event.text, logprobs=logprobs, index=index, source=source)
+                elif isinstance(event, Finished):
+                    finish = FINISH[event.finish_reason]
+                    if choice.tools is not None:
+                        for delta in choice.tools.finish():
+                            yield response.chunk(delta=delta, index=index)
+                        finish = calls_finish(finish) if choice.tools.calls else finish
+                    yield response.chunk(None, finish=finish, index=index)
+                    finished[index] = event
+                elif isinstance(event, Failed):
+                    yield f"data: {json.dumps(error_of(event).body())}\n\n"
+                    break
+                elif isinstance(event, Started):
+                    continue
         if include_usage and len(finished) == len(tickets):
             yield response.chunk(usage=response.usage([finished[i] for i in range(len(tickets))],
                                                       tickets[0].prompt_tokens))
