@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
-           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "x86_kernels"]
+           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "x86_kernels"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step; docs/design-notes.md#int4-group-size
 
@@ -233,10 +233,38 @@ def pack_int4_x86(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) ->
     if N % 16 or K % 8 or G < 1 or K % G or (K // G) % 16:
         raise ValueError(f"pack_int4_x86 needs N % 16 == 0 and groups of a multiple of 16 inputs, got ({N}, {K}) "
                          f"in {G} groups")
+    return _pack_codes(q), _by_block(torch.stack([scale, offset])).to(torch.bfloat16)
+
+
+def _pack_codes(q: torch.Tensor) -> torch.Tensor:
+    """Codes q (N, K) in [0, 15] -> qpack (N/16, K/8, 64) uint8 (pack_int4_x86's layout)."""
+    N, K = q.shape
     r = q.to(torch.uint8).view(N // 16, 16, K // 8, 2, 4)  # [nb, c, octet, half, i]
-    qpack = (r[:, :, :, 0] | (r[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(N // 16, K // 8, 64).contiguous()
-    sz = torch.stack([scale, offset]).reshape(2, N // 16, 16, G).permute(1, 3, 0, 2)  # (nb, G, 2, 16)
-    return qpack, sz.to(torch.bfloat16).contiguous()
+    return (r[:, :, :, 0] | (r[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(N // 16, K // 8, 64).contiguous()
+
+
+def _by_block(pair: torch.Tensor) -> torch.Tensor:
+    """(2, N, G) -> (N/16, G, 2, 16): each block of 16 channels' two values per group side by side."""
+    _, N, G = pair.shape
+    return pair.reshape(2, N // 16, 16, G).permute(1, 3, 0, 2).contiguous()
+
+
+def pack_kquant_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+                    m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q4_K tensor's parts as they are (``store.gguf_blocks.q4_k_blocks``): codes q (N, K) in
+    [0, 15], each 256-input block's d and dmin (N, K/256), each 32-input group's 6-bit scale and min
+    (N, K/32) -> (qpack (N/16, K/8, 64) uint8, kd (N/16, K/256, 2, 16) float32 holding d and -dmin,
+    km (N/16, K/32, 2, 16) uint8 holding scale and min): the arguments of ``int4_gemm_kquant``, whose
+    weight is w = q * (d * scale) + (-dmin) * min, in fp32. N must be a multiple of 16, K of 256."""
+    N, K = q.shape
+    if N % 16 or K % 256 or d.shape != (N, K // 256) or dmin.shape != d.shape or sc.shape != (N, K // 32) \
+            or m.shape != sc.shape:
+        raise ValueError(f"pack_kquant_x86 needs N % 16 == 0, K % 256 == 0, d and dmin (N, K/256), scale and min "
+                         f"(N, K/32); got codes {tuple(q.shape)}, d {tuple(d.shape)}, dmin {tuple(dmin.shape)}, "
+                         f"scale {tuple(sc.shape)}, min {tuple(m.shape)}")
+    kd = _by_block(torch.stack([d.float(), -dmin.float()]))
+    km = _by_block(torch.stack([sc.to(torch.uint8), m.to(torch.uint8)]))
+    return _pack_codes(q), kd, km
 
 
 def unpack_int4_x86(qpack: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,6 @@ template <int R, int O>
 void INT4_AVX2_CHUNK(const Problem& P, int64_t nb, int64_t m0) {
   constexpr int S = R == 1 ? 2 : 1;  // halves per sweep
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const uint16_t* sb = P.sz + nb * P.G * 32;
   const __m256i nib = _mm256_set1_epi8(0x0F);
 #if INT4_AVX2_VNNI
   constexpr int C = R <= 2 ? 2 : 1;  // few rows: two accumulators each, to hide VPDPBUSD's latency
@@ -72,9 +71,9 @@ void INT4_AVX2_CHUNK(const Problem& P, int64_t nb, int64_t m0) {
 #if INT4_AVX2_VNNI
         __m256i d32[R];
         for (int r = 0; r < R; ++r) d32[r] = C == 2 ? _mm256_add_epi32(d[s][r][0], d[s][r][C - 1]) : d[s][r][0];
-        fold8<R>(P, m0, g, sb + g * 32 + 8 * (h0 + s), d32, acc[s]);
+        fold8<R>(P, nb, m0, g, h0 + s, d32, acc[s]);
 #else
-        fold8<R>(P, m0, g, sb + g * 32 + 8 * (h0 + s), d32[s], acc[s]);
+        fold8<R>(P, nb, m0, g, h0 + s, d32[s], acc[s]);
 #endif
       }
     }

@@ -15,11 +15,14 @@ struct Problem {
   const float* a;     // (M, G) activation scales
   const float* ax;    // (M, G) a * (sum of each group's xq), the offsets' factor
   const uint8_t* q;   // (NB, K/8, 64) codes
-  const uint16_t* sz; // (NB, G, 2, 16) bf16 bits
+  const uint16_t* sz; // (NB, G, 2, 16) bf16 bits: each group's (scale, offset); unused when kd is set
   const float* bias;  // (N,) or nullptr
   int64_t M, K, N, G, gsize;
   float* y32;         // (M, N) fp32 output, or
   uint16_t* y16;      // (M, N) bf16 output
+  // k-quant scales (a GGUF file's Q4_K blocks as they are; groups of 32, 8 per block of 256):
+  const float* kd = nullptr;    // (NB, G/8, 2, 16) fp32: each block's d and -dmin for the 16 channels
+  const uint8_t* km = nullptr;  // (NB, G, 2, 16) uint8: each group's 6-bit scale and min
 };
 
 inline float bf16_to_float(uint16_t b) {
@@ -37,6 +40,21 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, as VCVTNEPS2
   return (uint16_t)(u >> 16);
 }
 
+// Group g's (scale, offset) of channel c (0-15) of block nb: the bf16 pair, or d * sc and
+// (-dmin) * m in fp32 (the products are exact: what the file's weights are made of).
+inline void scale_pair(const Problem& P, int64_t nb, int64_t g, int c, float& s, float& o) {
+  if (P.kd) {
+    const float* d = P.kd + (nb * (P.G / 8) + g / 8) * 32;
+    const uint8_t* m = P.km + (nb * P.G + g) * 32;
+    s = d[c] * (float)m[c];
+    o = d[16 + c] * (float)m[16 + c];
+  } else {
+    const uint16_t* sg = P.sz + (nb * P.G + g) * 32;
+    s = bf16_to_float(sg[c]);
+    o = bf16_to_float(sg[16 + c]);
+  }
+}
+
 inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc, int64_t count) {
   for (int64_t c = 0; c < count; ++c) {
     const float v = P.bias ? acc[c] + P.bias[n0 + c] : acc[c];
@@ -50,6 +68,22 @@ inline void store_row(const Problem& P, int64_t m, int64_t n0, const float* acc,
 // group's exact dot products for 16 channels, acc = fma(o, ax, fma(d * s, a, acc)).
 __attribute__((target("avx512f"))) inline __m512 load16_bf16_avx512(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// The 16 channels' (scale, offset) of group g: bf16 pairs, or k-quant products (scale_pair).
+__attribute__((target("avx512f"))) inline void scales16(const Problem& P, int64_t nb, int64_t g, __m512& s,
+                                                        __m512& o) {
+  if (P.kd) {
+    const float* d = P.kd + (nb * (P.G / 8) + g / 8) * 32;
+    const uint8_t* m = P.km + (nb * P.G + g) * 32;
+    s = _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)m))));
+    o = _mm512_mul_ps(_mm512_loadu_ps(d + 16),
+                      _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(m + 16)))));
+  } else {
+    const uint16_t* sg = P.sz + (nb * P.G + g) * 32;
+    s = load16_bf16_avx512(sg);
+    o = load16_bf16_avx512(sg + 16);
+  }
 }
 
 __attribute__((target("avx512f"))) inline __m512 fold16(__m512 acc, __m512i dot, __m512 s, __m512 o, float a,

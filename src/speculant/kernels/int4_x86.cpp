@@ -88,7 +88,6 @@ inline float fold(float acc, int32_t d, float s, float o, float ax, float a) {
 
 void chunk_portable(const Problem& P, int64_t nb, int64_t m0, int rows) {
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const uint16_t* sb = P.sz + nb * P.G * 32;
   for (int r = 0; r < rows; ++r) {
     const int64_t m = m0 + r;
     const int8_t* x = P.xq + m * P.K;
@@ -101,8 +100,9 @@ void chunk_portable(const Problem& P, int64_t nb, int64_t m0, int rows) {
           const int32_t code = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
           d += code * (int32_t)x[k];
         }
-        acc[c] = fold(acc[c], d, bf16_to_float(sb[g * 32 + c]), bf16_to_float(sb[g * 32 + 16 + c]),
-                      P.ax[m * P.G + g], P.a[m * P.G + g]);
+        float sc, off;
+        scale_pair(P, nb, g, c, sc, off);
+        acc[c] = fold(acc[c], d, sc, off, P.ax[m * P.G + g], P.a[m * P.G + g]);
       }
     }
     store_row(P, m, nb * 16, acc, 16);
@@ -151,11 +151,27 @@ inline int32_t load4(const int8_t* p) {
   return v;
 }
 
-// acc[r] += a (scale * dot[r]) + offset * ax for rows m0 .. m0+R-1, group g, 8 channels whose
-// (scale, offset) start at sg (the fold of every path, in 8 lanes).
+// Group g's (scale, offset) of channels 8 half .. 8 half + 7 of block nb (scale_pair, 8 lanes).
+inline void scales8(const Problem& P, int64_t nb, int64_t g, int64_t half, __m256& s, __m256& o) {
+  if (P.kd) {
+    const float* d = P.kd + (nb * (P.G / 8) + g / 8) * 32 + 8 * half;
+    const uint8_t* m = P.km + (nb * P.G + g) * 32 + 8 * half;
+    s = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)m))));
+    o = _mm256_mul_ps(_mm256_loadu_ps(d + 16),
+                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(m + 16)))));
+  } else {
+    const uint16_t* sg = P.sz + (nb * P.G + g) * 32 + 8 * half;
+    s = load8_bf16_avx2(sg);
+    o = load8_bf16_avx2(sg + 16);
+  }
+}
+
+// acc[r] += a (scale * dot[r]) + offset * ax for rows m0 .. m0+R-1, group g, the 8 channels of
+// half ``half`` of block nb (the fold of every path, in 8 lanes).
 template <int R>
-inline void fold8(const Problem& P, int64_t m0, int64_t g, const uint16_t* sg, const __m256i* dot, __m256* acc) {
-  const __m256 s = load8_bf16_avx2(sg), o = load8_bf16_avx2(sg + 16);
+inline void fold8(const Problem& P, int64_t nb, int64_t m0, int64_t g, int64_t half, const __m256i* dot, __m256* acc) {
+  __m256 s, o;
+  scales8(P, nb, g, half, s, o);
   for (int r = 0; r < R; ++r) {
     const int64_t mg = (m0 + r) * P.G + g;
     const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), s);
@@ -218,7 +234,6 @@ template <int R, int O>
 void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
   constexpr int C = R <= 2 ? 2 : 1;
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const uint16_t* sb = P.sz + nb * P.G * 32;
   const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -241,7 +256,8 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
         d[r][C - 1] = _mm512_dpbusd_epi32(d[r][C - 1], hi, _mm512_set1_epi32(load4(x + 4)));
       }
     }
-    const __m512 s = load16_bf16_avx512(sb + g * 32), o = load16_bf16_avx512(sb + g * 32 + 16);
+    __m512 s, o;
+    scales16(P, nb, g, s, o);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t mg = (m0 + r) * P.G + g;
@@ -308,21 +324,20 @@ Isa best_isa() {
 
 }  // namespace
 
-// x (M, K) bf16 contiguous; qpack (N/16, K/8, 64) uint8; scales (N/16, G, 2, 16) bf16; bias (N,) fp32
-// or empty; out_fp32: return fp32 (else bf16); isa: 0 = the best this CPU has, else force
-// 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx (AVX-512 VNNI below kAmxMinRows rows, or
-// for groups other than 64 inputs). Returns (M, N).
-torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
-                        int64_t isa) {
-  const Int4Shape shape = check_int4_args(x, qpack, scales, bias);
-  const int64_t M = shape.M, K = shape.K, N = shape.N, NB = N / 16, G = shape.G;
-  const bool has_bias = shape.has_bias;
+namespace {
+
+// The matmul of int4_gemm and int4_gemm_kquant once their arguments are checked: scales given as
+// bf16 pairs (sz) or as k-quant blocks (kd, km).
+torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz, const float* kd, const uint8_t* km,
+                       int64_t G, torch::Tensor bias, bool out_fp32, int64_t isa) {
+  const int64_t M = x.size(0), K = x.size(1), N = qpack.size(0) * 16, NB = N / 16;
+  const bool has_bias = bias.numel() > 0;
   TORCH_CHECK(K / G == 32 || K / G == 64 || K / G == 128, "groups of ", K / G, " inputs: need 32, 64 or 128");
   Isa use = isa == kAuto ? best_isa() : (Isa)isa;
   TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
   const int64_t gsize = K / G;
-  const bool amx = use == kAmx && gsize == 64 && M >= kAmxMinRows;
+  const bool amx = use == kAmx && gsize == 64 && kd == nullptr && M >= kAmxMinRows;
   if (use == kAmx && !amx) use = kAvx512Vnni;
   const int64_t rows = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole tiles of 16 rows: zero padding
 
@@ -342,10 +357,9 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
     for (int64_t m = m0; m < m1; ++m) quantize(xp + m * K, K, gsize, xqp + m * K, ap + m * G, axp + m * G);
   });
 
-  Problem P{xqp, ap, axp, qpack.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()),
-            has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
+  Problem P{xqp, ap, axp, qpack.data_ptr<uint8_t>(), sz, has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
             out_fp32 ? y.data_ptr<float>() : nullptr,
-            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>())};
+            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km};
   if (amx) {
     gemm_amx(P);
     return y;
@@ -365,6 +379,40 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
     }
   });
   return y;
+}
+
+}  // namespace
+
+// x (M, K) bf16 contiguous; qpack (N/16, K/8, 64) uint8; scales (N/16, G, 2, 16) bf16; bias (N,) fp32
+// or empty; out_fp32: return fp32 (else bf16); isa: 0 = the best this CPU has, else force
+// 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx (AVX-512 VNNI below kAmxMinRows rows, or
+// for groups other than 64 inputs). Returns (M, N).
+torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
+                        int64_t isa) {
+  const Int4Shape shape = check_int4_args(x, qpack, scales, bias);
+  return run_int4(x, qpack, reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), nullptr, nullptr,
+                  shape.G, bias, out_fp32, isa);
+}
+
+// The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
+// 256): kd (N/16, K/256, 2, 16) fp32, each block's d and -dmin for the 16 channels; km (N/16, K/32,
+// 2, 16) uint8, each group's 6-bit scale and min (pack_kquant_x86). A group's scale is d * scale and
+// its offset -dmin * min, in fp32. The AMX path takes groups of 64 only: amx runs AVX-512 VNNI here.
+torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
+                               torch::Tensor bias, bool out_fp32, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
+  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
+              "qpack must be (N/16, K/8, 64) uint8");
+  const int64_t K = x.size(1), NB = qpack.size(0);
+  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
+  TORCH_CHECK(K % 256 == 0, "k-quant blocks are 256 inputs: K = ", K, " is not a multiple of 256");
+  TORCH_CHECK(kd.dim() == 4 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
+              kd.size(1) == K / 256 && kd.size(2) == 2 && kd.size(3) == 16, "kd must be (N/16, K/256, 2, 16) float32");
+  TORCH_CHECK(km.dim() == 4 && km.scalar_type() == at::kByte && km.is_contiguous() && km.size(0) == NB &&
+              km.size(1) == K / 32 && km.size(2) == 2 && km.size(3) == 16, "km must be (N/16, K/32, 2, 16) uint8");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
+              "bias must be (N,) float32");
+  return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), km.data_ptr<uint8_t>(), K / 32, bias, out_fp32, isa);
 }
 
 // Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx.

@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import ModelLoadError
 
-__all__ = ["BLOCK", "Q4K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q6_k", "q4_k_parts", "q6_k_parts"]
+__all__ = ["BLOCK", "Q4K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q6_k", "q4_k_blocks", "q4_k_parts",
+           "q6_k_parts"]
 
 BLOCK = 256  # weights per k-quant block (QK_K)
 Q4K_BYTES, Q6K_BYTES = 144, 210
@@ -55,19 +56,28 @@ def _q4k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mins
 
 
-def q4_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A Q4_K tensor's raw bytes (N, K / 256 * 144) -> (codes (N, K) uint8 in 0..15,
-    scale (N, K / 32) float32, offset (N, K / 32) float32): ``w = code * scale + offset`` per
-    group of 32 inputs."""
+def q4_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K tensor's raw bytes (N, K / 256 * 144) -> its parts as they are: codes (N, K) uint8
+    in 0..15, each block's ``d`` and ``dmin`` (N, K / 256) float32 (from fp16), each group's 6-bit
+    scale and min (N, K / 32) uint8 (``kernels.pack_kquant_x86`` takes these)."""
     b = _blocks(raw, Q4K_BYTES, "Q4_K")
     N, nb = b.shape[:2]
     d, dmin = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])  # (N, nb)
     sc, mins = _q4k_scales_mins(b[..., 4:16])  # (N, nb, 8)
     qs = b[..., 16:].reshape(N, nb, 4, 32)  # four runs of 32 bytes: sub-blocks 2p (low nibbles), 2p + 1 (high)
     codes = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, nb * BLOCK)
-    scale = d[..., None] * sc.astype(np.float32)
-    offset = -(dmin[..., None] * mins.astype(np.float32))
-    return codes.astype(np.uint8), scale.reshape(N, nb * 8), offset.reshape(N, nb * 8)
+    return (codes.astype(np.uint8), d, dmin, sc.reshape(N, nb * 8).astype(np.uint8),
+            mins.reshape(N, nb * 8).astype(np.uint8))
+
+
+def q4_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K tensor's raw bytes (N, K / 256 * 144) -> (codes (N, K) uint8 in 0..15,
+    scale (N, K / 32) float32, offset (N, K / 32) float32): ``w = code * scale + offset`` per
+    group of 32 inputs."""
+    codes, d, dmin, sc, mins = q4_k_blocks(raw)
+    scale = np.repeat(d, 8, axis=1) * sc.astype(np.float32)
+    offset = -(np.repeat(dmin, 8, axis=1) * mins.astype(np.float32))
+    return codes, scale, offset
 
 
 def q6_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
