@@ -124,7 +124,7 @@ def teacher_forced(backend, prompt: torch.Tensor, ref: list[int]) -> tuple[int, 
     return sum(same), len(ref), first
 
 
-MODES = ("none", "int8", "int4", "int8+head", "int4+head")
+MODES = ("none", "int8", "int4", "int8+head", "int4+head", "gguf")  # gguf: int4, the Q4_K layers the file's own blocks
 
 
 def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: str | None = None) -> dict:
@@ -149,8 +149,13 @@ def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: st
     for mode in ("none",) + tuple(m for m in modes if m != "none"):
         quant, _, head = mode.partition("+")
         t = time.perf_counter()
-        backend = NativeBackend(NativeModel.from_hf(lm.model, quant, quant_head=bool(head) and quant != "none",
-                                                    keep_dense=False))
+        model = NativeModel.from_hf(lm.model, "int4" if quant == "gguf" else quant,
+                                    quant_head=bool(head) and quant != "none", keep_dense=False)
+        if quant == "gguf":
+            from ..store.gguf_linears import apply_gguf_blocks, source_gguf
+
+            apply_gguf_blocks(model, source_gguf(target))
+        backend = NativeBackend(model)
         ppl, kl, top1, logp = text_scores(backend, text_ids, ref_logp)
         ref_logp = logp if ref_logp is None else ref_logp
         del logp

@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quant-eval", help="quality cost of target quantization: perplexity and greedy agreement")
     q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     q.add_argument("--modes", default="none,int8,int4,int8+head,int4+head",
-                   help="comma-separated quantizations; '+head' also quantizes the output layer (default: %(default)s)")
+                   help="comma-separated quantizations; '+head' also quantizes the output layer; gguf: int4 with "
+                        "the layers that are Q4_K in the GGUF file running the file's own blocks (default: %(default)s)")
     q.add_argument("--max-new-tokens", type=int, default=64, help="per agreement prompt (default: %(default)s)")
     q.add_argument("--json-out", default=None)
 

@@ -1,0 +1,137 @@
+"""A user's GGUF file as it is: the native model's linear layers whose tensor in the file is Q4_K
+run the file's own codes and scales (``runtime.kquant.KQuantLinear``) instead of speculant's int4
+quantization of their de-quantized weights.
+
+The model is loaded as usual first (``NativeModel`` with int4 layers, from the file's conversion);
+each projection is then matched to its GGUF tensor by gguf-py's tensor name map for the file's
+architecture. Before a layer is replaced, the file's rows are checked against the loaded layer's
+(the first 256 rows, de-quantized both ways): in the file's order, or in the order llama.cpp's
+converter permuted the query and key rows into (``permuted_rows``), whichever matches; a tensor
+that matches neither is left as it was, with the reason in the report. Tensors of other types
+(Q6_K, Q5_0, Q8_0, ...) keep speculant's int4 layers for now.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ModelLoadError
+
+__all__ = ["apply_gguf_blocks", "permuted_rows", "source_gguf"]
+
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_CHECK_ROWS = 256
+_MATCH = 0.25  # relative difference of the file's rows and the loaded (re-quantized) rows that counts as the same
+
+
+def permuted_rows(n: int, heads: int) -> np.ndarray:
+    """The file row of each model row of a query or key projection (n rows, ``heads`` heads) that
+    llama.cpp's converter wrote in its rotary order: within each head, the rows of the two halves
+    of the rotation interleaved (row 2i + j of the file is row j * half + i of the head)."""
+    half = n // heads // 2
+    model = np.arange(n).reshape(heads, 2, half)  # [head, j, i]: the model's row
+    file_of = np.empty(n, dtype=np.int64)
+    file_of[model.transpose(0, 2, 1).reshape(-1)] = np.arange(n)  # the file holds them as [head, i, j]
+    return file_of
+
+
+def source_gguf(spec: str | os.PathLike):
+    """The GGUF file a model spec comes from: a preset's (assembled from its packages) or a
+    ``.gguf`` path itself; a clear error for a transformers directory (it has no file's blocks)."""
+    from pathlib import Path
+
+    from .models import assemble_gguf, is_gguf
+    from .presets import PRESETS
+
+    if str(spec) in PRESETS:
+        return assemble_gguf(PRESETS[str(spec)])
+    path = Path(spec).expanduser()
+    if path.is_file() and is_gguf(path):
+        return path
+    raise ModelLoadError(f"{spec} is not a GGUF file or a preset: the file's own blocks (gguf) need one; "
+                         "use int4 for a transformers model directory")
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.get_field(key)
+    return None if field is None else field.contents()
+
+
+def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
+    """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is Q4_K by the
+    file's own blocks; returns a report: ``q4_k`` (layers replaced), ``kept`` (GGUF type -> layers
+    left as they were) and ``mismatched`` (tensors whose rows matched neither order)."""
+    import gguf as gg
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from ..runtime.kquant import KQuantLinear
+    from ..runtime.quant import Int4Linear
+    from .gguf_blocks import dequantize_q4_k
+
+    reader = GGUFReader(str(gguf))
+    arch_name = _field(reader, "general.architecture")
+    arch = {v: k for k, v in gg.MODEL_ARCH_NAMES.items()}.get(arch_name)
+    if arch is None:
+        raise ModelLoadError(f"{gguf}: gguf-py does not know the architecture {arch_name!r}; load it with "
+                             "target_quant int4")
+    names = gg.get_tensor_name_map(arch, len(model.blocks))
+    tensors = {t.name: t for t in reader.tensors}
+    heads = {"q_proj": model.heads, "k_proj": model.kv_heads}
+    report: dict[str, Any] = {"q4_k": 0, "kept": {}, "mismatched": []}
+
+    def replacement(hf_name: str, layer, proj: str):
+        t = tensors.get(f"{names.get_name(hf_name)}.weight")
+        if t is None or not isinstance(layer, Int4Linear) or layer.kind != "x86":
+            return None
+        if t.tensor_type != GGMLQuantizationType.Q4_K:
+            report["kept"][t.tensor_type.name] = report["kept"].get(t.tensor_type.name, 0) + 1
+            return None
+        raw = np.asarray(t.data)
+        n = raw.shape[0]
+        if n != layer.out_features or int(t.shape[0]) != layer.in_features:
+            report["mismatched"].append(f"{t.name}: shape {n} x {int(t.shape[0])}, the model's "
+                                        f"{layer.out_features} x {layer.in_features}")
+            return None
+        check = min(n, _CHECK_ROWS)
+        loaded = layer.dequantize_rows(torch.arange(check)).float()
+        orders = [None] + ([permuted_rows(n, heads[proj])] if proj in heads else [])
+        for order in orders:
+            rows = np.arange(check) if order is None else order[:check]
+            mine = torch.from_numpy(dequantize_q4_k(raw[rows]))
+            if (mine - loaded).norm() <= _MATCH * loaded.norm():
+                bias = layer.bias32 if layer.bias32.numel() else None
+                report["q4_k"] += 1
+                return KQuantLinear.from_blocks(raw, bias, order, model.dtype)
+        report["mismatched"].append(f"{t.name}: its rows match the loaded layer's in no known order")
+        return None
+
+    for i, block in enumerate(model.blocks):
+        new = {}
+        for proj in _PROJ:
+            part = "self_attn" if proj in _PROJ[:4] else "mlp"
+            layer = replacement(f"model.layers.{i}.{part}.{proj}", getattr(block, proj), proj)
+            if layer is not None:
+                new[proj] = layer
+        for proj, layer in new.items():
+            setattr(block, proj, layer)
+        _join(block, ("q_proj", "k_proj", "v_proj"), "qkv", new)
+        _join(block, ("gate_proj", "up_proj"), "gate_up", new)
+    head = replacement("lm_head", model.lm_head, "lm_head")
+    if head is not None:
+        model.lm_head = head
+    return report
+
+
+def _join(block, parts: tuple[str, ...], joined: str, new: dict) -> None:
+    """Re-join the block's ``parts`` into ``joined`` where any of them was replaced: one Q4_K
+    layer when all of them are, else none (each runs on its own)."""
+    from ..runtime.kquant import KQuantLinear
+
+    if not any(p in new for p in parts):
+        return
+    layers = [getattr(block, p) for p in parts]
+    setattr(block, joined, KQuantLinear.concat(layers) if all(isinstance(l, KQuantLinear) for l in layers) else None)

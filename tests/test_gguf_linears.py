@@ -1,0 +1,71 @@
+"""A GGUF file's Q4_K layers run as they are (runtime.kquant.KQuantLinear,
+store.gguf_linears.apply_gguf_blocks): the layer is the file's weights, bit for bit when
+de-quantized, and its product the exact kernel's; joined layers give each part's bits; the
+query/key row order of llama.cpp's converter is undone; on the default target the Q4_K layers
+are replaced, the rest kept, and speculative decoding on it is plain decoding's output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from speculant.kernels import x86_kernels
+from speculant.store.gguf_blocks import dequantize_q4_k
+from speculant.store.gguf_linears import permuted_rows
+
+from test_kernels_kquant import random_q4k
+
+pytestmark = pytest.mark.skipif(x86_kernels() is None, reason="needs an x86-64 CPU and a C++ toolchain")
+
+
+def test_a_q4_k_layer_is_the_files_weights_and_joins_bit_for_bit():
+    from speculant.runtime.kquant import KQuantLinear
+
+    a_raw, b_raw = random_q4k(32, 512, seed=3), random_q4k(48, 512, seed=4)
+    bias = torch.randn(32)
+    a, b = KQuantLinear.from_blocks(a_raw, bias), KQuantLinear.from_blocks(b_raw)
+    assert torch.equal(a.dequantize(), torch.from_numpy(dequantize_q4_k(a_raw)))
+    x = torch.randn(5, 512).bfloat16()
+    ya, yb = a.forward_float(x), b.forward_float(x)
+    exact = x.float() @ a.dequantize().T + bias  # up to the activations' int8 rounding
+    assert (ya - exact).norm() / exact.norm() < 0.015
+    both = KQuantLinear.concat([a, b])
+    assert both.out_features == 80 and torch.equal(both.forward_float(x), torch.cat([ya, yb], -1))
+    assert torch.equal(a.forward_float(x), ya)  # a is now a view of the joined buffers: the same bits
+    order = np.random.default_rng(0).permutation(32)
+    moved = KQuantLinear.from_blocks(a_raw, None, order)
+    assert torch.equal(moved.dequantize(), a.dequantize()[torch.from_numpy(order)])
+    with pytest.raises(ValueError, match="multiples of 16"):
+        a.rows(0, 8)
+
+
+def test_the_rotary_row_order_of_llama_cpps_converter_is_undone():
+    heads, half, K = 2, 4, 8
+    hf = np.arange(heads * 2 * half * K, dtype=np.float32).reshape(heads * 2 * half, K)
+    # llama.cpp's converter: reshape (heads, 2, half, K), swap the middle axes
+    file = hf.reshape(heads, 2, half, K).swapaxes(1, 2).reshape(hf.shape)
+    assert np.array_equal(file[permuted_rows(hf.shape[0], heads)], hf)
+    assert sorted(permuted_rows(16, 2)) == list(range(16))
+
+
+@pytest.mark.real
+def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stays_exact():
+    from speculant import SpeculativeDecoder
+    from speculant.runtime.kquant import KQuantLinear
+    from speculant.store.gguf_linears import apply_gguf_blocks, source_gguf
+    from speculant.store.loading import load_native
+
+    target = load_native("qwen2.5-coder-1.5b-instruct", "bfloat16", "int4")
+    report = apply_gguf_blocks(target.model, source_gguf("qwen2.5-coder-1.5b-instruct"))
+    assert report["q4_k"] == 168 and report["kept"] == {"Q6_K": 28} and not report["mismatched"]
+    block = target.model.blocks[0]
+    assert isinstance(block.q_proj, KQuantLinear) and not isinstance(block.v_proj, KQuantLinear)  # attn_v is Q6_K
+    assert block.qkv is None and isinstance(block.gate_up, KQuantLinear)
+    prompt = "Write a Python function that returns the n-th Fibonacci number."
+    plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
+    assert "def " in plain.text
+    spec = SpeculativeDecoder(target, method="auto", chat=True, pacing=False).generate(prompt, 32)
+    assert spec.token_ids == plain.token_ids and spec.stats.target_calls < plain.stats.target_calls
+    with pytest.raises(Exception, match="not a GGUF file or a preset"):
+        source_gguf(str(target.path))
