@@ -50,7 +50,7 @@ def test_the_rotary_row_order_of_llama_cpps_converter_is_undone():
 
 
 @pytest.mark.real
-def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stays_exact():
+def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stays_exact(tmp_path):
     from speculant import SpeculativeDecoder
     from speculant.runtime.kquant import KQuantLinear
     from speculant.store.gguf_linears import apply_gguf_blocks, source_gguf
@@ -67,5 +67,10 @@ def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stay
     assert "def " in plain.text
     spec = SpeculativeDecoder(target, method="auto", chat=True, pacing=False).generate(prompt, 32)
     assert spec.token_ids == plain.token_ids and spec.stats.target_calls < plain.stats.target_calls
+    # the same through the decoder's option, with its runtime said
+    dec = SpeculativeDecoder("qwen2.5-coder-1.5b-instruct", method="ar", chat=True, target_quant="gguf")
+    assert dec.generate(prompt, 32).token_ids == plain.token_ids
+    assert any("Q4_K blocks as they are" in r for r in dec.plan.reasons), dec.plan.reasons
+    assert source_gguf(target.path) == source_gguf("qwen2.5-coder-1.5b-instruct")  # its conversion's source
     with pytest.raises(Exception, match="not a GGUF file or a preset"):
-        source_gguf(str(target.path))
+        source_gguf(tmp_path)  # a directory that is no conversion of a GGUF file

@@ -204,7 +204,9 @@ class DecoderConfig:
     backend: "auto", "hf" (transformers) or "native" (speculant's own forward: Llama, Mistral, Qwen2/3,
     Phi-3, Gemma 2/3).
     target_quant: "auto", "none", "int8", "int4" (native only); changes the output to the
-    quantized model's. quant_head: quantize the output layer too (None: with the target).
+    quantized model's. "gguf" (a GGUF file or preset): int4, with the layers that are Q4_K in the
+    file running the file's own blocks (``store.gguf_linears``: closer to the file's model).
+    quant_head: quantize the output layer too (None: with the target).
     tree_budget: dynamic trees and lookup: "auto" sizes every step's tree against this machine's
     measured pass cost (at most DEFAULT_MAX_ROWS rows), a ``tuning.costmodel.PassCost`` against a given
     curve, "fixed" always verifies the tree's full size.
@@ -243,8 +245,8 @@ class DecoderConfig:
 
         _choice("method", self.method, METHODS)
         _choice("backend", self.backend, BACKENDS)
-        if self.target_quant not in ("auto", *QUANT_MODES):
-            raise ConfigError(f"unknown target quantization {self.target_quant!r}: choose auto or one of "
+        if self.target_quant not in ("auto", *QUANT_MODES, "gguf"):
+            raise ConfigError(f"unknown target quantization {self.target_quant!r}: choose auto, gguf or one of "
                               f"{', '.join(QUANT_MODES)}")
         if self.draft_quant not in ("auto", *QUANT_MODES):
             raise ConfigError(f"unknown quantization {self.draft_quant!r}: choose one of "

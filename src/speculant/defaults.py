@@ -28,7 +28,7 @@ __all__ = ["Runtime", "choose_runtime", "int4_fits", "int4_kernel_name", "resolv
 @dataclass(frozen=True)
 class Runtime:
     backend: str  # "hf" | "native"
-    target_quant: str  # "none" | "int8" | "int4"
+    target_quant: str  # "none" | "int8" | "int4" | "gguf"
     quant_head: bool
     why: str  # one plain sentence
 
@@ -98,7 +98,9 @@ def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "au
     if quant_head is None:
         quant_head = target_quant != "none"
     if backend == "native" and not why:
-        what = f"int4 weights ({kernel} kernel)" if target_quant == "int4" else f"{target_quant} weights" \
+        what = f"int4 weights ({kernel} kernel)" if target_quant == "int4" else \
+            f"the GGUF file's Q4_K blocks as they are, int4 weights elsewhere ({kernel} kernel)" \
+            if target_quant == "gguf" else f"{target_quant} weights" \
             if target_quant != "none" else str(dtype).removeprefix("torch.") + " weights"
         why = f"speculant's native runtime, {what}{', output layer included' if quant_head and target_quant != 'none' else ''}"
     return Runtime(backend, target_quant, bool(quant_head), why)

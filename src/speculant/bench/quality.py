@@ -124,7 +124,8 @@ def teacher_forced(backend, prompt: torch.Tensor, ref: list[int]) -> tuple[int, 
     return sum(same), len(ref), first
 
 
-MODES = ("none", "int8", "int4", "int8+head", "int4+head", "gguf")  # gguf: int4, the Q4_K layers the file's own blocks
+# gguf: int4, with the layers that are Q4_K in the GGUF file running the file's own blocks
+MODES = ("none", "int8", "int4", "int8+head", "int4+head", "gguf", "gguf+head")
 
 
 def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: str | None = None) -> dict:

@@ -59,8 +59,9 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                    help="model runtime: auto (default: speculant's own runtime (Llama, Mistral, Qwen2/3, Phi-3, "
                         "Gemma 2/3) with int4 weights where its kernels run, else transformers), hf (transformers) "
                         "or native")
-    p.add_argument("--target-quant", choices=["auto", "none", "int8", "int4"], default="auto",
-                   help="native backend: weight-only quantization of the target (auto: int4 on the native runtime); "
+    p.add_argument("--target-quant", choices=["auto", "none", "int8", "int4", "gguf"], default="auto",
+                   help="native backend: weight-only quantization of the target (auto: int4 on the native runtime; "
+                        "gguf: int4, with the layers that are Q4_K in the GGUF file running the file's own blocks); "
                         "it changes the output to the quantized model's (see `speculant quant-eval`)")
     p.add_argument("--quant-head", action=argparse.BooleanOptionalAction, default=None,
                    help="with --target-quant: quantize the output layer too (default: yes with int4)")

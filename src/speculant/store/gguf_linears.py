@@ -40,20 +40,15 @@ def permuted_rows(n: int, heads: int) -> np.ndarray:
 
 
 def source_gguf(spec: str | os.PathLike):
-    """The GGUF file a model spec comes from: a preset's (assembled from its packages) or a
-    ``.gguf`` path itself; a clear error for a transformers directory (it has no file's blocks)."""
-    from pathlib import Path
+    """The GGUF file behind a model spec (``models.gguf_path``: a preset's, a ``.gguf`` path, or the
+    one a cache directory was converted from), or a clear error where there is none."""
+    from .models import gguf_path
 
-    from .models import assemble_gguf, is_gguf
-    from .presets import PRESETS
-
-    if str(spec) in PRESETS:
-        return assemble_gguf(PRESETS[str(spec)])
-    path = Path(spec).expanduser()
-    if path.is_file() and is_gguf(path):
-        return path
-    raise ModelLoadError(f"{spec} is not a GGUF file or a preset: the file's own blocks (gguf) need one; "
-                         "use int4 for a transformers model directory")
+    path = gguf_path(spec)
+    if path is None:
+        raise ModelLoadError(f"{spec} is not a GGUF file or a preset: the file's own blocks (gguf) need one; "
+                             "use int4 for a transformers model directory")
+    return path
 
 
 def _field(reader: Any, key: str) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import sys
 
 import torch
 from torch import nn
@@ -82,7 +83,11 @@ def load_native(spec: str, dtype: str | torch.dtype = "bfloat16", quant: str = "
 
 def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep_dense: bool) -> LoadedModel:
     """A LoadedModel whose ``model`` is a NativeModel: shares a given transformers model's weights
-    (its quantized layers keep the dense weight iff ``keep_dense``), or loads ``spec`` lean."""
+    (its quantized layers keep the dense weight iff ``keep_dense``), or loads ``spec`` lean.
+    ``quant`` "gguf": int4, then the layers that are Q4_K in the GGUF file behind ``spec`` run the
+    file's own blocks (``store.gguf_linears``)."""
+    if quant == "gguf":
+        return _with_gguf_blocks(spec, dtype, quant_head)
     quant = _quant_mode(quant, spec, dtype, "native")
     if not isinstance(spec, LoadedModel):
         return load_native(spec, dtype, quant, quant_head, keep_dense)
@@ -93,6 +98,26 @@ def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep
         return spec
     model = NativeModel.from_hf(spec.model, quant, quant_head=quant_head and quant != "none", keep_dense=keep_dense)
     return dataclasses.replace(spec, model=model)
+
+
+def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> LoadedModel:
+    """``to_native``'s "gguf": the int4 native model of ``spec`` with its Q4_K layers the file's."""
+    from .gguf_linears import apply_gguf_blocks, source_gguf
+
+    source = source_gguf(spec.path if isinstance(spec, LoadedModel) else spec)  # before anything loads
+    if isinstance(spec, LoadedModel) and isinstance(spec.model, NativeModel):
+        if spec.model.quant != "gguf":
+            raise ConfigError(f"this native model was loaded with quant={spec.model.quant!r}; load it with "
+                              "quant='int4' and let the decoder apply the file's blocks (target_quant='gguf')")
+        return spec
+    loaded = to_native(spec, dtype, "int4", quant_head, keep_dense=False)
+    model = loaded.model  # a NativeModel of its own (the blocks are replaced in it, not in spec's)
+    report = apply_gguf_blocks(model, source)
+    model.quant = "gguf"
+    kept = ", ".join(f"{n} {t}" for t, n in sorted(report["kept"].items()))
+    print(f"speculant: {report['q4_k']} layers run {source.name}'s own Q4_K blocks"
+          + (f"; int4 for the rest ({kept} in the file)" if kept else ""), file=sys.stderr, flush=True)
+    return dataclasses.replace(loaded, model=model)
 
 
 def load_adapted(spec: str | LoadedModel, dtype, lora: str | os.PathLike) -> LoadedModel:
