@@ -15,8 +15,8 @@ once quantized. This one is the decoder written out as tensor ops over weights i
 
 The families' variations (``native_arch.Arch``): Gemma's scaled embeddings, GELU-tanh, q/k norms
 (Qwen3, Gemma 3), the outputs of attention and MLP normed too (Gemma), sliding-window layers, and
-Gemma 2's soft-capped attention scores and logits (its attention then runs in PyTorch,
-``capped_attention``; every other family's on SDPA or speculant's kernels).
+Gemma 2's soft-capped attention scores and logits (its attention on speculant's kernel in bf16, else
+in PyTorch, ``capped_attention``; every other family's on SDPA or speculant's kernels).
 
 Shapes: n new tokens, c cached entries inside the tree mask's window, T = cache length + n,
 H hidden, D head dim, H_q / H_kv query / key-value heads, g = H_q / H_kv.
@@ -172,7 +172,8 @@ class NativeBackend(CacheBacked):
         compute: scores soft-capped before the mask and scaled by the model's own factor
         (``Arch.attn_softcap``, ``Arch.attn_scale``: Gemma 2), see :func:`capped_attention`.
 
-        Passes of up to ``INVARIANT_ROWS`` tokens take each token on its own over exactly the keys
+        In bf16, where speculant's kernels run, ``attend_capped`` computes it (soft cap included),
+        row-invariant at any width. Otherwise passes of up to ``INVARIANT_ROWS`` tokens take each token on its own over exactly the keys
         it may see, gathered in key order: the shapes and values of a one-token pass at its
         position, so the same bits (row invariance). Longer passes (prompts) take ``CAPPED_ROWS``
         tokens at a time over all keys, masked."""
@@ -180,6 +181,13 @@ class NativeBackend(CacheBacked):
         scale = m.arch.attn_scale if m.arch.attn_scale is not None else m.head_dim ** -0.5
         cap, T = m.arch.attn_softcap, past + n
         allowed = self._mask(n, past, tree_mask, positions, window)  # (n, T)
+        x86 = x86_kernels() if m.dtype == torch.bfloat16 and m.kernel_shapes else None
+        if x86 is not None:  # speculant's kernel: the same scores and cap, row-invariant at any width
+
+            def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+                return x86.attend_capped(q.contiguous(), cache.kv[layer, 0], cache.kv[layer, 1], allowed, 0, scale,
+                                         cap or 0.0, 0)
+            return attend
         if n > INVARIANT_ROWS:
 
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:

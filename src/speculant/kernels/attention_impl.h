@@ -5,9 +5,10 @@
 // One token's G query heads (sharing one kv head) over the m keys idx[0..m): out (G, D) bf16.
 // Each key and value row is widened from bf16 once for all G heads. Per head and key the score is
 // the same fixed-order dot product whatever G is; the weighted sum runs over keys in index order.
+// cap > 0: each score soft-capped, s = cap * tanh(s / cap), before the softmax (Gemma 2).
 template <int G>
 inline void attend_token(const uint16_t* q, const uint16_t* keys, const uint16_t* values, const int32_t* idx,
-                         int64_t m, int64_t D, float scale, const Scratch& w, uint16_t* out) {
+                         int64_t m, int64_t D, float scale, float cap, const Scratch& w, uint16_t* out) {
   const int64_t DV = D / 16;
   for (int j = 0; j < G; ++j)
     for (int64_t d = 0; d < DV; ++d) V::store(w.q + j * D + 16 * d, V::load_bf16(q + j * D + 16 * d));
@@ -29,7 +30,8 @@ inline void attend_token(const uint16_t* q, const uint16_t* keys, const uint16_t
     }
     for (int j = 0; j < G; ++j) {
       for (int64_t u = count; u < 16; ++u) V::store(w.part + (j * 16 + u) * 16, V::zero());
-      const V sums = V::mul(V::sum16(w.part + j * 256), V::set1(scale));
+      V sums = V::mul(V::sum16(w.part + j * 256), V::set1(scale));
+      if (cap > 0.f) sums = V::mul(tanh_v(V::div(sums, V::set1(cap))), V::set1(cap));
       float* sj = w.s + j * w.stride + u0;
       V::store(sj, sums);
       for (int64_t u = 0; u < count; ++u) mx[j] = sj[u] > mx[j] ? sj[u] : mx[j];
@@ -75,7 +77,7 @@ inline void attend_token(const uint16_t* q, const uint16_t* keys, const uint16_t
 }
 
 using TokenFn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, const int32_t*, int64_t, int64_t, float,
-                         const Scratch&, uint16_t*);
+                         float, const Scratch&, uint16_t*);
 
 // attend_token for G = 1 .. 8 query heads per kv head (fns[G - 1]).
 inline const TokenFn* token_fns() {

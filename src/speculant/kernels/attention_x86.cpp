@@ -49,9 +49,10 @@ bool attention_isa_supported(int64_t isa) {  // 1 avx512, 3 avx2 (+fma), 4 porta
 
 }  // namespace
 
-// isa: 0 = the best this CPU has; 1 avx512; 2 or 3 avx2; 4 portable.
-torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed, int64_t past,
-                         int64_t isa) {
+// isa: 0 = the best this CPU has; 1 avx512; 2 or 3 avx2; 4 portable. scale <= 0: 1 / sqrt(D); cap > 0:
+// scores soft-capped, cap * tanh(s / cap), before the softmax (Gemma 2).
+torch::Tensor attend_capped_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed,
+                                int64_t past, double scale_arg, double cap_arg, int64_t isa) {
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kBFloat16 && q.is_contiguous(), "q must be (n, Hkv, g, D) bf16");
   TORCH_CHECK(keys.scalar_type() == at::kBFloat16 && values.scalar_type() == at::kBFloat16, "bf16 cache expected");
   TORCH_CHECK(keys.dim() == 3 && values.dim() == 3 && keys.stride(2) == 1 && values.stride(2) == 1 &&
@@ -76,7 +77,8 @@ torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor valu
   const int64_t ks = keys.stride(0), vs = values.stride(0);
   const bool* ap = causal ? nullptr : allowed.data_ptr<bool>();
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const float scale = 1.f / std::sqrt((float)D);
+  const float scale = scale_arg > 0 ? (float)scale_arg : 1.f / std::sqrt((float)D);
+  const float cap = cap_arg > 0 ? (float)cap_arg : 0.f;
   const int64_t stride = T + 16;
   at::parallel_for(0, n * H, 1, [&](int64_t w0, int64_t w1) {
     std::vector<int32_t> idx(T);
@@ -97,10 +99,15 @@ torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor valu
         std::memset(op + at, 0, g * D * sizeof(uint16_t));
         continue;
       }
-      fn(qp + at, kp + h * ks, vp + h * vs, idx.data(), m, D, scale, scratch, op + at);
+      fn(qp + at, kp + h * ks, vp + h * vs, idx.data(), m, D, scale, cap, scratch, op + at);
     }
   });
   return out;
+}
+
+torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed, int64_t past,
+                         int64_t isa) {
+  return attend_capped_x86(q, keys, values, allowed, past, 0.0, 0.0, isa);
 }
 
 bool attend_isa_supported(int64_t isa) { return attention_isa_supported(isa); }

@@ -10,6 +10,8 @@ int64_t int4_best_isa();
 bool int4_isa_supported(int64_t isa);
 torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed, int64_t past,
                          int64_t isa);  // attention_x86.cpp
+torch::Tensor attend_capped_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed,
+                                int64_t past, double scale, double cap, int64_t isa);
 bool attend_isa_supported(int64_t isa);
 torch::Tensor rms_norm_x86(torch::Tensor x, torch::Tensor w, double eps, int64_t isa);  // layer_x86.cpp
 torch::Tensor silu_mul_x86(torch::Tensor gu, int64_t isa);
@@ -22,6 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_best_isa", &int4_best_isa, "the code path int4_gemm takes here: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx");
   m.def("int4_isa_supported", &int4_isa_supported, "whether this CPU runs an int4_gemm code path");
   m.def("attend", &attend_x86, "row-invariant attention over a bf16 KV cache, the same bits on every code path");
+  m.def("attend_capped", &attend_capped_x86, "attend with a scale of its own and soft-capped scores (Gemma 2)");
   m.def("attend_isa_supported", &attend_isa_supported, "whether this CPU runs an attend code path (1, 3, 4)");
   m.def("rms_norm", &rms_norm_x86, "RMSNorm of bf16 rows, rounded once to bf16");
   m.def("silu_mul", &silu_mul_x86, "silu(gate) * up of bf16 rows [gate | up]");
