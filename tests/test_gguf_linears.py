@@ -38,6 +38,8 @@ def test_a_q4_k_layer_is_the_files_weights_and_joins_bit_for_bit():
     assert torch.equal(moved.dequantize(), a.dequantize()[torch.from_numpy(order)])
     with pytest.raises(ValueError, match="multiples of 16"):
         a.rows(0, 8)
+    some = torch.tensor([31, 0, 17, 17, 5])
+    assert torch.equal(a.dequantize_rows(some), a.dequantize()[some].bfloat16())
 
 
 def test_the_rotary_row_order_of_llama_cpps_converter_is_undone():

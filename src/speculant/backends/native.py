@@ -40,6 +40,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..kernels import cpu_kernels, x86_kernels
+from ..runtime.kquant import KQuantLinear
 from ..runtime.quant import Int4Linear
 from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed
 from .native_cache import StaticKVCache
@@ -173,8 +174,9 @@ class NativeBackend(CacheBacked):
         (``Arch.attn_softcap``, ``Arch.attn_scale``: Gemma 2), see :func:`capped_attention`.
 
         In bf16, where speculant's kernels run, ``attend_capped`` computes it (soft cap included),
-        row-invariant at any width. Otherwise passes of up to ``INVARIANT_ROWS`` tokens take each token on its own over exactly the keys
-        it may see, gathered in key order: the shapes and values of a one-token pass at its
+        row-invariant at any width. Otherwise passes of up to ``INVARIANT_ROWS`` tokens take each
+        token on its own over exactly the keys it may see, gathered in key order: the shapes and
+        values of a one-token pass at its
         position, so the same bits (row invariance). Longer passes (prompts) take ``CAPPED_ROWS``
         tokens at a time over all keys, masked."""
         m, cache = self.model, self.cache
@@ -308,7 +310,8 @@ class NativeBackend(CacheBacked):
             counts.append(sel.shape[0])
         h = norm(x.index_select(0, torch.cat(picked)) if len(picked) > 1 or requests[0].rows is not None else x)
         head = m.lm_head
-        logits = head.forward_float(h) if isinstance(head, Int4Linear) else head(h).float()  # (Σ m_b, V)
+        exact = isinstance(head, (Int4Linear, KQuantLinear))  # logits in float32, not rounded to bf16
+        logits = head.forward_float(h) if exact else head(h).float()  # (Σ m_b, V)
         if m.arch.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
             logits = torch.tanh(logits / m.arch.final_softcap) * m.arch.final_softcap
         full = norm(x) if any(r.want_hidden is HiddenNeed.ALL for r in requests) else None  # (N, H)

@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
-           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "unpack_int4_x86", "x86_kernels"]
+           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "unpack_int4_x86",
+           "x86_kernels"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step; docs/design-notes.md#int4-group-size
 

@@ -105,6 +105,14 @@ class KQuantLinear(nn.Module):
         o = (d[:, :, 1] * self.km[:, :, 1].float()).permute(0, 2, 1).reshape(nb * 16, G, 1)
         return (q * s + o).view(nb * 16, G * 32)
 
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (R,) of the weight, (R, K) in the activation dtype (only their blocks of 16
+        are de-quantized: an output layer's draft-vocabulary rows without the whole matrix)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        blocks, inverse = torch.unique(rows // 16, return_inverse=True)
+        part = KQuantLinear(self.qweight[blocks], self.kd[blocks], self.km[blocks], None, self.dtype).dequantize()
+        return part[inverse * 16 + rows % 16].to(self.dtype)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, Q4_K as in the file"
 
