@@ -305,3 +305,15 @@ def test_a_packed_corpus_holds_no_prompt_and_makes_the_same_corpus_again(tmp_pat
     (tmp_path / "junk.gz").write_bytes(b"not gzip")
     with pytest.raises(ConfigError, match="not a packed corpus"):
         read_packed(tmp_path / "junk.gz")
+
+
+def test_a_record_holding_a_unicode_line_separator_is_kept(tmp_path):
+    """JSON keeps U+2028 (and U+0085, form feeds) unescaped inside strings: the records are split at
+    newlines only, so such an answer is neither dropped nor answered again on resume."""
+    from speculant.training.data import rewrite_records
+
+    recs = [{"prompt": "a\u2028b", "prompt_len": 1, "ids": [1, 2, 3]}, {"prompt": "c\x85d\x0ce", "prompt_len": 1,
+                                                                       "ids": [4, 5]}]
+    path = tmp_path / "corpus.jsonl"
+    rewrite_records(path, recs)
+    assert load_records(path) == recs

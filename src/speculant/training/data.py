@@ -35,8 +35,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "german_answer", "german_answers", "load_records",
-           "mixed_prompts", "rewrite_records", "stdlib_prompts", "windows", "wmt_prompts"]
+__all__ = ["STDLIB_MODULES", "Batches", "collate", "distill", "german_answer", "german_answers", "jsonl_lines",
+           "load_records", "mixed_prompts", "rewrite_records", "stdlib_prompts", "windows", "wmt_prompts"]
 
 STDLIB_MODULES = (
     "json", "re", "string", "textwrap", "itertools", "functools", "collections", "math", "statistics",
@@ -157,7 +157,7 @@ def _spec_bench_text() -> str:
     """Every question turn and reference of the bundled Spec-Bench, normalised, in one string."""
     raw = resources.files("speculant").joinpath("data/spec_bench_questions.jsonl").read_text("utf-8")
     parts = []
-    for line in raw.splitlines():
+    for line in jsonl_lines(raw):
         if line.strip():
             q = json.loads(line)
             parts += [_norm(s) for s in (*_strings(q.get("turns")), *_strings(q.get("reference")))]
@@ -205,13 +205,20 @@ def german_answers(path: str | os.PathLike, tokenizer) -> list[str]:
     return [g for rec in load_records(path) if (g := german_answer(rec, tokenizer)) is not None]
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text, split at "\\n" only: ``str.splitlines`` also splits at
+    U+2028, U+2029, U+0085, form feeds and more, which JSON keeps unescaped inside strings (an
+    answer holding one would be cut in two and lost)."""
+    return [line for line in text.split("\n") if line.strip()]
+
+
 def load_records(path: str | os.PathLike) -> list[dict]:
     """The valid records of a distillation JSONL file (a torn last line is ignored); [] if absent."""
     p = Path(path)
     if not p.is_file():
         return []
     records = []
-    for line in p.read_text("utf-8").splitlines():
+    for line in jsonl_lines(p.read_text("utf-8")):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
@@ -290,7 +297,7 @@ def distill(decoder, prompts: Sequence[str], max_new_tokens: int, path: str | os
         out_path.parent.mkdir(parents=True, exist_ok=True)
         records = load_records(out_path)
         done = {r["prompt"]: r for r in records}
-        if out_path.is_file() and len(out_path.read_text("utf-8").splitlines()) != len(records):
+        if out_path.is_file() and len(jsonl_lines(out_path.read_text("utf-8"))) != len(records):
             rewrite_records(out_path, records)
     todo = [p for p in dict.fromkeys(prompts) if p not in done]
     f = out_path.open("a", encoding="utf-8") if out_path is not None else None
