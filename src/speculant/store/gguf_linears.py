@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..backends.native_model import _PROJ
 from ..errors import ModelLoadError
 
 __all__ = ["apply_gguf_blocks", "permuted_rows", "source_gguf"]
 
-_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _CHECK_ROWS = 256
 _MATCH = 0.25  # relative difference of the file's rows and the loaded (re-quantized) rows that counts as the same
 
@@ -51,11 +51,6 @@ def source_gguf(spec: str | os.PathLike):
     return path
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
-
-
 def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
     """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is Q4_K by the
     file's own blocks; returns a report: ``q4_k`` (layers replaced), ``kept`` (GGUF type -> layers
@@ -66,9 +61,10 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
     from ..runtime.kquant import KQuantLinear
     from ..runtime.quant import Int4Linear
     from .gguf_blocks import dequantize_q4_k
+    from .gguf_meta import _value
 
     reader = GGUFReader(str(gguf))
-    arch_name = _field(reader, "general.architecture")
+    arch_name = _value(reader, "general.architecture")
     arch = {v: k for k, v in gg.MODEL_ARCH_NAMES.items()}.get(arch_name)
     if arch is None:
         raise ModelLoadError(f"{gguf}: gguf-py does not know the architecture {arch_name!r}; load it with "
