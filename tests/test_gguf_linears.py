@@ -76,3 +76,14 @@ def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stay
     assert source_gguf(target.path) == source_gguf("qwen2.5-coder-1.5b-instruct")  # its conversion's source
     with pytest.raises(Exception, match="not a GGUF file or a preset"):
         source_gguf(tmp_path)  # a directory that is no conversion of a GGUF file
+
+
+def test_load_native_takes_gguf_as_every_loader_does(monkeypatch):
+    """``speculant bench --target-quant gguf`` (and the demo) load through load_native: "gguf" there is
+    the int4 model with the file's Q4_K blocks, not an unknown quantization."""
+    from speculant.store import loading
+
+    calls = []
+    monkeypatch.setattr(loading, "_with_gguf_blocks", lambda spec, dtype, quant_head: calls.append((spec, quant_head)) or "m")
+    assert loading.load_native("some-model", "bfloat16", "gguf", True) == "m"
+    assert calls == [("some-model", True)]

@@ -70,9 +70,12 @@ def load_native(spec: str, dtype: str | torch.dtype = "bfloat16", quant: str = "
                 quant_head: bool = False, keep_dense: bool = False) -> LoadedModel:
     """Load ``spec`` for the native backend straight from its safetensors directory: no
     transformers model is built, and with ``quant`` each layer is quantized as it is read (its
-    dense weight kept only with ``keep_dense``), so the peak memory is about the final model's."""
+    dense weight kept only with ``keep_dense``), so the peak memory is about the final model's.
+    ``quant`` "gguf": as in :func:`to_native`."""
     from transformers import AutoTokenizer
 
+    if quant == "gguf":
+        return _with_gguf_blocks(spec, dtype, quant_head)
     dtype = parse_dtype(dtype)
     path = resolve(spec, dtype)
     model = NativeModel.from_dir(path, dtype, quant, quant_head, keep_dense=keep_dense)
