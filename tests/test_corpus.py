@@ -297,9 +297,12 @@ def test_a_packed_corpus_holds_no_prompt_and_makes_the_same_corpus_again(tmp_pat
         raise AssertionError("a packed answer was made again")
 
     monkeypatch.setattr(corpus_mod, "distill", no_answers)
+    kept = {name: (packed / name).read_bytes() for name in (PACKED_NAME, MANIFEST_NAME)}
     again = make_corpus(dec, tmp_path / "b", 40, batch_size=2, max_new_tokens=5, progress=False, packed=packed)
     assert load_records(tmp_path / "b" / CORPUS_NAME) == made
-    assert again["answer_tokens"] == first["answer_tokens"] and again["runs"][0] == first["runs"][0]
+    assert again["answer_tokens"] == first["answer_tokens"] and again["runs"] == first["runs"]
+    # a restore answers nothing: the committed files are left byte for byte as they were
+    assert {name: (packed / name).read_bytes() for name in kept} == kept
     with pytest.raises(ConfigError, match="another tokenizer"):
         unpack(read_packed(packed / PACKED_NAME), prompts, lambda p: [1, 2, 3])
     (tmp_path / "junk.gz").write_bytes(b"not gzip")

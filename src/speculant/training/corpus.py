@@ -218,11 +218,12 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         this_run.update(seconds=round(time.perf_counter() - start, 1),
                         cpu_seconds=round(time.process_time() - cpu0, 1), records=len(records) - first[0],
                         answer_tokens=have - first[1])
-        manifest = _manifest(records, family, tokens, started, runs + [this_run], {**notes, **(describe or {})},
-                             decoder, sources)
+        answered = this_run["records"] > 0  # a run that answered nothing (a restore from packed) is not one
+        manifest = _manifest(records, family, tokens, started, runs + [this_run] * answered,
+                             {**notes, **(describe or {})}, decoder, sources)
         manifest["prompts_left"] = len(todo)  # 0 below the goal: the families' prompts ran out
         _write_json(manifest_path, manifest)
-        if packed is not None:  # the same state as the manifest's
+        if packed is not None and answered:  # the same state as the manifest's; a restore leaves it as it is
             pack(records, Path(packed) / PACKED_NAME)
             _write_json(Path(packed) / MANIFEST_NAME, manifest)
         if have >= tokens or not todo:
