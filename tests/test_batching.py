@@ -348,17 +348,25 @@ def _pit_batched(target, draft, tokens: int, temperature: float = 1.0):
                        S_PROMPTS, tokens, temperature=temperature)
 
 
+def _sampling_pair():
+    target = tiny_llama(seed=4, vocab=VS, hidden=16, layers=1, scale=60.0)
+    return target, perturbed(target, noise=1.5, seed=5)
+
+
 @pytest.mark.slow  # 100,000 sampled tokens, 32 sequences per pass
 @pytest.mark.statistical
 def test_batched_sampling_follows_the_target_distribution():
-    target = tiny_llama(seed=4, vocab=VS, hidden=16, layers=1, scale=60.0)
-    draft = perturbed(target, noise=1.5, seed=5)
-    u = _pit_batched(target, draft, 100_000)
+    u = _pit_batched(*_sampling_pair(), 100_000)
     pvalue, tv = _uniformity(u)
     assert pvalue > 1e-4 and tv < 0.01, (pvalue, tv)
-    # negative controls, each must fail: sampling at another temperature, and a slightly skewed
-    # uniform sample of the same size
-    bad_p, bad_tv = _uniformity(_pit_batched(target, draft, 10_000, temperature=0.8))
+
+
+@pytest.mark.slow  # 10,000 sampled tokens (a test of its own: the two statistical processes share the work)
+@pytest.mark.statistical
+def test_batched_sampling_check_catches_a_wrong_distribution():
+    """The negative controls of the test above, each must fail its uniformity check: tokens sampled
+    at another temperature than the one the PIT is computed for, and a slightly skewed uniform sample."""
+    bad_p, bad_tv = _uniformity(_pit_batched(*_sampling_pair(), 10_000, temperature=0.8))
     assert bad_p < 1e-4, (bad_p, bad_tv)
     g = torch.Generator().manual_seed(3)
     assert _uniformity(torch.rand(20_000, generator=g) ** 1.1)[0] < 1e-4

@@ -172,20 +172,37 @@ def _pvalue(counts, p):
     return chisquare(counts[keep].numpy(), expected.numpy()).pvalue
 
 
+def _penalised_pair():
+    target = tiny_llama(seed=4, vocab=Vs, hidden=16, layers=1, scale=60.0)
+    return target, perturbed(target, noise=1.5, seed=5)
+
+
+SPEN_SAMPLING = SamplingConfig(temperature=1.0, seed=0, penalties=SPEN)
+PENALISED_DRAFTERS = {  # drafter factories by name: (draft model, generator) -> drafter
+    "mcsd-3x2": lambda draft, sampling: lambda g: DraftModelDrafter(HFBackend(draft), build_tree("3x2"), sampling,
+                                                                    Vs, generator=g),
+    "lookup": lambda draft, sampling: lambda g: LookupDrafter(2),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.statistical
-def test_sampling_with_penalties_follows_the_penalised_target():
-    target = tiny_llama(seed=4, vocab=Vs, hidden=16, layers=1, scale=60.0)
-    draft = perturbed(target, noise=1.5, seed=5)
-    sampling = SamplingConfig(temperature=1.0, seed=0, penalties=SPEN)
+@pytest.mark.parametrize("drafter", list(PENALISED_DRAFTERS))
+def test_sampling_with_penalties_follows_the_penalised_target(drafter):
+    target, draft = _penalised_pair()
     p = _joint(target, SPEN)
     plain = _joint(target, Penalties())
     assert 0.5 * (p - plain).abs().sum() > 0.1  # the penalties move the distribution a lot
-    for make in (lambda g: DraftModelDrafter(HFBackend(draft), build_tree("3x2"), sampling, Vs, generator=g),
-                 lambda g: LookupDrafter(2)):
-        assert _pvalue(_counts(target, make, sampling), p) > 1e-4
-    # negative control: the same drafts verified against the unpenalised target
+    counts = _counts(target, PENALISED_DRAFTERS[drafter](draft, SPEN_SAMPLING), SPEN_SAMPLING)
+    assert _pvalue(counts, p) > 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+def test_penalised_sampling_check_catches_the_unpenalised_target():
+    """Negative control of the test above: the same drafts verified against the unpenalised
+    target fail the check against the penalised distribution."""
+    target, draft = _penalised_pair()
     unpenalised = SamplingConfig(temperature=1.0, seed=0)
-    wrong = _counts(target, lambda g: DraftModelDrafter(HFBackend(draft), build_tree("3x2"), unpenalised, Vs,
-                                                         generator=g), unpenalised)
-    assert _pvalue(wrong, p) < 1e-4
+    wrong = _counts(target, PENALISED_DRAFTERS["mcsd-3x2"](draft, unpenalised), unpenalised)
+    assert _pvalue(wrong, _joint(target, SPEN)) < 1e-4

@@ -144,7 +144,15 @@ def test_head_methods_sample_the_target_distribution(parts, case):
     assert sum(d.head_calls for d in drafters) > 1000  # the heads really drafted
     if case.endswith("sized"):  # ... trees of several sizes
         assert len(sizes) > 3, sizes
-    # negative control: the same drafts under typical acceptance (approximate) must be caught
+
+
+@pytest.mark.slow  # 10,000 sampled tokens per method (a test of its own: the statistical processes share them)
+@pytest.mark.statistical
+@pytest.mark.parametrize("case", CASES)
+def test_head_methods_sampling_check_catches_typical_acceptance(parts, case):
+    """Negative control of the test above: the same drafts under typical acceptance (approximate)
+    must be caught."""
+    target, medusa, others = parts
     bad_p, bad_tv = uniformity(pit_batched(target, lambda g: _drafter(case, medusa, others), PROMPTS, 10_000,
                                            acceptance=AcceptanceConfig("typical", eps=0.3)))
     assert bad_p < 1e-4, (bad_p, bad_tv)
