@@ -408,24 +408,31 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
                   shape.G, bias, out_fp32, isa);
 }
 
-// The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
-// 256): kd (N/16, K/256, 2, 16) fp32, each block's d and -dmin for the 16 channels; km (N/16, K/32,
-// 2, 16) uint8, each group's 6-bit scale and min (pack_kquant_x86). A group's scale is d * scale and
-// its offset -dmin * min, in fp32. The AMX path takes groups of 64 only: amx runs AVX-512 VNNI here.
-torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
-                               torch::Tensor bias, bool out_fp32, int64_t isa) {
+// The arguments both k-quant entry points share: x (M, K) bf16, qpack (N/16, K/8, 64) uint8 with K a
+// whole number of 256-input blocks, bias (N,) float32 or empty.
+static void check_kquant_args(const torch::Tensor& x, const torch::Tensor& qpack, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
   TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
               "qpack must be (N/16, K/8, 64) uint8");
   const int64_t K = x.size(1), NB = qpack.size(0);
   TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
   TORCH_CHECK(K % 256 == 0, "k-quant blocks are 256 inputs: K = ", K, " is not a multiple of 256");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
+              "bias must be (N,) float32");
+}
+
+// The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
+// 256): kd (N/16, K/256, 2, 16) fp32, each block's d and -dmin for the 16 channels; km (N/16, K/32,
+// 2, 16) uint8, each group's 6-bit scale and min (pack_kquant_x86). A group's scale is d * scale and
+// its offset -dmin * min, in fp32. The AMX path takes groups of 64 only: amx runs AVX-512 VNNI here.
+torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
+                               torch::Tensor bias, bool out_fp32, int64_t isa) {
+  check_kquant_args(x, qpack, bias);
+  const int64_t K = x.size(1), NB = qpack.size(0);
   TORCH_CHECK(kd.dim() == 4 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
               kd.size(1) == K / 256 && kd.size(2) == 2 && kd.size(3) == 16, "kd must be (N/16, K/256, 2, 16) float32");
   TORCH_CHECK(km.dim() == 4 && km.scalar_type() == at::kByte && km.is_contiguous() && km.size(0) == NB &&
               km.size(1) == K / 32 && km.size(2) == 2 && km.size(3) == 16, "km must be (N/16, K/32, 2, 16) uint8");
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
-              "bias must be (N,) float32");
   return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), km.data_ptr<uint8_t>(), K / 32, bias, out_fp32, isa);
 }
 
@@ -435,20 +442,14 @@ torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tens
 // each group's scale (pack_q6k_x86). A group's scale is d * sc and its offset -32 * d * sc, in fp32.
 torch::Tensor int4_gemm_q6k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                             torch::Tensor bias, bool out_fp32, int64_t isa) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
-  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
-              "qpack must be (N/16, K/8, 64) uint8");
+  check_kquant_args(x, qpack, bias);
   const int64_t K = x.size(1), NB = qpack.size(0);
-  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
-  TORCH_CHECK(K % 256 == 0, "k-quant blocks are 256 inputs: K = ", K, " is not a multiple of 256");
   TORCH_CHECK(qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
               qh.size(1) == K / 16 && qh.size(2) == 64, "qh must be (N/16, K/16, 64) uint8");
   TORCH_CHECK(kd.dim() == 3 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
               kd.size(1) == K / 256 && kd.size(2) == 16, "kd must be (N/16, K/256, 16) float32");
   TORCH_CHECK(km.dim() == 3 && km.scalar_type() == at::kChar && km.is_contiguous() && km.size(0) == NB &&
               km.size(1) == K / 16 && km.size(2) == 16, "km must be (N/16, K/16, 16) int8");
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
-              "bias must be (N,) float32");
   return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), reinterpret_cast<const uint8_t*>(km.data_ptr<int8_t>()),
                   K / 16, bias, out_fp32, isa, qh.data_ptr<uint8_t>());
 }
