@@ -1,8 +1,9 @@
-"""A GGUF file's Q4_K layers run as they are (runtime.kquant.KQuantLinear,
+"""A GGUF file's Q4_K and Q6_K layers run as they are (runtime.kquant.KQuantLinear,
 store.gguf_linears.apply_gguf_blocks): the layer is the file's weights, bit for bit when
 de-quantized, and its product the exact kernel's; joined layers give each part's bits; the
-query/key row order of llama.cpp's converter is undone; on the default target the Q4_K layers
-are replaced, the rest kept, and speculative decoding on it is plain decoding's output."""
+query/key row order of llama.cpp's converter is undone; on the default target every Q4_K and
+Q6_K layer is replaced (the output layer too), and speculative decoding on it is plain decoding's
+output."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 import torch
 
 from speculant.kernels import x86_kernels
-from speculant.store.gguf_blocks import dequantize_q4_k
+from speculant.store.gguf_blocks import dequantize_q4_k, dequantize_q6_k
 from speculant.store.gguf_linears import permuted_rows
 
 from test_kernels_kquant import random_q4k
+from test_kernels_q6k import random_q6k
 
 pytestmark = pytest.mark.skipif(x86_kernels() is None, reason="needs an x86-64 CPU and a C++ toolchain")
 
@@ -42,6 +44,30 @@ def test_a_q4_k_layer_is_the_files_weights_and_joins_bit_for_bit():
     assert torch.equal(a.dequantize_rows(some), a.dequantize()[some].bfloat16())
 
 
+def test_a_q6_k_layer_is_the_files_weights_and_joins_bit_for_bit():
+    from speculant.runtime.kquant import KQuantLinear
+
+    a_raw, b_raw = random_q6k(32, 512, seed=3), random_q6k(16, 512, seed=4)
+    bias = torch.randn(32)
+    a, b = KQuantLinear.from_blocks(a_raw, bias, kind="Q6_K"), KQuantLinear.from_blocks(b_raw, kind="Q6_K")
+    assert a.kind == "Q6_K" and "Q6_K as in the file" in repr(a)
+    assert torch.equal(a.dequantize(), torch.from_numpy(dequantize_q6_k(a_raw)))
+    x = torch.randn(5, 512).bfloat16()
+    ya, yb = a.forward_float(x), b.forward_float(x)
+    exact = x.float() @ a.dequantize().T + bias  # up to the activations' int8 rounding
+    assert (ya - exact).norm() / exact.norm() < 0.01
+    both = KQuantLinear.concat([a, b])
+    assert both.out_features == 48 and torch.equal(both.forward_float(x), torch.cat([ya, yb], -1))
+    assert torch.equal(a.forward_float(x), ya) and torch.equal(a.forward(x), ya.bfloat16())
+    some = torch.tensor([31, 0, 17, 17, 5])
+    assert torch.equal(a.dequantize_rows(some), a.dequantize()[some].bfloat16())
+    four = KQuantLinear.from_blocks(random_q4k(16, 512, seed=5))
+    with pytest.raises(ValueError, match="one type"):
+        KQuantLinear.concat([a, four])
+    with pytest.raises(ValueError, match="Q4_K, Q6_K blocks, not Q8_0"):
+        KQuantLinear.from_blocks(a_raw, kind="Q8_0")
+
+
 def test_the_rotary_row_order_of_llama_cpps_converter_is_undone():
     heads, half, K = 2, 4, 8
     hf = np.arange(heads * 2 * half * K, dtype=np.float32).reshape(heads * 2 * half, K)
@@ -58,12 +84,13 @@ def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stay
     from speculant.store.gguf_linears import apply_gguf_blocks, source_gguf
     from speculant.store.loading import load_native
 
-    target = load_native("qwen2.5-coder-1.5b-instruct", "bfloat16", "int4")
+    target = load_native("qwen2.5-coder-1.5b-instruct", "bfloat16", "int4", True)
     report = apply_gguf_blocks(target.model, source_gguf("qwen2.5-coder-1.5b-instruct"))
-    assert report["q4_k"] == 168 and report["kept"] == {"Q6_K": 28} and not report["mismatched"]
+    assert report["q4_k"] == 168 and report["q6_k"] == 29 and not report["kept"] and not report["mismatched"]
     block = target.model.blocks[0]
-    assert isinstance(block.q_proj, KQuantLinear) and not isinstance(block.v_proj, KQuantLinear)  # attn_v is Q6_K
-    assert block.qkv is None and isinstance(block.gate_up, KQuantLinear)
+    assert block.q_proj.kind == "Q4_K" and block.v_proj.kind == "Q6_K"  # attn_v of layer 0 is Q6_K
+    assert block.qkv is None and isinstance(block.gate_up, KQuantLinear)  # q, k and v: two types, no join
+    assert target.model.lm_head.kind == "Q6_K"  # the output layer, its logits in float32
     prompt = "Write a Python function that returns the n-th Fibonacci number."
     plain = SpeculativeDecoder(target, method="ar", chat=True).generate(prompt, 32)
     assert "def " in plain.text
@@ -72,7 +99,7 @@ def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stay
     # the same through the decoder's option, with its runtime said
     dec = SpeculativeDecoder("qwen2.5-coder-1.5b-instruct", method="ar", chat=True, target_quant="gguf")
     assert dec.generate(prompt, 32).token_ids == plain.token_ids
-    assert any("Q4_K blocks as they are" in r for r in dec.plan.reasons), dec.plan.reasons
+    assert any("Q4_K and Q6_K blocks as they are" in r for r in dec.plan.reasons), dec.plan.reasons
     assert source_gguf(target.path) == source_gguf("qwen2.5-coder-1.5b-instruct")  # its conversion's source
     with pytest.raises(Exception, match="not a GGUF file or a preset"):
         source_gguf(tmp_path)  # a directory that is no conversion of a GGUF file

@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
-           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "unpack_int4_x86",
+           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "pack_q6k_x86", "unpack_int4_x86",
+           "unpack_q6k_x86",
            "x86_kernels"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step; docs/design-notes.md#int4-group-size
@@ -266,6 +267,39 @@ def pack_kquant_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: to
     kd = _by_block(torch.stack([d.float(), -dmin.float()]))
     km = _by_block(torch.stack([sc.to(torch.uint8), m.to(torch.uint8)]))
     return _pack_codes(q), kd, km
+
+
+def pack_q6k_x86(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q6_K tensor's parts as they are (``store.gguf_blocks.q6_k_blocks``): codes q (N, K)
+    in [-32, 31], each 256-input block's d (N, K/256), each 16-input group's int8 scale (N, K/16)
+    -> (qpack (N/16, K/8, 64) uint8: the low 4 bits of u = q + 32 in pack_int4_x86's layout,
+    qh (N/16, K/16, 64) uint8: u's high 2 bits, byte 4 c + i of input chunk P holding those of
+    inputs 16 P + 4 j + i in bits 2 j and 2 j + 1, kd (N/16, K/256, 16) float32, km (N/16, K/16, 16)
+    int8): the arguments of ``int4_gemm_q6k``, whose weight is w = (d * sc) * u - 32 * (d * sc).
+    N must be a multiple of 16, K of 256."""
+    N, K = q.shape
+    if N % 16 or K % 256 or d.shape != (N, K // 256) or sc.shape != (N, K // 16):
+        raise ValueError(f"pack_q6k_x86 needs N % 16 == 0, K % 256 == 0, d (N, K/256) and scales (N, K/16); got "
+                         f"codes {tuple(q.shape)}, d {tuple(d.shape)}, scales {tuple(sc.shape)}")
+    u = (q.to(torch.int16) + 32).to(torch.uint8)
+    high = (u >> 4).view(N // 16, 16, K // 16, 4, 4)  # [nb, c, chunk, j, i]
+    byte = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
+    qh = byte.permute(0, 2, 1, 3).reshape(N // 16, K // 16, 64).contiguous()
+
+    def by_block(v: torch.Tensor) -> torch.Tensor:  # (N, G) -> (N/16, G, 16)
+        return v.reshape(N // 16, 16, -1).permute(0, 2, 1).contiguous()
+
+    return _pack_codes(u & 15), qh, by_block(d.float()), by_block(sc.to(torch.int8))
+
+
+def unpack_q6k_x86(qpack: torch.Tensor, qh: torch.Tensor) -> torch.Tensor:
+    """The codes q (N, K) int8 in [-32, 31] of a packed Q6_K weight (pack_q6k_x86's inverse)."""
+    NB, chunks, _ = qh.shape
+    b = qh.view(NB, chunks, 16, 4)  # [nb, chunk, c, i]
+    high = torch.stack([(b >> (2 * j)) & 3 for j in range(4)], dim=3)  # [nb, chunk, c, j, i]
+    high = high.permute(0, 2, 1, 3, 4).reshape(NB * 16, chunks * 16)
+    return ((unpack_int4_x86(qpack) | (high << 4)).to(torch.int16) - 32).to(torch.int8)
 
 
 def unpack_int4_x86(qpack: torch.Tensor) -> torch.Tensor:

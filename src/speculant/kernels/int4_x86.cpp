@@ -97,7 +97,8 @@ void chunk_portable(const Problem& P, int64_t nb, int64_t m0, int rows) {
         int32_t d = 0;
         for (int64_t k = g * P.gsize; k < (g + 1) * P.gsize; ++k) {
           const uint8_t byte = qb[(k / 8) * 64 + 4 * c + (k % 4)];
-          const int32_t code = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
+          int32_t code = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
+          if (P.qh) code |= ((P.qh[(nb * (P.K / 16) + k / 16) * 64 + 4 * c + (k % 4)] >> (2 * ((k % 16) / 4))) & 3) << 4;
           d += code * (int32_t)x[k];
         }
         float sc, off;
@@ -153,7 +154,12 @@ inline int32_t load4(const int8_t* p) {
 
 // Group g's (scale, offset) of channels 8 half .. 8 half + 7 of block nb (scale_pair, 8 lanes).
 inline void scales8(const Problem& P, int64_t nb, int64_t g, int64_t half, __m256& s, __m256& o) {
-  if (P.kd) {
+  if (P.qh) {
+    const float* d = P.kd + (nb * (P.G / 16) + g / 16) * 16 + 8 * half;
+    const int8_t* m = (const int8_t*)P.km + (nb * P.G + g) * 16 + 8 * half;
+    s = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)m))));
+    o = _mm256_mul_ps(_mm256_set1_ps(-32.f), s);
+  } else if (P.kd) {
     const float* d = P.kd + (nb * (P.G / 8) + g / 8) * 32 + 8 * half;
     const uint8_t* m = P.km + (nb * P.G + g) * 32 + 8 * half;
     s = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)m))));
@@ -230,11 +236,13 @@ void quantize_row_avx512(const uint16_t* x, int64_t K, int64_t gsize, int8_t* xq
 // Rows m0 .. m0+R-1 of channel block nb; O octets (8 inputs) per group, known at compile time so
 // that the accumulators stay in registers. One integer chain per row (two for R <= 2, where a
 // single chain would wait on VPDPBUSD's latency): integer sums, exact in any order.
-template <int R, int O>
+// Q6 (Q6_K codes, O = 2): each code's high 2 bits OR-ed in from qh as bits 4-5 (high_bits).
+template <int R, int O, bool Q6>
 void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
   constexpr int C = R <= 2 ? 2 : 1;
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const uint8_t* hb = Q6 ? P.qh + nb * (P.K / 16) * 64 : nullptr;
+  const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int8_t* x0 = P.xq + m0 * P.K;
@@ -248,7 +256,12 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
     for (int p = 0; p < O; ++p) {
       _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
       const __m512i w = _mm512_loadu_si512((const void*)(qg + 64 * p));
-      const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+      __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+      if constexpr (Q6) {  // octet p's high bits: pairs 0, 2 (p even) or 4, 6 (p odd) of chunk p / 2
+        const __m512i h = _mm512_loadu_si512((const void*)(hb + (g * O + p) / 2 * 64));
+        lo = _mm512_or_si512(lo, _mm512_and_si512(p % 2 ? h : _mm512_slli_epi16(h, 4), top));
+        hi = _mm512_or_si512(hi, _mm512_and_si512(p % 2 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2), top));
+      }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* x = xg + r * P.K + 8 * p;
@@ -279,26 +292,26 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
 using ChunkFn = void (*)(const Problem&, int64_t, int64_t);
 
 // Chunk functions by octets per group (O) and rows (1 .. most): fns[r - 1] handles r rows.
-template <int O, int... Rs>
+template <int O, bool Q6, int... Rs>
 constexpr std::array<ChunkFn, sizeof...(Rs)> avx512_table(std::integer_sequence<int, Rs...>) {
-  return {&chunk_avx512<Rs + 1, O>...};
+  return {&chunk_avx512<Rs + 1, O, Q6>...};
 }
-template <int O, int... Rs>
+template <int O, bool Q6, int... Rs>
 constexpr std::array<ChunkFn, sizeof...(Rs)> avx2_table(std::integer_sequence<int, Rs...>) {
-  return {&chunk_avx2<Rs + 1, O>...};
+  return {&chunk_avx2<Rs + 1, O, Q6>...};
 }
-template <int O, int... Rs>
+template <int O, bool Q6, int... Rs>
 constexpr std::array<ChunkFn, sizeof...(Rs)> avx2_vnni_table(std::integer_sequence<int, Rs...>) {
-  return {&chunk_avx2_vnni<Rs + 1, O>...};
+  return {&chunk_avx2_vnni<Rs + 1, O, Q6>...};
 }
 
 constexpr int kAvx512Rows = 8, kAvx2Rows = 4;
 
-template <int O>
+template <int O, bool Q6 = false>
 const ChunkFn* chunk_table(Isa isa) {
-  static const auto a = avx512_table<O>(std::make_integer_sequence<int, kAvx512Rows>{});
-  static const auto b = avx2_vnni_table<O>(std::make_integer_sequence<int, kAvx2Rows>{});
-  static const auto c = avx2_table<O>(std::make_integer_sequence<int, kAvx2Rows>{});
+  static const auto a = avx512_table<O, Q6>(std::make_integer_sequence<int, kAvx512Rows>{});
+  static const auto b = avx2_vnni_table<O, Q6>(std::make_integer_sequence<int, kAvx2Rows>{});
+  static const auto c = avx2_table<O, Q6>(std::make_integer_sequence<int, kAvx2Rows>{});
   return isa == kAvx512Vnni ? a.data() : isa == kAvx2Vnni ? b.data() : c.data();
 }
 
@@ -329,10 +342,11 @@ namespace {
 // The matmul of int4_gemm and int4_gemm_kquant once their arguments are checked: scales given as
 // bf16 pairs (sz) or as k-quant blocks (kd, km).
 torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz, const float* kd, const uint8_t* km,
-                       int64_t G, torch::Tensor bias, bool out_fp32, int64_t isa) {
+                       int64_t G, torch::Tensor bias, bool out_fp32, int64_t isa, const uint8_t* qh = nullptr) {
   const int64_t M = x.size(0), K = x.size(1), N = qpack.size(0) * 16, NB = N / 16;
   const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(K / G == 32 || K / G == 64 || K / G == 128, "groups of ", K / G, " inputs: need 32, 64 or 128");
+  TORCH_CHECK(qh ? K / G == 16 : (K / G == 32 || K / G == 64 || K / G == 128), "groups of ", K / G,
+              " inputs: need 32, 64 or 128 (16 for Q6_K)");
   Isa use = isa == kAuto ? best_isa() : (Isa)isa;
   TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
@@ -359,13 +373,13 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
 
   Problem P{xqp, ap, axp, qpack.data_ptr<uint8_t>(), sz, has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
             out_fp32 ? y.data_ptr<float>() : nullptr,
-            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km};
+            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km, qh};
   if (amx) {
     gemm_amx(P);
     return y;
   }
-  const ChunkFn* fns = use == kPortable ? nullptr : gsize == 32 ? chunk_table<4>(use) : gsize == 64 ? chunk_table<8>(use)
-                                                                                     : chunk_table<16>(use);
+  const ChunkFn* fns = use == kPortable ? nullptr : qh ? chunk_table<2, true>(use) : gsize == 32 ? chunk_table<4>(use)
+                                                  : gsize == 64 ? chunk_table<8>(use) : chunk_table<16>(use);
   const int most = use == kAvx512Vnni ? kAvx512Rows : kAvx2Rows;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t t0 = 0; t0 < M; t0 += kRowTile) {
@@ -394,25 +408,50 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
                   shape.G, bias, out_fp32, isa);
 }
 
-// The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
-// 256): kd (N/16, K/256, 2, 16) fp32, each block's d and -dmin for the 16 channels; km (N/16, K/32,
-// 2, 16) uint8, each group's 6-bit scale and min (pack_kquant_x86). A group's scale is d * scale and
-// its offset -dmin * min, in fp32. The AMX path takes groups of 64 only: amx runs AVX-512 VNNI here.
-torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
-                               torch::Tensor bias, bool out_fp32, int64_t isa) {
+// The arguments both k-quant entry points share: x (M, K) bf16, qpack (N/16, K/8, 64) uint8 with K a
+// whole number of 256-input blocks, bias (N,) float32 or empty.
+static void check_kquant_args(const torch::Tensor& x, const torch::Tensor& qpack, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
   TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
               "qpack must be (N/16, K/8, 64) uint8");
   const int64_t K = x.size(1), NB = qpack.size(0);
   TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
   TORCH_CHECK(K % 256 == 0, "k-quant blocks are 256 inputs: K = ", K, " is not a multiple of 256");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
+              "bias must be (N,) float32");
+}
+
+// The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
+// 256): kd (N/16, K/256, 2, 16) fp32, each block's d and -dmin for the 16 channels; km (N/16, K/32,
+// 2, 16) uint8, each group's 6-bit scale and min (pack_kquant_x86). A group's scale is d * scale and
+// its offset -dmin * min, in fp32. The AMX path takes groups of 64 only: amx runs AVX-512 VNNI here.
+torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
+                               torch::Tensor bias, bool out_fp32, int64_t isa) {
+  check_kquant_args(x, qpack, bias);
+  const int64_t K = x.size(1), NB = qpack.size(0);
   TORCH_CHECK(kd.dim() == 4 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
               kd.size(1) == K / 256 && kd.size(2) == 2 && kd.size(3) == 16, "kd must be (N/16, K/256, 2, 16) float32");
   TORCH_CHECK(km.dim() == 4 && km.scalar_type() == at::kByte && km.is_contiguous() && km.size(0) == NB &&
               km.size(1) == K / 32 && km.size(2) == 2 && km.size(3) == 16, "km must be (N/16, K/32, 2, 16) uint8");
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
-              "bias must be (N,) float32");
   return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), km.data_ptr<uint8_t>(), K / 32, bias, out_fp32, isa);
+}
+
+// The same matmul with a GGUF file's Q6_K blocks as they are (groups of 16 inputs, 16 per block of
+// 256): qpack (N/16, K/8, 64) the low 4 bits of each code u = q + 32 in 0..63, qh (N/16, K/16, 64)
+// its high 2 bits (Problem::qh), kd (N/16, K/256, 16) fp32 each block's d, km (N/16, K/16, 16) int8
+// each group's scale (pack_q6k_x86). A group's scale is d * sc and its offset -32 * d * sc, in fp32.
+torch::Tensor int4_gemm_q6k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
+                            torch::Tensor bias, bool out_fp32, int64_t isa) {
+  check_kquant_args(x, qpack, bias);
+  const int64_t K = x.size(1), NB = qpack.size(0);
+  TORCH_CHECK(qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
+              qh.size(1) == K / 16 && qh.size(2) == 64, "qh must be (N/16, K/16, 64) uint8");
+  TORCH_CHECK(kd.dim() == 3 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
+              kd.size(1) == K / 256 && kd.size(2) == 16, "kd must be (N/16, K/256, 16) float32");
+  TORCH_CHECK(km.dim() == 3 && km.scalar_type() == at::kChar && km.is_contiguous() && km.size(0) == NB &&
+              km.size(1) == K / 16 && km.size(2) == 16, "km must be (N/16, K/16, 16) int8");
+  return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), reinterpret_cast<const uint8_t*>(km.data_ptr<int8_t>()),
+                  K / 16, bias, out_fp32, isa, qh.data_ptr<uint8_t>());
 }
 
 // Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx.

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import ModelLoadError
 
 __all__ = ["BLOCK", "Q4K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q6_k", "q4_k_blocks", "q4_k_parts",
-           "q6_k_parts"]
+           "q6_k_blocks", "q6_k_parts"]
 
 BLOCK = 256  # weights per k-quant block (QK_K)
 Q4K_BYTES, Q6K_BYTES = 144, 210
@@ -80,9 +80,10 @@ def q4_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes, scale, offset
 
 
-def q6_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A Q6_K tensor's raw bytes (N, K / 256 * 210) -> (codes (N, K) int8 in -32..31,
-    scale (N, K / 16) float32): ``w = code * scale`` per group of 16 inputs."""
+def q6_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q6_K tensor's raw bytes (N, K / 256 * 210) -> its parts as they are: codes (N, K) int8 in
+    -32..31, each block's ``d`` (N, K / 256) float32 (from fp16), each group's scale (N, K / 16)
+    int8 (``kernels.pack_q6k_x86`` takes these): ``w = (d * scale) * code`` per group of 16 inputs."""
     b = _blocks(raw, Q6K_BYTES, "Q6_K")
     N, nb = b.shape[:2]
     ql = b[..., 0:128].reshape(N, nb, 2, 64)  # per half of 128 weights: 64 bytes of low bits
@@ -92,8 +93,16 @@ def q6_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low = np.stack([ql[..., 0:32] & 15, ql[..., 32:64] & 15, ql[..., 0:32] >> 4, ql[..., 32:64] >> 4], axis=3)
     high = np.stack([(qh >> (2 * r)) & 3 for r in range(4)], axis=3)
     codes = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
-    scale = _fp16(b[..., 208:210])[..., None] * b[..., 192:208].view(np.int8).astype(np.float32)
-    return codes.reshape(N, nb * BLOCK).astype(np.int8), scale.reshape(N, nb * 16)
+    return (codes.reshape(N, nb * BLOCK).astype(np.int8), _fp16(b[..., 208:210]),
+            np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(N, nb * 16))
+
+
+def q6_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q6_K tensor's raw bytes (N, K / 256 * 210) -> (codes (N, K) int8 in -32..31,
+    scale (N, K / 16) float32): ``w = code * scale`` per group of 16 inputs."""
+    codes, d, sc = q6_k_blocks(raw)
+    scale = np.repeat(d, 16, axis=1) * sc.astype(np.float32)
+    return codes, scale
 
 
 def dequantize_q4_k(raw: np.ndarray) -> np.ndarray:

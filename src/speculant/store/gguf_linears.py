@@ -1,6 +1,7 @@
 """A user's GGUF file as it is: the native model's linear layers whose tensor in the file is Q4_K
-run the file's own codes and scales (``runtime.kquant.KQuantLinear``) instead of speculant's int4
-quantization of their de-quantized weights.
+or Q6_K (the output layer included) run the file's own codes and scales
+(``runtime.kquant.KQuantLinear``) instead of speculant's int4 quantization of their de-quantized
+weights.
 
 The model is loaded as usual first (``NativeModel`` with int4 layers, from the file's conversion);
 each projection is then matched to its GGUF tensor by gguf-py's tensor name map for the file's
@@ -8,7 +9,7 @@ architecture. Before a layer is replaced, the file's rows are checked against th
 (the first 256 rows, de-quantized both ways): in the file's order, or in the order llama.cpp's
 converter permuted the query and key rows into (``permuted_rows``), whichever matches; a tensor
 that matches neither is left as it was, with the reason in the report. Tensors of other types
-(Q6_K, Q5_0, Q8_0, ...) keep speculant's int4 layers for now.
+(Q5_0, Q5_K, Q8_0, ...) keep speculant's int4 layers for now.
 """
 
 from __future__ import annotations
@@ -52,15 +53,15 @@ def source_gguf(spec: str | os.PathLike):
 
 
 def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
-    """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is Q4_K by the
-    file's own blocks; returns a report: ``q4_k`` (layers replaced), ``kept`` (GGUF type -> layers
-    left as they were) and ``mismatched`` (tensors whose rows matched neither order)."""
+    """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is Q4_K or Q6_K by
+    the file's own blocks; returns a report: ``q4_k`` and ``q6_k`` (layers replaced), ``kept`` (GGUF
+    type -> layers left as they were) and ``mismatched`` (tensors whose rows matched neither order)."""
     import gguf as gg
     from gguf import GGMLQuantizationType, GGUFReader
 
     from ..runtime.kquant import KQuantLinear
     from ..runtime.quant import Int4Linear
-    from .gguf_blocks import dequantize_q4_k
+    from .gguf_blocks import dequantize_q4_k, dequantize_q6_k
     from .gguf_meta import _value
 
     reader = GGUFReader(str(gguf))
@@ -72,13 +73,14 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
     names = gg.get_tensor_name_map(arch, len(model.blocks))
     tensors = {t.name: t for t in reader.tensors}
     heads = {"q_proj": model.heads, "k_proj": model.kv_heads}
-    report: dict[str, Any] = {"q4_k": 0, "kept": {}, "mismatched": []}
+    report: dict[str, Any] = {"q4_k": 0, "q6_k": 0, "kept": {}, "mismatched": []}
+    dequantize = {GGMLQuantizationType.Q4_K: dequantize_q4_k, GGMLQuantizationType.Q6_K: dequantize_q6_k}
 
     def replacement(hf_name: str, layer, proj: str):
         t = tensors.get(f"{names.get_name(hf_name)}.weight")
         if t is None or not isinstance(layer, Int4Linear) or layer.kind != "x86":
             return None
-        if t.tensor_type != GGMLQuantizationType.Q4_K:
+        if t.tensor_type not in dequantize:
             report["kept"][t.tensor_type.name] = report["kept"].get(t.tensor_type.name, 0) + 1
             return None
         raw = np.asarray(t.data)
@@ -92,11 +94,11 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
         orders = [None] + ([permuted_rows(n, heads[proj])] if proj in heads else [])
         for order in orders:
             rows = np.arange(check) if order is None else order[:check]
-            mine = torch.from_numpy(dequantize_q4_k(raw[rows]))
+            mine = torch.from_numpy(dequantize[t.tensor_type](raw[rows]))
             if (mine - loaded).norm() <= _MATCH * loaded.norm():
                 bias = layer.bias32 if layer.bias32.numel() else None
-                report["q4_k"] += 1
-                return KQuantLinear.from_blocks(raw, bias, order, model.dtype)
+                report[t.tensor_type.name.lower()] += 1
+                return KQuantLinear.from_blocks(raw, bias, order, model.dtype, t.tensor_type.name)
         report["mismatched"].append(f"{t.name}: its rows match the loaded layer's in no known order")
         return None
 
@@ -118,11 +120,12 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
 
 
 def _join(block, parts: tuple[str, ...], joined: str, new: dict) -> None:
-    """Re-join the block's ``parts`` into ``joined`` where any of them was replaced: one Q4_K
-    layer when all of them are, else none (each runs on its own)."""
+    """Re-join the block's ``parts`` into ``joined`` where any of them was replaced: one k-quant
+    layer when all of them are of one type, else none (each runs on its own)."""
     from ..runtime.kquant import KQuantLinear
 
     if not any(p in new for p in parts):
         return
     layers = [getattr(block, p) for p in parts]
-    setattr(block, joined, KQuantLinear.concat(layers) if all(isinstance(l, KQuantLinear) for l in layers) else None)
+    same = all(isinstance(l, KQuantLinear) for l in layers) and len({l.kind for l in layers}) == 1
+    setattr(block, joined, KQuantLinear.concat(layers) if same else None)
