@@ -21,22 +21,29 @@ from test_kernels_q6k import random_q6k
 pytestmark = pytest.mark.skipif(x86_kernels() is None, reason="needs an x86-64 CPU and a C++ toolchain")
 
 
-def test_a_q4_k_layer_is_the_files_weights_and_joins_bit_for_bit():
+KINDS = {"Q4_K": (random_q4k, dequantize_q4_k, 0.015), "Q6_K": (random_q6k, dequantize_q6_k, 0.01)}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_k_quant_layer_is_the_files_weights_and_joins_bit_for_bit(kind):
     from speculant.runtime.kquant import KQuantLinear
 
-    a_raw, b_raw = random_q4k(32, 512, seed=3), random_q4k(48, 512, seed=4)
+    random_blocks, dequantize, tolerance = KINDS[kind]
+    a_raw, b_raw = random_blocks(32, 512, seed=3), random_blocks(48, 512, seed=4)
     bias = torch.randn(32)
-    a, b = KQuantLinear.from_blocks(a_raw, bias), KQuantLinear.from_blocks(b_raw)
-    assert torch.equal(a.dequantize(), torch.from_numpy(dequantize_q4_k(a_raw)))
+    a, b = KQuantLinear.from_blocks(a_raw, bias, kind=kind), KQuantLinear.from_blocks(b_raw, kind=kind)
+    assert a.kind == kind and f"{kind} as in the file" in repr(a)
+    assert torch.equal(a.dequantize(), torch.from_numpy(dequantize(a_raw)))
     x = torch.randn(5, 512).bfloat16()
     ya, yb = a.forward_float(x), b.forward_float(x)
     exact = x.float() @ a.dequantize().T + bias  # up to the activations' int8 rounding
-    assert (ya - exact).norm() / exact.norm() < 0.015
+    assert (ya - exact).norm() / exact.norm() < tolerance
     both = KQuantLinear.concat([a, b])
     assert both.out_features == 80 and torch.equal(both.forward_float(x), torch.cat([ya, yb], -1))
-    assert torch.equal(a.forward_float(x), ya)  # a is now a view of the joined buffers: the same bits
+    # a is now a view of the joined buffers: the same bits
+    assert torch.equal(a.forward_float(x), ya) and torch.equal(a.forward(x), ya.bfloat16())
     order = np.random.default_rng(0).permutation(32)
-    moved = KQuantLinear.from_blocks(a_raw, None, order)
+    moved = KQuantLinear.from_blocks(a_raw, None, order, kind=kind)
     assert torch.equal(moved.dequantize(), a.dequantize()[torch.from_numpy(order)])
     with pytest.raises(ValueError, match="multiples of 16"):
         a.rows(0, 8)
@@ -44,28 +51,14 @@ def test_a_q4_k_layer_is_the_files_weights_and_joins_bit_for_bit():
     assert torch.equal(a.dequantize_rows(some), a.dequantize()[some].bfloat16())
 
 
-def test_a_q6_k_layer_is_the_files_weights_and_joins_bit_for_bit():
+def test_k_quant_layers_of_two_types_do_not_join():
     from speculant.runtime.kquant import KQuantLinear
 
-    a_raw, b_raw = random_q6k(32, 512, seed=3), random_q6k(16, 512, seed=4)
-    bias = torch.randn(32)
-    a, b = KQuantLinear.from_blocks(a_raw, bias, kind="Q6_K"), KQuantLinear.from_blocks(b_raw, kind="Q6_K")
-    assert a.kind == "Q6_K" and "Q6_K as in the file" in repr(a)
-    assert torch.equal(a.dequantize(), torch.from_numpy(dequantize_q6_k(a_raw)))
-    x = torch.randn(5, 512).bfloat16()
-    ya, yb = a.forward_float(x), b.forward_float(x)
-    exact = x.float() @ a.dequantize().T + bias  # up to the activations' int8 rounding
-    assert (ya - exact).norm() / exact.norm() < 0.01
-    both = KQuantLinear.concat([a, b])
-    assert both.out_features == 48 and torch.equal(both.forward_float(x), torch.cat([ya, yb], -1))
-    assert torch.equal(a.forward_float(x), ya) and torch.equal(a.forward(x), ya.bfloat16())
-    some = torch.tensor([31, 0, 17, 17, 5])
-    assert torch.equal(a.dequantize_rows(some), a.dequantize()[some].bfloat16())
-    four = KQuantLinear.from_blocks(random_q4k(16, 512, seed=5))
+    six, four = KQuantLinear.from_blocks(random_q6k(16, 512), kind="Q6_K"), KQuantLinear.from_blocks(random_q4k(16, 512))
     with pytest.raises(ValueError, match="one type"):
-        KQuantLinear.concat([a, four])
+        KQuantLinear.concat([six, four])
     with pytest.raises(ValueError, match="Q4_K, Q6_K blocks, not Q8_0"):
-        KQuantLinear.from_blocks(a_raw, kind="Q8_0")
+        KQuantLinear.from_blocks(random_q6k(16, 512), kind="Q8_0")
 
 
 def test_the_rotary_row_order_of_llama_cpps_converter_is_undone():
