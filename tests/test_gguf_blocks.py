@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from speculant.errors import ModelLoadError
-from speculant.store.gguf_blocks import Q4K_BYTES, Q6K_BYTES, dequantize_q4_k, dequantize_q6_k, q4_k_parts, \
-    q6_k_parts
+from speculant.store.gguf_blocks import Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, dequantize_q4_k, dequantize_q5_k, \
+    dequantize_q6_k, q4_k_parts, q5_k_blocks, q6_k_parts
 
 
 def _random_blocks(rows: int, blocks: int, block_bytes: int, d_at: list[int], seed: int) -> np.ndarray:
@@ -39,6 +39,18 @@ def test_q4_k_blocks_give_gguf_weights_bit_for_bit():
     other[0, 4] ^= 1  # block 0, sub-block 0's scale, lowest bit
     changed = dequantize_q4_k(other)[0] != dequantize_q4_k(raw)[0]
     assert not changed[32:].any() and changed[:32].sum() == (codes[0, :32] != 0).sum()
+
+
+def test_q5_k_blocks_give_gguf_weights_bit_for_bit():
+    raw = _random_blocks(5, 3, Q5K_BYTES, [0, 2], seed=3)
+    codes = q5_k_blocks(raw)[0]
+    assert codes.shape == (5, 768) and codes.dtype == np.uint8 and codes.max() == 31 and codes.min() == 0
+    _same_bits(dequantize_q5_k(raw), dequantize(raw, GGMLQuantizationType.Q5_K).reshape(5, 768))
+    # the fifth bit of weight 32 j + l is bit j of byte 16 + l: flipping bit 0 of byte 16 moves weight 0 only
+    other = raw.copy()
+    other[0, 16] ^= 1
+    changed = q5_k_blocks(other)[0][0] != codes[0]
+    assert changed.nonzero()[0].tolist() == [0]
 
 
 def test_q6_k_blocks_give_gguf_weights_bit_for_bit():

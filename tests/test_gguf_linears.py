@@ -1,4 +1,4 @@
-"""A GGUF file's Q4_K and Q6_K layers run as they are (runtime.kquant.KQuantLinear,
+"""A GGUF file's Q4_K, Q5_K and Q6_K layers run as they are (runtime.kquant.KQuantLinear,
 store.gguf_linears.apply_gguf_blocks): the layer is the file's weights, bit for bit when
 de-quantized, and its product the exact kernel's; joined layers give each part's bits; the
 query/key row order of llama.cpp's converter is undone; on the default target every Q4_K and
@@ -12,16 +12,17 @@ import pytest
 import torch
 
 from speculant.kernels import x86_kernels
-from speculant.store.gguf_blocks import dequantize_q4_k, dequantize_q6_k
+from speculant.store.gguf_blocks import dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
 from speculant.store.gguf_linears import permuted_rows
 
 from test_kernels_kquant import random_q4k
-from test_kernels_q6k import random_q6k
+from test_kernels_kquant_wide import random_q5k, random_q6k
 
 pytestmark = pytest.mark.skipif(x86_kernels() is None, reason="needs an x86-64 CPU and a C++ toolchain")
 
 
-KINDS = {"Q4_K": (random_q4k, dequantize_q4_k, 0.015), "Q6_K": (random_q6k, dequantize_q6_k, 0.01)}
+KINDS = {"Q4_K": (random_q4k, dequantize_q4_k, 0.015), "Q5_K": (random_q5k, dequantize_q5_k, 0.015),
+         "Q6_K": (random_q6k, dequantize_q6_k, 0.01)}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -57,7 +58,7 @@ def test_k_quant_layers_of_two_types_do_not_join():
     six, four = KQuantLinear.from_blocks(random_q6k(16, 512), kind="Q6_K"), KQuantLinear.from_blocks(random_q4k(16, 512))
     with pytest.raises(ValueError, match="one type"):
         KQuantLinear.concat([six, four])
-    with pytest.raises(ValueError, match="Q4_K, Q6_K blocks, not Q8_0"):
+    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K blocks, not Q8_0"):
         KQuantLinear.from_blocks(random_q6k(16, 512), kind="Q8_0")
 
 
@@ -92,7 +93,7 @@ def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stay
     # the same through the decoder's option, with its runtime said
     dec = SpeculativeDecoder("qwen2.5-coder-1.5b-instruct", method="ar", chat=True, target_quant="gguf")
     assert dec.generate(prompt, 32).token_ids == plain.token_ids
-    assert any("Q4_K and Q6_K blocks as they are" in r for r in dec.plan.reasons), dec.plan.reasons
+    assert any("k-quant blocks (Q4_K, Q5_K, Q6_K) as they are" in r for r in dec.plan.reasons), dec.plan.reasons
     assert source_gguf(target.path) == source_gguf("qwen2.5-coder-1.5b-instruct")  # its conversion's source
     with pytest.raises(Exception, match="not a GGUF file or a preset"):
         source_gguf(tmp_path)  # a directory that is no conversion of a GGUF file

@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
-           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "pack_q6k_x86", "unpack_int4_x86",
-           "unpack_q6k_x86",
+           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "pack_q5k_x86", "pack_q6k_x86",
+           "unpack_int4_x86", "unpack_q5k_x86", "unpack_q6k_x86",
            "x86_kernels"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step; docs/design-notes.md#int4-group-size
@@ -267,6 +267,27 @@ def pack_kquant_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: to
     kd = _by_block(torch.stack([d.float(), -dmin.float()]))
     km = _by_block(torch.stack([sc.to(torch.uint8), m.to(torch.uint8)]))
     return _pack_codes(q), kd, km
+
+
+def pack_q5k_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+                 m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF Q5_K tensor's parts as they are (``store.gguf_blocks.q5_k_blocks``: pack_kquant_x86's
+    with codes q in [0, 31]) -> (qpack, qh, kd, km): pack_kquant_x86's qpack of the codes' low 4 bits,
+    kd and km, and qh (N/16, K/32, 64) uint8 their fifth bits, byte 4 c + i of input chunk P holding
+    that of input 32 P + 4 j + i in bit j: the arguments of ``int4_gemm_q5k``."""
+    qpack, kd, km = pack_kquant_x86(q.to(torch.uint8) & 15, d, dmin, sc, m)
+    N, K = q.shape
+    fifth = (q.to(torch.uint8) >> 4).view(N // 16, 16, K // 32, 8, 4)  # [nb, c, chunk, j, i]
+    byte = sum(fifth[:, :, :, j] << j for j in range(8))
+    return qpack, byte.permute(0, 2, 1, 3).reshape(N // 16, K // 32, 64).contiguous(), kd, km
+
+
+def unpack_q5k_x86(qpack: torch.Tensor, qh: torch.Tensor) -> torch.Tensor:
+    """The codes q (N, K) uint8 in [0, 31] of a packed Q5_K weight (pack_q5k_x86's inverse)."""
+    NB, chunks, _ = qh.shape
+    b = qh.view(NB, chunks, 16, 4)  # [nb, chunk, c, i]
+    fifth = torch.stack([(b >> j) & 1 for j in range(8)], dim=3)  # [nb, chunk, c, j, i]
+    return unpack_int4_x86(qpack) | (fifth.permute(0, 2, 1, 3, 4).reshape(NB * 16, chunks * 32) << 4)
 
 
 def pack_q6k_x86(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor

@@ -8,13 +8,14 @@
 // serves 16 channels; more rows sweep them once per half of 8 channels (the accumulators of two
 // halves would not fit in the 16 registers). Each channel's integer sums and its fold are the
 // same operations in the same order either way: the same bits.
-// Q6 (Q6_K codes 0..63, O = 2): each code's high 2 bits OR-ed in from qh as bits 4-5.
-template <int R, int O, bool Q6>
+// HB: high bits per code above the low nibble (0; 1 for Q5_K, O = 4; 2 for Q6_K, O = 2), OR-ed in
+// from qh as bit 4 (bits 4-5).
+template <int R, int O, int HB>
 void INT4_AVX2_CHUNK(const Problem& P, int64_t nb, int64_t m0) {
   constexpr int S = R == 1 ? 2 : 1;  // halves per sweep
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const uint8_t* hb = Q6 ? P.qh + nb * (P.K / 16) * 64 : nullptr;
-  const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  const uint8_t* hb = HB ? P.qh + nb * (P.K / (HB == 2 ? 16 : 32)) * 64 : nullptr;
+  const __m256i nib = _mm256_set1_epi8(0x0F);
 #if INT4_AVX2_VNNI
   constexpr int C = R <= 2 ? 2 : 1;  // few rows: two accumulators each, to hide VPDPBUSD's latency
 #else
@@ -45,10 +46,11 @@ void INT4_AVX2_CHUNK(const Problem& P, int64_t nb, int64_t m0) {
           const __m256i w = _mm256_loadu_si256((const __m256i*)(qg + 64 * p + 32 * s));
           lo[s] = _mm256_and_si256(w, nib);
           hi[s] = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
-          if constexpr (Q6) {  // octet p's high bits: pairs 0, 2 (p even) or 4, 6 (p odd) of chunk p / 2
-            const __m256i h = _mm256_loadu_si256((const __m256i*)(hb + (g * O + p) / 2 * 64 + 32 * (h0 + s)));
-            lo[s] = _mm256_or_si256(lo[s], _mm256_and_si256(p % 2 ? h : _mm256_slli_epi16(h, 4), top));
-            hi[s] = _mm256_or_si256(hi[s], _mm256_and_si256(p % 2 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2), top));
+          if constexpr (HB > 0) {  // octet p's high bits
+            const int64_t octet = g * O + p;
+            const __m256i h = _mm256_loadu_si256((const __m256i*)(high_at<HB>(hb, octet) + 32 * (h0 + s)));
+            lo[s] = _mm256_or_si256(lo[s], high_bits256<HB>(h, high_from<HB>(octet)));
+            hi[s] = _mm256_or_si256(hi[s], high_bits256<HB>(h, high_from<HB>(octet) + HB));
           }
         }
         for (int r = 0; r < R; ++r) {
@@ -60,14 +62,14 @@ void INT4_AVX2_CHUNK(const Problem& P, int64_t nb, int64_t m0) {
             d[s][r][C - 1] = _mm256_dpbusd_avx_epi32(d[s][r][C - 1], hi[s], xh);
 #else
             // u8 codes x s8 activations: |pair sums| <= 2 * 15 * 127, four octets' sums fit int16
-            // (Q6 codes: <= 2 * 63 * 127, one octet's sum only: flushed after every octet)
+            // (Q5_K codes: <= 2 * 31 * 127, two octets' sums; Q6_K: <= 2 * 63 * 127, one octet's)
             const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo[s], xl), _mm256_maddubs_epi16(hi[s], xh));
             d16[s][r] = _mm256_add_epi16(d16[s][r], t);
 #endif
           }
         }
 #if !INT4_AVX2_VNNI
-        if (Q6 || (p & 3) == 3 || p == O - 1)
+        if (HB == 2 || (HB == 1 && (p & 1) == 1) || (p & 3) == 3 || p == O - 1)
           for (int s = 0; s < S; ++s)
             for (int r = 0; r < R; ++r) {
               d32[s][r] = _mm256_add_epi32(d32[s][r], _mm256_madd_epi16(d16[s][r], ones));

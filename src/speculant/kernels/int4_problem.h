@@ -23,11 +23,15 @@ struct Problem {
   // k-quant scales (a GGUF file's Q4_K blocks as they are; groups of 32, 8 per block of 256):
   const float* kd = nullptr;    // (NB, G/8, 2, 16) fp32: each block's d and -dmin for the 16 channels
   const uint8_t* km = nullptr;  // (NB, G, 2, 16) uint8: each group's 6-bit scale and min
-  // Q6_K (a GGUF file's 6-bit blocks as they are; groups of 16, 16 per block of 256): codes u = q + 32
-  // in 0..63, their low 4 bits in q and their high 2 bits here; kd is then (NB, G/16, 16) fp32, each
-  // block's d, and km (NB, G, 16) int8, each group's scale: w = (d * sc) * u + (-32 * d * sc).
-  const uint8_t* qh = nullptr;  // (NB, K/16, 64): byte 4c + i of input chunk P holds the high bits
-                                // of inputs 16P + i, +4, +8, +12 of channel c in bit pairs 0, 2, 4, 6
+  // Codes of more than 4 bits: their low 4 bits in q, the rest in qh (hbits of them per code).
+  // hbits 1, Q5_K (5-bit codes, scales as Q4_K's): qh (NB, K/32, 64), byte 4c + i of input chunk P
+  //   holding bit 4 of inputs 32P + 4j + i of channel c in bit j (j = 0..7).
+  // hbits 2, Q6_K (groups of 16, 16 per block of 256; codes u = q + 32 in 0..63): qh (NB, K/16, 64),
+  //   byte 4c + i of chunk P holding bits 4-5 of inputs 16P + 4j + i in bits 2j, 2j + 1 (j = 0..3);
+  //   kd is then (NB, G/16, 16) fp32, each block's d, and km (NB, G, 16) int8, each group's scale:
+  //   w = (d * sc) * u + (-32 * d * sc).
+  const uint8_t* qh = nullptr;
+  int hbits = 0;
 };
 
 inline float bf16_to_float(uint16_t b) {
@@ -48,7 +52,7 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, as VCVTNEPS2
 // Group g's (scale, offset) of channel c (0-15) of block nb: the bf16 pair, or d * sc and
 // (-dmin) * m in fp32 (the products are exact: what the file's weights are made of).
 inline void scale_pair(const Problem& P, int64_t nb, int64_t g, int c, float& s, float& o) {
-  if (P.qh) {  // Q6_K: d * sc (fp16 x int8: exact in fp32) and -32 times it (exact)
+  if (P.hbits == 2) {  // Q6_K: d * sc (fp16 x int8: exact in fp32) and -32 times it (exact)
     const float d = P.kd[(nb * (P.G / 16) + g / 16) * 16 + c];
     s = d * (float)(int8_t)P.km[(nb * P.G + g) * 16 + c];
     o = -32.f * s;
@@ -82,7 +86,7 @@ __attribute__((target("avx512f"))) inline __m512 load16_bf16_avx512(const uint16
 // The 16 channels' (scale, offset) of group g: bf16 pairs, or k-quant products (scale_pair).
 __attribute__((target("avx512f"))) inline void scales16(const Problem& P, int64_t nb, int64_t g, __m512& s,
                                                         __m512& o) {
-  if (P.qh) {
+  if (P.hbits == 2) {
     const float* d = P.kd + (nb * (P.G / 16) + g / 16) * 16;
     const int8_t* m = (const int8_t*)P.km + (nb * P.G + g) * 16;
     s = _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)m))));

@@ -98,7 +98,8 @@ void chunk_portable(const Problem& P, int64_t nb, int64_t m0, int rows) {
         for (int64_t k = g * P.gsize; k < (g + 1) * P.gsize; ++k) {
           const uint8_t byte = qb[(k / 8) * 64 + 4 * c + (k % 4)];
           int32_t code = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
-          if (P.qh) code |= ((P.qh[(nb * (P.K / 16) + k / 16) * 64 + 4 * c + (k % 4)] >> (2 * ((k % 16) / 4))) & 3) << 4;
+          if (P.hbits == 2) code |= ((P.qh[(nb * (P.K / 16) + k / 16) * 64 + 4 * c + (k % 4)] >> (2 * ((k % 16) / 4))) & 3) << 4;
+          if (P.hbits == 1) code |= ((P.qh[(nb * (P.K / 32) + k / 32) * 64 + 4 * c + (k % 4)] >> ((k % 32) / 4)) & 1) << 4;
           d += code * (int32_t)x[k];
         }
         float sc, off;
@@ -154,7 +155,7 @@ inline int32_t load4(const int8_t* p) {
 
 // Group g's (scale, offset) of channels 8 half .. 8 half + 7 of block nb (scale_pair, 8 lanes).
 inline void scales8(const Problem& P, int64_t nb, int64_t g, int64_t half, __m256& s, __m256& o) {
-  if (P.qh) {
+  if (P.hbits == 2) {
     const float* d = P.kd + (nb * (P.G / 16) + g / 16) * 16 + 8 * half;
     const int8_t* m = (const int8_t*)P.km + (nb * P.G + g) * 16 + 8 * half;
     s = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)m))));
@@ -193,6 +194,20 @@ inline void store8(const Problem& P, int64_t m0, int64_t n0, const __m256* acc) 
     _mm256_store_ps(out, acc[r]);
     store_row(P, m0 + r, n0, out, 8);
   }
+}
+
+// Where octet p's high bits are (HB bits per code, Problem::qh): the bit of its low-nibble lanes
+// in its qh byte (the high-nibble lanes' is HB above it), and qh's 64-byte vector for it.
+template <int HB>
+constexpr int high_from(int64_t octet) { return HB == 2 ? 4 * (int)(octet % 2) : 2 * (int)(octet % 4); }
+template <int HB>
+inline const uint8_t* high_at(const uint8_t* hb, int64_t octet) { return hb + octet / (HB == 2 ? 2 : 4) * 64; }
+
+// h's bits at ``from`` (HB of them per byte) moved to bit 4, the rest cleared.
+template <int HB>
+inline __m256i high_bits256(__m256i h, int from) {
+  const __m256i t = from < 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - from)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+  return _mm256_and_si256(t, _mm256_set1_epi8(HB == 2 ? 0x30 : 0x10));
 }
 
 #define INT4_AVX2_CHUNK chunk_avx2
@@ -236,13 +251,19 @@ void quantize_row_avx512(const uint16_t* x, int64_t K, int64_t gsize, int8_t* xq
 // Rows m0 .. m0+R-1 of channel block nb; O octets (8 inputs) per group, known at compile time so
 // that the accumulators stay in registers. One integer chain per row (two for R <= 2, where a
 // single chain would wait on VPDPBUSD's latency): integer sums, exact in any order.
-// Q6 (Q6_K codes, O = 2): each code's high 2 bits OR-ed in from qh as bits 4-5 (high_bits).
-template <int R, int O, bool Q6>
+__attribute__((target("avx512f,avx512bw"))) inline __m512i high_bits512(__m512i h, int from, __m512i keep) {
+  const __m512i t = from < 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - from)) : _mm512_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+  return _mm512_and_si512(t, keep);
+}
+
+// HB: high bits per code above the low nibble (0; 1 for Q5_K, O = 4; 2 for Q6_K, O = 2), OR-ed in
+// from qh as bit 4 (bits 4-5).
+template <int R, int O, int HB>
 void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
   constexpr int C = R <= 2 ? 2 : 1;
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
-  const uint8_t* hb = Q6 ? P.qh + nb * (P.K / 16) * 64 : nullptr;
-  const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const uint8_t* hb = HB ? P.qh + nb * (P.K / (HB == 2 ? 16 : 32)) * 64 : nullptr;
+  const __m512i nib = _mm512_set1_epi8(0x0F), keep = _mm512_set1_epi8(HB == 2 ? 0x30 : 0x10);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int8_t* x0 = P.xq + m0 * P.K;
@@ -257,10 +278,11 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
       _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
       const __m512i w = _mm512_loadu_si512((const void*)(qg + 64 * p));
       __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
-      if constexpr (Q6) {  // octet p's high bits: pairs 0, 2 (p even) or 4, 6 (p odd) of chunk p / 2
-        const __m512i h = _mm512_loadu_si512((const void*)(hb + (g * O + p) / 2 * 64));
-        lo = _mm512_or_si512(lo, _mm512_and_si512(p % 2 ? h : _mm512_slli_epi16(h, 4), top));
-        hi = _mm512_or_si512(hi, _mm512_and_si512(p % 2 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2), top));
+      if constexpr (HB > 0) {  // octet p's high bits
+        const int64_t octet = g * O + p;
+        const __m512i h = _mm512_loadu_si512((const void*)high_at<HB>(hb, octet));
+        lo = _mm512_or_si512(lo, high_bits512(h, high_from<HB>(octet), keep));
+        hi = _mm512_or_si512(hi, high_bits512(h, high_from<HB>(octet) + HB, keep));
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -292,26 +314,26 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
 using ChunkFn = void (*)(const Problem&, int64_t, int64_t);
 
 // Chunk functions by octets per group (O) and rows (1 .. most): fns[r - 1] handles r rows.
-template <int O, bool Q6, int... Rs>
+template <int O, int HB, int... Rs>
 constexpr std::array<ChunkFn, sizeof...(Rs)> avx512_table(std::integer_sequence<int, Rs...>) {
-  return {&chunk_avx512<Rs + 1, O, Q6>...};
+  return {&chunk_avx512<Rs + 1, O, HB>...};
 }
-template <int O, bool Q6, int... Rs>
+template <int O, int HB, int... Rs>
 constexpr std::array<ChunkFn, sizeof...(Rs)> avx2_table(std::integer_sequence<int, Rs...>) {
-  return {&chunk_avx2<Rs + 1, O, Q6>...};
+  return {&chunk_avx2<Rs + 1, O, HB>...};
 }
-template <int O, bool Q6, int... Rs>
+template <int O, int HB, int... Rs>
 constexpr std::array<ChunkFn, sizeof...(Rs)> avx2_vnni_table(std::integer_sequence<int, Rs...>) {
-  return {&chunk_avx2_vnni<Rs + 1, O, Q6>...};
+  return {&chunk_avx2_vnni<Rs + 1, O, HB>...};
 }
 
 constexpr int kAvx512Rows = 8, kAvx2Rows = 4;
 
-template <int O, bool Q6 = false>
+template <int O, int HB = 0>
 const ChunkFn* chunk_table(Isa isa) {
-  static const auto a = avx512_table<O, Q6>(std::make_integer_sequence<int, kAvx512Rows>{});
-  static const auto b = avx2_vnni_table<O, Q6>(std::make_integer_sequence<int, kAvx2Rows>{});
-  static const auto c = avx2_table<O, Q6>(std::make_integer_sequence<int, kAvx2Rows>{});
+  static const auto a = avx512_table<O, HB>(std::make_integer_sequence<int, kAvx512Rows>{});
+  static const auto b = avx2_vnni_table<O, HB>(std::make_integer_sequence<int, kAvx2Rows>{});
+  static const auto c = avx2_table<O, HB>(std::make_integer_sequence<int, kAvx2Rows>{});
   return isa == kAvx512Vnni ? a.data() : isa == kAvx2Vnni ? b.data() : c.data();
 }
 
@@ -342,11 +364,12 @@ namespace {
 // The matmul of int4_gemm and int4_gemm_kquant once their arguments are checked: scales given as
 // bf16 pairs (sz) or as k-quant blocks (kd, km).
 torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz, const float* kd, const uint8_t* km,
-                       int64_t G, torch::Tensor bias, bool out_fp32, int64_t isa, const uint8_t* qh = nullptr) {
+                       int64_t G, torch::Tensor bias, bool out_fp32, int64_t isa, const uint8_t* qh = nullptr,
+                       int hbits = 0) {
   const int64_t M = x.size(0), K = x.size(1), N = qpack.size(0) * 16, NB = N / 16;
   const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(qh ? K / G == 16 : (K / G == 32 || K / G == 64 || K / G == 128), "groups of ", K / G,
-              " inputs: need 32, 64 or 128 (16 for Q6_K)");
+  TORCH_CHECK(hbits == 2 ? K / G == 16 : hbits == 1 ? K / G == 32 : (K / G == 32 || K / G == 64 || K / G == 128),
+              "groups of ", K / G, " inputs: need 32, 64 or 128 (32 for Q5_K, 16 for Q6_K)");
   Isa use = isa == kAuto ? best_isa() : (Isa)isa;
   TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
@@ -373,13 +396,13 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
 
   Problem P{xqp, ap, axp, qpack.data_ptr<uint8_t>(), sz, has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
             out_fp32 ? y.data_ptr<float>() : nullptr,
-            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km, qh};
+            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km, qh, hbits};
   if (amx) {
     gemm_amx(P);
     return y;
   }
-  const ChunkFn* fns = use == kPortable ? nullptr : qh ? chunk_table<2, true>(use) : gsize == 32 ? chunk_table<4>(use)
-                                                  : gsize == 64 ? chunk_table<8>(use) : chunk_table<16>(use);
+  const ChunkFn* fns = use == kPortable ? nullptr : hbits == 2 ? chunk_table<2, 2>(use) : hbits == 1 ? chunk_table<4, 1>(use)
+                      : gsize == 32 ? chunk_table<4>(use) : gsize == 64 ? chunk_table<8>(use) : chunk_table<16>(use);
   const int most = use == kAvx512Vnni ? kAvx512Rows : kAvx2Rows;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t t0 = 0; t0 < M; t0 += kRowTile) {
@@ -421,6 +444,14 @@ static void check_kquant_args(const torch::Tensor& x, const torch::Tensor& qpack
               "bias must be (N,) float32");
 }
 
+// Q4_K's (and Q5_K's) scales: kd (N/16, K/256, 2, 16) float32, km (N/16, K/32, 2, 16) uint8.
+static void check_q4k_scales(const torch::Tensor& kd, const torch::Tensor& km, int64_t K, int64_t NB) {
+  TORCH_CHECK(kd.dim() == 4 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
+              kd.size(1) == K / 256 && kd.size(2) == 2 && kd.size(3) == 16, "kd must be (N/16, K/256, 2, 16) float32");
+  TORCH_CHECK(km.dim() == 4 && km.scalar_type() == at::kByte && km.is_contiguous() && km.size(0) == NB &&
+              km.size(1) == K / 32 && km.size(2) == 2 && km.size(3) == 16, "km must be (N/16, K/32, 2, 16) uint8");
+}
+
 // The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
 // 256): kd (N/16, K/256, 2, 16) fp32, each block's d and -dmin for the 16 channels; km (N/16, K/32,
 // 2, 16) uint8, each group's 6-bit scale and min (pack_kquant_x86). A group's scale is d * scale and
@@ -429,11 +460,21 @@ torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tens
                                torch::Tensor bias, bool out_fp32, int64_t isa) {
   check_kquant_args(x, qpack, bias);
   const int64_t K = x.size(1), NB = qpack.size(0);
-  TORCH_CHECK(kd.dim() == 4 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
-              kd.size(1) == K / 256 && kd.size(2) == 2 && kd.size(3) == 16, "kd must be (N/16, K/256, 2, 16) float32");
-  TORCH_CHECK(km.dim() == 4 && km.scalar_type() == at::kByte && km.is_contiguous() && km.size(0) == NB &&
-              km.size(1) == K / 32 && km.size(2) == 2 && km.size(3) == 16, "km must be (N/16, K/32, 2, 16) uint8");
+  check_q4k_scales(kd, km, K, NB);
   return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), km.data_ptr<uint8_t>(), K / 32, bias, out_fp32, isa);
+}
+
+// The same matmul with a GGUF file's Q5_K blocks as they are: int4_gemm_kquant's scales (kd, km) with
+// 5-bit codes, qpack their low 4 bits and qh (N/16, K/32, 64) their fifth (Problem::qh, hbits 1).
+torch::Tensor int4_gemm_q5k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
+                            torch::Tensor bias, bool out_fp32, int64_t isa) {
+  check_kquant_args(x, qpack, bias);
+  const int64_t K = x.size(1), NB = qpack.size(0);
+  check_q4k_scales(kd, km, K, NB);
+  TORCH_CHECK(qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
+              qh.size(1) == K / 32 && qh.size(2) == 64, "qh must be (N/16, K/32, 64) uint8");
+  return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), km.data_ptr<uint8_t>(), K / 32, bias, out_fp32, isa,
+                  qh.data_ptr<uint8_t>(), 1);
 }
 
 // The same matmul with a GGUF file's Q6_K blocks as they are (groups of 16 inputs, 16 per block of
@@ -451,7 +492,7 @@ torch::Tensor int4_gemm_q6k(torch::Tensor x, torch::Tensor qpack, torch::Tensor 
   TORCH_CHECK(km.dim() == 3 && km.scalar_type() == at::kChar && km.is_contiguous() && km.size(0) == NB &&
               km.size(1) == K / 16 && km.size(2) == 16, "km must be (N/16, K/16, 16) int8");
   return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), reinterpret_cast<const uint8_t*>(km.data_ptr<int8_t>()),
-                  K / 16, bias, out_fp32, isa, qh.data_ptr<uint8_t>());
+                  K / 16, bias, out_fp32, isa, qh.data_ptr<uint8_t>(), 2);
 }
 
 // Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx.

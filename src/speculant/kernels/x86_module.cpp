@@ -6,6 +6,8 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
                         int64_t isa);  // int4_x86.cpp
 torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
                                torch::Tensor bias, bool out_fp32, int64_t isa);
+torch::Tensor int4_gemm_q5k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
+                            torch::Tensor bias, bool out_fp32, int64_t isa);
 torch::Tensor int4_gemm_q6k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                             torch::Tensor bias, bool out_fp32, int64_t isa);
 int64_t int4_best_isa();
@@ -23,6 +25,7 @@ torch::Tensor rope_qkv_x86(torch::Tensor qkv, torch::Tensor cos, torch::Tensor s
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemm", &int4_gemm, "int4 weight x int8 activation matmul, row-invariant, the same bits on every code path");
   m.def("int4_gemm_kquant", &int4_gemm_kquant, "int4_gemm with a GGUF file's Q4_K scales as they are (groups of 32)");
+  m.def("int4_gemm_q5k", &int4_gemm_q5k, "int4_gemm_kquant with a GGUF file's Q5_K codes (5 bits: a plane of fifth bits)");
   m.def("int4_gemm_q6k", &int4_gemm_q6k, "int4_gemm with a GGUF file's Q6_K codes and scales as they are (groups of 16)");
   m.def("int4_best_isa", &int4_best_isa, "the code path int4_gemm takes here: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx");
   m.def("int4_isa_supported", &int4_isa_supported, "whether this CPU runs an int4_gemm code path");

@@ -1,11 +1,13 @@
-"""A linear layer that runs a GGUF file's Q4_K or Q6_K weight as it is: the file's own codes and
-its own scales (``kernels.int4_gemm_kquant``, ``kernels.int4_gemm_q6k``), not a second
+"""A linear layer that runs a GGUF file's Q4_K, Q5_K or Q6_K weight as it is: the file's own codes
+and its own scales (``kernels.int4_gemm_kquant``, ``int4_gemm_q5k``, ``int4_gemm_q6k``), not a second
 quantization of its de-quantized weights. Rows are computed on their own like every int4 layer of
 speculant's (a tree's rows get bit for bit what one-row passes get), and every x86 code path gives
 the same bits.
 
 Shapes, Q4_K: ``qweight`` (N/16, K/8, 64) uint8, ``kd`` (N/16, K/256, 2, 16) float32 (each block's d
 and -dmin), ``km`` (N/16, K/32, 2, 16) uint8 (each group's 6-bit scale and min): ``pack_kquant_x86``'s.
+Q5_K: Q4_K's with ``qweight`` the low 4 bits of 5-bit codes and ``qh`` (N/16, K/32, 64) uint8 their
+fifth bits (``pack_q5k_x86``'s).
 Q6_K: ``qweight`` the low 4 bits of each code + 32, ``qh`` (N/16, K/16, 64) uint8 its high 2 bits,
 ``kd`` (N/16, K/256, 16) float32 (each block's d), ``km`` (N/16, K/16, 16) int8 (each group's scale):
 ``pack_q6k_x86``'s.
@@ -18,17 +20,19 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..kernels import INT4_ISAS, int4_isa, pack_kquant_x86, pack_q6k_x86, unpack_int4_x86, unpack_q6k_x86, x86_kernels
+from ..kernels import (INT4_ISAS, int4_isa, pack_kquant_x86, pack_q5k_x86, pack_q6k_x86, unpack_int4_x86,
+                       unpack_q5k_x86, unpack_q6k_x86, x86_kernels)
 
 __all__ = ["KQuantLinear"]
 
 _NO_BIAS = torch.empty(0)
-KINDS = ("Q4_K", "Q6_K")  # the GGUF types this layer runs as they are
+KINDS = ("Q4_K", "Q5_K", "Q6_K")  # the GGUF types this layer runs as they are
 
 
 class KQuantLinear(nn.Module):
-    """y = x @ W.T + b with W a Q4_K tensor's weights, w = q * (d * sc) + (-dmin) * m per group of
-    32 inputs, or a Q6_K tensor's, w = (d * sc) * q per group of 16 (q in -32..31), in fp32;
+    """y = x @ W.T + b with W a Q4_K or Q5_K tensor's weights, w = q * (d * sc) + (-dmin) * m per
+    group of 32 inputs (q in 0..15, 0..31), or a Q6_K tensor's, w = (d * sc) * q per group of 16
+    (q in -32..31), in fp32;
     activations rounded to int8 per group as in every int4 layer here."""
 
     def __init__(self, qweight: torch.Tensor, kd: torch.Tensor, km: torch.Tensor, bias32: torch.Tensor | None,
@@ -42,7 +46,7 @@ class KQuantLinear(nn.Module):
         self.register_buffer("kd", kd)
         self.register_buffer("km", km)
         self.register_buffer("qh", qh if qh is not None else torch.empty(0, dtype=torch.uint8))
-        self.kind = "Q6_K" if qh is not None else "Q4_K"
+        self.kind = "Q4_K" if qh is None else "Q6_K" if kd.dim() == 3 else "Q5_K"
         self.bias32 = bias32 if bias32 is not None else torch.empty(0)
         self.out_features, self.in_features = qweight.shape[0] * 16, qweight.shape[1] * 8
         self.dtype = dtype
@@ -51,21 +55,21 @@ class KQuantLinear(nn.Module):
     @classmethod
     def from_blocks(cls, raw: np.ndarray, bias: torch.Tensor | None = None, rows: np.ndarray | None = None,
                     dtype: torch.dtype = torch.bfloat16, kind: str = "Q4_K") -> "KQuantLinear":
-        """The layer of a ``kind`` (Q4_K or Q6_K) tensor's raw bytes (N, K / 256 * block bytes)
+        """The layer of a ``kind`` (Q4_K, Q5_K or Q6_K) tensor's raw bytes (N, K / 256 * block bytes)
         (``GGUFReader``'s ``data``); ``rows``: the order of the output channels (a permutation of
         N, e.g. the inverse of the q/k permutation llama.cpp's converter applies), None for the
         file's own; ``bias`` (N,)."""
-        from ..store.gguf_blocks import q4_k_blocks, q6_k_blocks
+        from ..store.gguf_blocks import q4_k_blocks, q5_k_blocks, q6_k_blocks
 
         if kind not in KINDS:
             raise ValueError(f"KQuantLinear runs {', '.join(KINDS)} blocks, not {kind}")
-        parts = q4_k_blocks(raw) if kind == "Q4_K" else q6_k_blocks(raw)
+        parts = {"Q4_K": q4_k_blocks, "Q5_K": q5_k_blocks, "Q6_K": q6_k_blocks}[kind](raw)
         if rows is not None:
             parts = tuple(p[rows] for p in parts)
         parts = [torch.from_numpy(np.ascontiguousarray(p)) for p in parts]
         bias32 = None if bias is None else bias.detach().float().contiguous()
-        if kind == "Q6_K":
-            qweight, qh, kd, km = pack_q6k_x86(*parts)
+        if kind != "Q4_K":
+            qweight, qh, kd, km = (pack_q6k_x86 if kind == "Q6_K" else pack_q5k_x86)(*parts)
             return cls(qweight, kd, km, bias32, dtype, qh)
         qweight, kd, km = pack_kquant_x86(*parts)
         return cls(qweight, kd, km, bias32, dtype)
@@ -81,7 +85,7 @@ class KQuantLinear(nn.Module):
                 if any(l.bias32.numel() for l in layers) else None)
         out = cls(torch.cat([l.qweight for l in layers]), torch.cat([l.kd for l in layers]),
                   torch.cat([l.km for l in layers]), bias, first.dtype,
-                  torch.cat([l.qh for l in layers]) if first.kind == "Q6_K" else None)
+                  torch.cat([l.qh for l in layers]) if first.kind != "Q4_K" else None)
         start = 0
         for l in layers:
             part = out.rows(start, start + l.out_features)
@@ -100,14 +104,15 @@ class KQuantLinear(nn.Module):
     def _part(self, blocks, bias: torch.Tensor | None) -> "KQuantLinear":
         """The layer of the channel blocks ``blocks`` (a slice or an index tensor) of this one."""
         return KQuantLinear(self.qweight[blocks], self.kd[blocks], self.km[blocks], bias, self.dtype,
-                            self.qh[blocks] if self.kind == "Q6_K" else None)
+                            self.qh[blocks] if self.kind != "Q4_K" else None)
 
     def _run(self, x: torch.Tensor, out_fp32: bool) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(self.dtype).contiguous()
         isa = INT4_ISAS[self._isa]
-        if self.kind == "Q6_K":
-            y = x86_kernels().int4_gemm_q6k(x2, self.qweight, self.qh, self.kd, self.km, self.bias32, out_fp32, isa)
+        if self.kind != "Q4_K":
+            run = x86_kernels().int4_gemm_q6k if self.kind == "Q6_K" else x86_kernels().int4_gemm_q5k
+            y = run(x2, self.qweight, self.qh, self.kd, self.km, self.bias32, out_fp32, isa)
         else:
             y = x86_kernels().int4_gemm_kquant(x2, self.qweight, self.kd, self.km, self.bias32, out_fp32, isa)
         return y.view(*shape[:-1], self.out_features)
@@ -128,7 +133,8 @@ class KQuantLinear(nn.Module):
             q = unpack_q6k_x86(self.qweight, self.qh).float().view(nb * 16, G, 16)
             s = (self.kd.repeat_interleave(16, 1) * self.km.float()).permute(0, 2, 1).reshape(nb * 16, G, 1)
             return (q * s).view(nb * 16, G * 16)
-        q = unpack_int4_x86(self.qweight).float().view(nb * 16, G, 32)
+        codes = unpack_q5k_x86(self.qweight, self.qh) if self.kind == "Q5_K" else unpack_int4_x86(self.qweight)
+        q = codes.float().view(nb * 16, G, 32)
         d = self.kd.repeat_interleave(8, 1)  # (nb, G, 2, 16)
         s = (d[:, :, 0] * self.km[:, :, 0].float()).permute(0, 2, 1).reshape(nb * 16, G, 1)
         o = (d[:, :, 1] * self.km[:, :, 1].float()).permute(0, 2, 1).reshape(nb * 16, G, 1)

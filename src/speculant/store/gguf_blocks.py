@@ -10,6 +10,9 @@ and ``block_q6_K``, 256 weights per block); the weights these give are bit for b
 * **Q4_K** (144 bytes): fp16 ``d``, fp16 ``dmin``, 12 bytes packing eight 6-bit scales and eight
   6-bit mins, 128 bytes of 4-bit codes. Sub-block ``j`` (32 weights) is
   ``w = (d * sc_j) * q - (dmin * m_j)``: groups of 32 with ``scale = d * sc_j`` and ``offset = -dmin * m_j``.
+* **Q5_K** (176 bytes): Q4_K's d, dmin and 12 scale bytes, then 32 bytes of fifth bits and 128 bytes
+  of low 4 bits: Q4_K's groups and scales with codes 0..31 (weight 32 j + l of a block takes bit j of
+  the fifth-bit byte l).
 * **Q6_K** (210 bytes): 128 bytes of low 4 bits, 64 bytes of high 2 bits, sixteen int8 scales,
   fp16 ``d``. Weight ``i`` is ``w = (d * sc_{i // 16}) * (q - 32)``: groups of 16, codes in -32..31.
 
@@ -23,11 +26,11 @@ import numpy as np
 
 from ..errors import ModelLoadError
 
-__all__ = ["BLOCK", "Q4K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q6_k", "q4_k_blocks", "q4_k_parts",
-           "q6_k_blocks", "q6_k_parts"]
+__all__ = ["BLOCK", "Q4K_BYTES", "Q5K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q5_k", "dequantize_q6_k",
+           "q4_k_blocks", "q4_k_parts", "q5_k_blocks", "q6_k_blocks", "q6_k_parts"]
 
 BLOCK = 256  # weights per k-quant block (QK_K)
-Q4K_BYTES, Q6K_BYTES = 144, 210
+Q4K_BYTES, Q5K_BYTES, Q6K_BYTES = 144, 176, 210
 
 
 def _blocks(raw: np.ndarray, block_bytes: int, name: str) -> np.ndarray:
@@ -66,6 +69,22 @@ def q4_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     sc, mins = _q4k_scales_mins(b[..., 4:16])  # (N, nb, 8)
     qs = b[..., 16:].reshape(N, nb, 4, 32)  # four runs of 32 bytes: sub-blocks 2p (low nibbles), 2p + 1 (high)
     codes = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, nb * BLOCK)
+    return (codes.astype(np.uint8), d, dmin, sc.reshape(N, nb * 8).astype(np.uint8),
+            mins.reshape(N, nb * 8).astype(np.uint8))
+
+
+def q5_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A Q5_K tensor's raw bytes (N, K / 256 * 176) -> its parts as they are, as
+    :func:`q4_k_blocks` gives a Q4_K tensor's but with codes (N, K) uint8 in 0..31."""
+    b = _blocks(raw, Q5K_BYTES, "Q5_K")
+    N, nb = b.shape[:2]
+    d, dmin = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])  # (N, nb)
+    sc, mins = _q4k_scales_mins(b[..., 4:16])  # (N, nb, 8)
+    qh = b[..., 16:48]  # (N, nb, 32): bit j of byte l is the fifth bit of weight 32 j + l
+    qs = b[..., 48:].reshape(N, nb, 4, 32)  # as Q4_K's: sub-blocks 2p (low nibbles), 2p + 1 (high)
+    low = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, nb, 8, 32)
+    fifth = np.stack([(qh >> j) & 1 for j in range(8)], axis=2)  # (N, nb, 8, 32)
+    codes = (low | (fifth << 4)).reshape(N, nb * BLOCK)
     return (codes.astype(np.uint8), d, dmin, sc.reshape(N, nb * 8).astype(np.uint8),
             mins.reshape(N, nb * 8).astype(np.uint8))
 
@@ -109,6 +128,16 @@ def dequantize_q4_k(raw: np.ndarray) -> np.ndarray:
     """The float32 weights (N, K) of a Q4_K tensor, from :func:`q4_k_parts`."""
     codes, scale, offset = q4_k_parts(raw)
     N, K = codes.shape
+    w = codes.reshape(N, -1, 32).astype(np.float32) * scale[..., None] + offset[..., None]
+    return w.reshape(N, K)
+
+
+def dequantize_q5_k(raw: np.ndarray) -> np.ndarray:
+    """The float32 weights (N, K) of a Q5_K tensor: ``w = code * (d * sc) - dmin * m`` per group of 32."""
+    codes, d, dmin, sc, mins = q5_k_blocks(raw)
+    N, K = codes.shape
+    scale = np.repeat(d, 8, axis=1) * sc.astype(np.float32)
+    offset = -(np.repeat(dmin, 8, axis=1) * mins.astype(np.float32))
     w = codes.reshape(N, -1, 32).astype(np.float32) * scale[..., None] + offset[..., None]
     return w.reshape(N, K)
 

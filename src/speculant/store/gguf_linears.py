@@ -1,5 +1,5 @@
 """A user's GGUF file as it is: the native model's linear layers whose tensor in the file is Q4_K
-or Q6_K (the output layer included) run the file's own codes and scales
+Q5_K or Q6_K (the output layer included) run the file's own codes and scales
 (``runtime.kquant.KQuantLinear``) instead of speculant's int4 quantization of their de-quantized
 weights.
 
@@ -9,7 +9,7 @@ architecture. Before a layer is replaced, the file's rows are checked against th
 (the first 256 rows, de-quantized both ways): in the file's order, or in the order llama.cpp's
 converter permuted the query and key rows into (``permuted_rows``), whichever matches; a tensor
 that matches neither is left as it was, with the reason in the report. Tensors of other types
-(Q5_0, Q5_K, Q8_0, ...) keep speculant's int4 layers for now.
+(Q4_0, Q5_0, Q8_0, ...) keep speculant's int4 layers for now.
 """
 
 from __future__ import annotations
@@ -53,15 +53,15 @@ def source_gguf(spec: str | os.PathLike):
 
 
 def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
-    """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is Q4_K or Q6_K by
-    the file's own blocks; returns a report: ``q4_k`` and ``q6_k`` (layers replaced), ``kept`` (GGUF
+    """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is Q4_K, Q5_K or
+    Q6_K by the file's own blocks; returns a report: ``q4_k``, ``q5_k`` and ``q6_k`` (layers replaced), ``kept`` (GGUF
     type -> layers left as they were) and ``mismatched`` (tensors whose rows matched neither order)."""
     import gguf as gg
     from gguf import GGMLQuantizationType, GGUFReader
 
     from ..runtime.kquant import KQuantLinear
     from ..runtime.quant import Int4Linear
-    from .gguf_blocks import dequantize_q4_k, dequantize_q6_k
+    from .gguf_blocks import dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
     from .gguf_meta import _value
 
     reader = GGUFReader(str(gguf))
@@ -73,8 +73,9 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
     names = gg.get_tensor_name_map(arch, len(model.blocks))
     tensors = {t.name: t for t in reader.tensors}
     heads = {"q_proj": model.heads, "k_proj": model.kv_heads}
-    report: dict[str, Any] = {"q4_k": 0, "q6_k": 0, "kept": {}, "mismatched": []}
-    dequantize = {GGMLQuantizationType.Q4_K: dequantize_q4_k, GGMLQuantizationType.Q6_K: dequantize_q6_k}
+    report: dict[str, Any] = {"q4_k": 0, "q5_k": 0, "q6_k": 0, "kept": {}, "mismatched": []}
+    dequantize = {GGMLQuantizationType.Q4_K: dequantize_q4_k, GGMLQuantizationType.Q5_K: dequantize_q5_k,
+                  GGMLQuantizationType.Q6_K: dequantize_q6_k}
 
     def replacement(hf_name: str, layer, proj: str):
         t = tensors.get(f"{names.get_name(hf_name)}.weight")

@@ -87,7 +87,7 @@ def load_native(spec: str, dtype: str | torch.dtype = "bfloat16", quant: str = "
 def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep_dense: bool) -> LoadedModel:
     """A LoadedModel whose ``model`` is a NativeModel: shares a given transformers model's weights
     (its quantized layers keep the dense weight iff ``keep_dense``), or loads ``spec`` lean.
-    ``quant`` "gguf": int4, then the layers that are Q4_K or Q6_K in the GGUF file behind ``spec`` run the
+    ``quant`` "gguf": int4, then the layers that are Q4_K, Q5_K or Q6_K in the GGUF file behind ``spec`` run the
     file's own blocks (``store.gguf_linears``)."""
     if quant == "gguf":
         return _with_gguf_blocks(spec, dtype, quant_head)
@@ -104,7 +104,7 @@ def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep
 
 
 def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> LoadedModel:
-    """``to_native``'s "gguf": the int4 native model of ``spec`` with its Q4_K and Q6_K layers the file's."""
+    """``to_native``'s "gguf": the int4 native model of ``spec`` with its Q4_K, Q5_K and Q6_K layers the file's."""
     from .gguf_linears import apply_gguf_blocks, source_gguf
 
     source = source_gguf(spec.path if isinstance(spec, LoadedModel) else spec)  # before anything loads
@@ -118,8 +118,9 @@ def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> Loade
     report = apply_gguf_blocks(model, source)
     model.quant = "gguf"
     kept = ", ".join(f"{n} {t}" for t, n in sorted(report["kept"].items()))
-    print(f"speculant: {report['q4_k'] + report['q6_k']} layers run {source.name}'s own blocks ({report['q4_k']} Q4_K, "
-          f"{report['q6_k']} Q6_K)"
+    types = ", ".join(f"{report[t]} {t.upper()}" for t in ("q4_k", "q5_k", "q6_k") if report[t])
+    print(f"speculant: {sum(report[t] for t in ('q4_k', 'q5_k', 'q6_k'))} layers run {source.name}'s own blocks "
+          f"({types or 'none'})"
           + (f"; int4 for the rest ({kept} in the file)" if kept else ""), file=sys.stderr, flush=True)
     return dataclasses.replace(loaded, model=model)
 
