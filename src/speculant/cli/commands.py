@@ -9,6 +9,7 @@ import sys
 from .training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
                            cmd_make_conversations, cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
 from .drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter
+from ..bench.methods import OURS
 from ..config import DEFAULT_LOOKUP_BRANCH, METHODS
 from ..errors import SpeculantError
 from ..store.presets import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -123,8 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _decoder_args(b)
     b.add_argument("--methods", default="ar,auto,lookup,sd,llama-server,llama-server+draft,llama-server+ngram,"
                                         "llama-server+ngram-mod,openvino,openvino+lookup,openvino+draft",
-                   help="comma-separated: ar, auto (what `generate` picks), sd, mcsd, lookup, medusa, medusa+lookup, "
-                        "hydra, hydra+lookup, bpd "
+                   help="comma-separated: " + ", ".join(OURS).replace("auto", "auto (what `generate` picks)") + " "
                         "(speculant's own; each optionally NAME:RULE with an approximate acceptance rule, e.g. "
                         "medusa:typical, bpd:topk=2+min=1), and peer rows: hf-assisted (transformers' assisted "
                         "generation); llama-server, llama-server+draft, llama-server+ngram, llama-server+ngram-mod, "
