@@ -61,7 +61,7 @@ def main() -> int:
     for f in Path(args.candidate).iterdir():  # the drafter's own files, not a training run's features or checkpoints
         if f.is_file():
             shutil.copy2(f, new / f.name)
-    _as_bf16(new / "model.safetensors")
+    _as_bf16(new)
     accuracy = {**both, "drafters": [hydra, {**candidate, "path": "eagle"}]}
     (new / "accuracy.json").write_text(json.dumps(accuracy, indent=1) + "\n")
     shutil.rmtree(args.shipped)
@@ -71,19 +71,17 @@ def main() -> int:
     return 0
 
 
-def _as_bf16(path: Path) -> None:
-    """Store the drafter's float weights in bfloat16, as it runs: every target dtype it is loaded
-    for (``eagle.checkpoint.load_eagle``: the output layer's, bfloat16 on the native runtime) gets
-    what the comparison above measured, at half the size of the float32 the training keeps."""
+def _as_bf16(directory: Path) -> None:
+    """Store the drafter's float weights in bfloat16 (train-eagle keeps float32): half the file.
+    load_eagle casts them to the output layer's dtype, bfloat16 on the native runtime, so there
+    the drafter is the one the comparison above measured."""
     import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file
 
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    state = {k: t.to(torch.bfloat16) if t.is_floating_point() else t for k, t in state.items()}
-    save_file(state, str(path), metadata=meta)
+    from speculant.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, floats_in, write_checkpoint
+
+    state = floats_in(load_file(str(directory / WEIGHTS_NAME)), torch.bfloat16)
+    write_checkpoint(directory, state, json.loads((directory / CONFIG_NAME).read_text()), "the drafter")
 
 
 if __name__ == "__main__":

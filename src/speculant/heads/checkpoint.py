@@ -33,7 +33,7 @@ from .projection import check_lm_head, layer_dtype, layer_shape
 from .sequential import SequentialHeads
 
 __all__ = ["ALT_WEIGHTS_NAMES", "CONFIG_NAME", "SHIPPED_TREE_NAME", "WEIGHTS_NAME", "heads_tree", "load_heads",
-           "make_heads", "save_heads", "shipped_heads", "write_checkpoint"]
+           "floats_in", "make_heads", "save_heads", "shipped_heads", "write_checkpoint"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -51,6 +51,12 @@ def make_heads(config: HeadsConfig, model: nn.Module) -> "MedusaHeads | Sequenti
 def save_heads(heads: "MedusaHeads | SequentialHeads", path: str | Path) -> Path:
     """Write ``heads`` to the directory ``path`` (created) in the Medusa layout; returns it."""
     return write_checkpoint(Path(path), heads.medusa_state_dict(), heads.config.to_json(), "the heads")
+
+
+def floats_in(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``state`` with its floating-point tensors in ``dtype`` (a drafter stored as it runs, e.g. a
+    float32-trained one in bfloat16: half the file); integer tensors (a draft vocabulary) unchanged."""
+    return {k: t.to(dtype) if t.is_floating_point() else t for k, t in state.items()}
 
 
 def write_checkpoint(out: Path, state: dict[str, torch.Tensor], config: dict, what: str) -> Path:

@@ -64,39 +64,42 @@ def q4_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     in 0..15, each block's ``d`` and ``dmin`` (N, K / 256) float32 (from fp16), each group's 6-bit
     scale and min (N, K / 32) uint8 (``kernels.pack_kquant_x86`` takes these)."""
     b = _blocks(raw, Q4K_BYTES, "Q4_K")
-    N, nb = b.shape[:2]
-    d, dmin = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])  # (N, nb)
-    sc, mins = _q4k_scales_mins(b[..., 4:16])  # (N, nb, 8)
-    qs = b[..., 16:].reshape(N, nb, 4, 32)  # four runs of 32 bytes: sub-blocks 2p (low nibbles), 2p + 1 (high)
-    codes = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, nb * BLOCK)
-    return (codes.astype(np.uint8), d, dmin, sc.reshape(N, nb * 8).astype(np.uint8),
-            mins.reshape(N, nb * 8).astype(np.uint8))
+    return _q4k_layout(b, b[..., 16:], 0)
 
 
 def q5_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A Q5_K tensor's raw bytes (N, K / 256 * 176) -> its parts as they are, as
     :func:`q4_k_blocks` gives a Q4_K tensor's but with codes (N, K) uint8 in 0..31."""
     b = _blocks(raw, Q5K_BYTES, "Q5_K")
+    qh = b[..., 16:48]  # (N, nb, 32): bit j of byte l is the fifth bit of weight 32 j + l
+    return _q4k_layout(b, b[..., 48:], np.stack([(qh >> j) & 1 for j in range(8)], axis=2))
+
+
+def _q4k_layout(b: np.ndarray, qs: np.ndarray, fifth) -> tuple[np.ndarray, ...]:
+    """The parts of blocks ``b`` (N, nb, bytes) laid out as Q4_K's: fp16 d and dmin, then 12 bytes
+    of scales and mins; ``qs`` (N, nb, 128) their low 4 bits, four runs of 32 bytes (sub-blocks 2p
+    in the low nibbles, 2p + 1 in the high); ``fifth`` (N, nb, 8, 32) their fifth bits, or 0."""
     N, nb = b.shape[:2]
     d, dmin = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])  # (N, nb)
     sc, mins = _q4k_scales_mins(b[..., 4:16])  # (N, nb, 8)
-    qh = b[..., 16:48]  # (N, nb, 32): bit j of byte l is the fifth bit of weight 32 j + l
-    qs = b[..., 48:].reshape(N, nb, 4, 32)  # as Q4_K's: sub-blocks 2p (low nibbles), 2p + 1 (high)
+    qs = qs.reshape(N, nb, 4, 32)
     low = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, nb, 8, 32)
-    fifth = np.stack([(qh >> j) & 1 for j in range(8)], axis=2)  # (N, nb, 8, 32)
-    codes = (low | (fifth << 4)).reshape(N, nb * BLOCK)
+    codes = (low | (np.asarray(fifth, dtype=np.uint8) << 4)).reshape(N, nb * BLOCK)
     return (codes.astype(np.uint8), d, dmin, sc.reshape(N, nb * 8).astype(np.uint8),
             mins.reshape(N, nb * 8).astype(np.uint8))
+
+
+def _scale_offset(d: np.ndarray, dmin: np.ndarray, sc: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each group of 32's scale d * sc and offset -dmin * m (N, K / 32) float32, of Q4_K's and Q5_K's parts."""
+    return np.repeat(d, 8, axis=1) * sc.astype(np.float32), -(np.repeat(dmin, 8, axis=1) * mins.astype(np.float32))
 
 
 def q4_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A Q4_K tensor's raw bytes (N, K / 256 * 144) -> (codes (N, K) uint8 in 0..15,
     scale (N, K / 32) float32, offset (N, K / 32) float32): ``w = code * scale + offset`` per
     group of 32 inputs."""
-    codes, d, dmin, sc, mins = q4_k_blocks(raw)
-    scale = np.repeat(d, 8, axis=1) * sc.astype(np.float32)
-    offset = -(np.repeat(dmin, 8, axis=1) * mins.astype(np.float32))
-    return codes, scale, offset
+    codes, *rest = q4_k_blocks(raw)
+    return (codes, *_scale_offset(*rest))
 
 
 def q6_k_blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,18 +129,18 @@ def q6_k_parts(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantize_q4_k(raw: np.ndarray) -> np.ndarray:
     """The float32 weights (N, K) of a Q4_K tensor, from :func:`q4_k_parts`."""
-    codes, scale, offset = q4_k_parts(raw)
-    N, K = codes.shape
-    w = codes.reshape(N, -1, 32).astype(np.float32) * scale[..., None] + offset[..., None]
-    return w.reshape(N, K)
+    return _groups_of_32(*q4_k_parts(raw))
 
 
 def dequantize_q5_k(raw: np.ndarray) -> np.ndarray:
     """The float32 weights (N, K) of a Q5_K tensor: ``w = code * (d * sc) - dmin * m`` per group of 32."""
-    codes, d, dmin, sc, mins = q5_k_blocks(raw)
+    codes, *rest = q5_k_blocks(raw)
+    return _groups_of_32(codes, *_scale_offset(*rest))
+
+
+def _groups_of_32(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """``code * scale + offset`` (N, K) float32, one scale and offset per group of 32 inputs."""
     N, K = codes.shape
-    scale = np.repeat(d, 8, axis=1) * sc.astype(np.float32)
-    offset = -(np.repeat(dmin, 8, axis=1) * mins.astype(np.float32))
     w = codes.reshape(N, -1, 32).astype(np.float32) * scale[..., None] + offset[..., None]
     return w.reshape(N, K)
 

@@ -118,9 +118,9 @@ def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> Loade
     report = apply_gguf_blocks(model, source)
     model.quant = "gguf"
     kept = ", ".join(f"{n} {t}" for t, n in sorted(report["kept"].items()))
-    types = ", ".join(f"{report[t]} {t.upper()}" for t in ("q4_k", "q5_k", "q6_k") if report[t])
-    print(f"speculant: {sum(report[t] for t in ('q4_k', 'q5_k', 'q6_k'))} layers run {source.name}'s own blocks "
-          f"({types or 'none'})"
+    replaced = {t.upper(): report[t] for t in ("q4_k", "q5_k", "q6_k") if report[t]}
+    types = ", ".join(f"{n} {t}" for t, n in replaced.items())
+    print(f"speculant: {sum(replaced.values())} layers run {source.name}'s own blocks ({types or 'none'})"
           + (f"; int4 for the rest ({kept} in the file)" if kept else ""), file=sys.stderr, flush=True)
     return dataclasses.replace(loaded, model=model)
 

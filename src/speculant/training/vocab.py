@@ -63,7 +63,7 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
     decoding runs it in int4 or bf16 where the kernels do), default as they are."""
     from safetensors.torch import load_file
 
-    from ..heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, write_checkpoint
+    from ..heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, floats_in, write_checkpoint
 
     src, dst = Path(drafter), Path(out)
     if src.resolve() == dst.resolve():
@@ -88,7 +88,7 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
     state["draft_vocab"] = draft_vocabulary(records, n, int(holder["vocab_size"]), within=old.tolist())
     holder[key] = n
     if dtype is not None:
-        state = {k: t.to(dtype) if t.is_floating_point() else t for k, t in state.items()}
+        state = floats_in(state, dtype)
     write_checkpoint(dst, state, config, "the drafter")
     for name in KEPT_FILES:  # unchanged: they describe the drafter's states, not its vocabulary
         if (src / name).is_file():
