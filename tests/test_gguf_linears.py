@@ -93,10 +93,30 @@ def test_the_default_targets_q4_k_layers_run_as_in_the_file_and_speculation_stay
     # the same through the decoder's option, with its runtime said
     dec = SpeculativeDecoder("qwen2.5-coder-1.5b-instruct", method="ar", chat=True, target_quant="gguf")
     assert dec.generate(prompt, 32).token_ids == plain.token_ids
-    assert any("k-quant blocks (Q4_K, Q5_K, Q6_K) as they are" in r for r in dec.plan.reasons), dec.plan.reasons
+    assert any("own blocks (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as they are" in r for r in dec.plan.reasons), dec.plan.reasons
     assert source_gguf(target.path) == source_gguf("qwen2.5-coder-1.5b-instruct")  # its conversion's source
     with pytest.raises(Exception, match="not a GGUF file or a preset"):
         source_gguf(tmp_path)  # a directory that is no conversion of a GGUF file
+
+
+@pytest.mark.real
+def test_the_draft_models_q5_0_and_q8_0_layers_run_as_in_the_file():
+    """The 0.5B draft's Q4_K_M file holds Q5_0, Q8_0, Q4_K and Q6_K projections: every one runs the
+    file's own blocks, and its decoding with its own blocks is the same whatever drafts for it."""
+    from speculant import SpeculativeDecoder
+    from speculant.store.gguf_linears import apply_gguf_blocks, source_gguf
+    from speculant.store.loading import load_native
+
+    draft = load_native("qwen2.5-coder-0.5b-instruct", "bfloat16", "int4", True)
+    report = apply_gguf_blocks(draft.model, source_gguf("qwen2.5-coder-0.5b-instruct"))
+    assert report["q5_0"] and report["q8_0"] and report["q4_k"] and report["q6_k"], report
+    assert not report["kept"] and not report["mismatched"], report
+    kinds = {getattr(b, p).kind for b in draft.model.blocks for p in ("q_proj", "k_proj", "v_proj", "down_proj")}
+    assert {"Q5_0", "Q8_0"} <= kinds
+    prompt = "Write a Python function that checks whether a string is a palindrome."
+    plain = SpeculativeDecoder(draft, method="ar", chat=True).generate(prompt, 32)
+    spec = SpeculativeDecoder(draft, method="lookup", chat=True, pacing=False).generate(prompt, 32)
+    assert "def " in plain.text and spec.token_ids == plain.token_ids
 
 
 def test_load_native_takes_gguf_as_every_loader_does(monkeypatch):

@@ -35,3 +35,25 @@ def test_smollm2_drafting_for_itself_is_identical_to_plain(smol):
                                    pacing=False, tree_budget="fixed").generate(PROMPTS[0], 48)
         assert hydra.token_ids == plain.token_ids
         assert hydra.stats.target_calls < plain.stats.target_calls
+
+
+def test_smollm2s_q4_1_file_runs_as_it_is_and_speculation_stays_exact():
+    """SmolLM2's GGUF is Q4_1 (and a Q8_0 embedding): with target_quant="gguf" every projection runs
+    the file's own Q4_1 blocks, and speculative output equals plain output on it."""
+    from speculant.runtime.block_quant import BlockQuantLinear
+    from speculant.store.gguf_linears import apply_gguf_blocks, source_gguf
+    from speculant.store.loading import load_native
+
+    target = load_native("smollm2-135m-instruct", "bfloat16", "int4", True)
+    report = apply_gguf_blocks(target.model, source_gguf("smollm2-135m-instruct"))
+    assert report["q4_1"] == 7 * len(target.model.blocks) and not report["mismatched"], report
+    block = target.model.blocks[0]
+    assert block.q_proj.kind == "Q4_1" and isinstance(block.qkv, BlockQuantLinear)
+    plain = SpeculativeDecoder(target, method="ar", chat=True).generate(PROMPTS[0], 40)
+    for method in ("lookup", "hydra"):
+        spec = SpeculativeDecoder(target, method=method, chat=True, pacing=False,
+                                  tree_budget="fixed").generate(PROMPTS[0], 40)
+        assert spec.token_ids == plain.token_ids, method
+    assert spec.stats.target_calls < plain.stats.target_calls  # the heads' tree drafted
+    dec = SpeculativeDecoder("smollm2-135m-instruct", method="ar", chat=True, target_quant="gguf")
+    assert dec.generate(PROMPTS[0], 40).token_ids == plain.token_ids

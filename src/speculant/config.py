@@ -204,7 +204,7 @@ class DecoderConfig:
     backend: "auto", "hf" (transformers) or "native" (speculant's own forward: Llama, Mistral, Qwen2/3,
     Phi-3, Gemma 2/3).
     target_quant: "auto", "none", "int8", "int4" (native only); changes the output to the
-    quantized model's. "gguf" (a GGUF file or preset): int4, with the layers that are Q4_K, Q5_K or Q6_K in
+    quantized model's. "gguf" (a GGUF file or preset): int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in
     the file running the file's own blocks (``store.gguf_linears``: closer to the file's model).
     quant_head: quantize the output layer too (None: with the target).
     tree_budget: dynamic trees and lookup: "auto" sizes every step's tree against this machine's

@@ -124,7 +124,7 @@ def teacher_forced(backend, prompt: torch.Tensor, ref: list[int]) -> tuple[int, 
     return sum(same), len(ref), first
 
 
-# gguf: int4, with the layers that are Q4_K, Q5_K or Q6_K in the GGUF file running the file's own blocks
+# gguf: int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks
 MODES = ("none", "int8", "int4", "int8+head", "int4+head", "gguf", "gguf+head")
 
 

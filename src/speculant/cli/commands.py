@@ -62,7 +62,7 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                         "or native")
     p.add_argument("--target-quant", choices=["auto", "none", "int8", "int4", "gguf"], default="auto",
                    help="native backend: weight-only quantization of the target (auto: int4 on the native runtime; "
-                        "gguf: int4, with the layers that are Q4_K, Q5_K or Q6_K in the GGUF file running the file's own blocks); "
+                        "gguf: int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks); "
                         "it changes the output to the quantized model's (see `speculant quant-eval`)")
     p.add_argument("--quant-head", action=argparse.BooleanOptionalAction, default=None,
                    help="with --target-quant: quantize the output layer too (default: yes with int4)")
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     q.add_argument("--modes", default="none,int8,int4,int8+head,int4+head",
                    help="comma-separated quantizations; '+head' also quantizes the output layer; gguf: int4 with "
-                        "the layers that are Q4_K, Q5_K or Q6_K in the GGUF file running the file's own blocks (default: %(default)s)")
+                        "the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks (default: %(default)s)")
     q.add_argument("--max-new-tokens", type=int, default=64, help="per agreement prompt (default: %(default)s)")
     q.add_argument("--json-out", default=None)
 

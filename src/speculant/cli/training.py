@@ -187,6 +187,12 @@ def add_training_parsers(sub) -> None:
                     help="the token loss's target: data, the records' next tokens (the target's own answers, "
                          "make-corpus); target, the target's own next-token distribution at each position, for "
                          "text the target did not write (make-conversations) (default: %(default)s)")
+    te.add_argument("--token-weight", type=float, default=0.1,
+                    help="the token loss's weight beside the feature regression's (EAGLE-1: 0.1; EAGLE-3 and HASS "
+                         "train on the token loss mostly) (default: %(default)s)")
+    te.add_argument("--feature-weight", type=float, default=1.0,
+                    help="the feature regression's weight (smooth L1 to the target's next hidden state) "
+                         "(default: %(default)s)")
     te.add_argument("--features-only", action="store_true",
                     help="compute the target's features (resumable) and stop before training")
 
@@ -284,7 +290,8 @@ def cmd_train_eagle(args) -> int:
     cfg = EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                            held_out=args.held_out, precision=args.precision,
                            feature_noise=args.feature_noise, draft_steps=args.draft_steps,
-                           token_target=args.token_target)
+                           token_target=args.token_target, token_weight=args.token_weight,
+                           feature_weight=args.feature_weight)
     dec = SpeculativeDecoder(args.target, method="ar")  # the runtime the drafter will read hidden states from
     report = run_eagle_training(dec, records, args.out, cfg, run, vocab_records, features_only=args.features_only)
     keys = ("features", "records", "rows") if args.features_only else \

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
-           "int4_isa", "kernels_name", "pack_bf16", "pack_int4_x86", "pack_kquant_x86", "pack_q5k_x86", "pack_q6k_x86",
+           "int4_isa", "kernels_name", "pack_bf16", "pack_f32scales_x86", "pack_int4_x86", "pack_kquant_x86", "pack_q5k_x86", "pack_q6k_x86",
            "unpack_int4_x86", "unpack_q5k_x86", "unpack_q6k_x86",
            "x86_kernels"]
 
@@ -276,10 +276,36 @@ def pack_q5k_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch
     kd and km, and qh (N/16, K/32, 64) uint8 their fifth bits, byte 4 c + i of input chunk P holding
     that of input 32 P + 4 j + i in bit j: the arguments of ``int4_gemm_q5k``."""
     qpack, kd, km = pack_kquant_x86(q.to(torch.uint8) & 15, d, dmin, sc, m)
+    return qpack, _fifth_bits(q), kd, km
+
+
+def _fifth_bits(q: torch.Tensor) -> torch.Tensor:
+    """Codes q (N, K) in [0, 31] -> their fifth bits (N/16, K/32, 64) uint8, byte 4 c + i of input
+    chunk P holding that of input 32 P + 4 j + i in bit j (``Problem::qh`` with hbits 1)."""
     N, K = q.shape
     fifth = (q.to(torch.uint8) >> 4).view(N // 16, 16, K // 32, 8, 4)  # [nb, c, chunk, j, i]
     byte = sum(fifth[:, :, :, j] << j for j in range(8))
-    return qpack, byte.permute(0, 2, 1, 3).reshape(N // 16, K // 32, 64).contiguous(), kd, km
+    return byte.permute(0, 2, 1, 3).reshape(N // 16, K // 32, 64).contiguous()
+
+
+def pack_f32scales_x86(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int = 4
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes q (N, K) in [0, 2^bits - 1] (``bits`` 4 or 5), scale and offset (N, G) float32
+    (w = q * scale + offset, groups of K / G inputs) -> (qpack (N/16, K/8, 64) uint8 of the codes'
+    low 4 bits, sf (N/16, G, 2, 16) float32, qh: for 5-bit codes their fifth bits (N/16, K/32, 64)
+    uint8 (groups of 32 then), else empty): the arguments of ``int4_gemm_f32``, pack_int4_x86's
+    layout with exact scales. N must be a multiple of 16, a group a multiple of 16 inputs."""
+    N, K = q.shape
+    G = scale.shape[-1]
+    if N % 16 or K % 8 or G < 1 or K % G or (K // G) % 16 or offset.shape != scale.shape:
+        raise ValueError(f"pack_f32scales_x86 needs N % 16 == 0 and groups of a multiple of 16 inputs, got ({N}, {K}) "
+                         f"in {G} groups, scale {tuple(scale.shape)}, offset {tuple(offset.shape)}")
+    if bits not in (4, 5) or (bits == 5 and K // G != 32):
+        raise ValueError(f"pack_f32scales_x86 takes 4-bit codes, or 5-bit codes in groups of 32; got {bits} bits in "
+                         f"groups of {K // G}")
+    codes = q.to(torch.uint8)
+    qh = _fifth_bits(codes) if bits == 5 else torch.empty(0, dtype=torch.uint8)
+    return _pack_codes(codes & 15), _by_block(torch.stack([scale.float(), offset.float()])), qh
 
 
 def unpack_q5k_x86(qpack: torch.Tensor, qh: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,10 @@ struct Problem {
   //   w = (d * sc) * u + (-32 * d * sc).
   const uint8_t* qh = nullptr;
   int hbits = 0;
+  // fp32 scales (a GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 blocks: an fp16 scale, and an fp16 min or
+  // a fixed zero point, per group of 32): (NB, G, 2, 16) fp32, each group's (scale, offset) for the
+  // block's 16 channels, as sz's bf16 pairs but exact. Unused when kd is set.
+  const float* sf = nullptr;
 };
 
 inline float bf16_to_float(uint16_t b) {
@@ -49,7 +53,7 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, as VCVTNEPS2
   return (uint16_t)(u >> 16);
 }
 
-// Group g's (scale, offset) of channel c (0-15) of block nb: the bf16 pair, or d * sc and
+// Group g's (scale, offset) of channel c (0-15) of block nb: the bf16 pair, the fp32 pair, or d * sc and
 // (-dmin) * m in fp32 (the products are exact: what the file's weights are made of).
 inline void scale_pair(const Problem& P, int64_t nb, int64_t g, int c, float& s, float& o) {
   if (P.hbits == 2) {  // Q6_K: d * sc (fp16 x int8: exact in fp32) and -32 times it (exact)
@@ -61,6 +65,10 @@ inline void scale_pair(const Problem& P, int64_t nb, int64_t g, int c, float& s,
     const uint8_t* m = P.km + (nb * P.G + g) * 32;
     s = d[c] * (float)m[c];
     o = d[16 + c] * (float)m[16 + c];
+  } else if (P.sf) {
+    const float* sg = P.sf + (nb * P.G + g) * 32;
+    s = sg[c];
+    o = sg[16 + c];
   } else {
     const uint16_t* sg = P.sz + (nb * P.G + g) * 32;
     s = bf16_to_float(sg[c]);
@@ -83,7 +91,7 @@ __attribute__((target("avx512f"))) inline __m512 load16_bf16_avx512(const uint16
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// The 16 channels' (scale, offset) of group g: bf16 pairs, or k-quant products (scale_pair).
+// The 16 channels' (scale, offset) of group g: bf16 pairs, fp32 pairs, or k-quant products (scale_pair).
 __attribute__((target("avx512f"))) inline void scales16(const Problem& P, int64_t nb, int64_t g, __m512& s,
                                                         __m512& o) {
   if (P.hbits == 2) {
@@ -97,6 +105,10 @@ __attribute__((target("avx512f"))) inline void scales16(const Problem& P, int64_
     s = _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)m))));
     o = _mm512_mul_ps(_mm512_loadu_ps(d + 16),
                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(m + 16)))));
+  } else if (P.sf) {
+    const float* sg = P.sf + (nb * P.G + g) * 32;
+    s = _mm512_loadu_ps(sg);
+    o = _mm512_loadu_ps(sg + 16);
   } else {
     const uint16_t* sg = P.sz + (nb * P.G + g) * 32;
     s = load16_bf16_avx512(sg);

@@ -166,6 +166,10 @@ inline void scales8(const Problem& P, int64_t nb, int64_t g, int64_t half, __m25
     s = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)m))));
     o = _mm256_mul_ps(_mm256_loadu_ps(d + 16),
                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(m + 16)))));
+  } else if (P.sf) {
+    const float* sg = P.sf + (nb * P.G + g) * 32 + 8 * half;
+    s = _mm256_loadu_ps(sg);
+    o = _mm256_loadu_ps(sg + 16);
   } else {
     const uint16_t* sg = P.sz + (nb * P.G + g) * 32 + 8 * half;
     s = load8_bf16_avx2(sg);
@@ -365,7 +369,7 @@ namespace {
 // bf16 pairs (sz) or as k-quant blocks (kd, km).
 torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz, const float* kd, const uint8_t* km,
                        int64_t G, torch::Tensor bias, bool out_fp32, int64_t isa, const uint8_t* qh = nullptr,
-                       int hbits = 0) {
+                       int hbits = 0, const float* sf = nullptr) {
   const int64_t M = x.size(0), K = x.size(1), N = qpack.size(0) * 16, NB = N / 16;
   const bool has_bias = bias.numel() > 0;
   TORCH_CHECK(hbits == 2 ? K / G == 16 : hbits == 1 ? K / G == 32 : (K / G == 32 || K / G == 64 || K / G == 128),
@@ -374,7 +378,7 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
   TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
   const int64_t gsize = K / G;
-  const bool amx = use == kAmx && gsize == 64 && kd == nullptr && M >= kAmxMinRows;
+  const bool amx = use == kAmx && gsize == 64 && kd == nullptr && sf == nullptr && M >= kAmxMinRows;
   if (use == kAmx && !amx) use = kAvx512Vnni;
   const int64_t rows = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole tiles of 16 rows: zero padding
 
@@ -396,7 +400,7 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
 
   Problem P{xqp, ap, axp, qpack.data_ptr<uint8_t>(), sz, has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
             out_fp32 ? y.data_ptr<float>() : nullptr,
-            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km, qh, hbits};
+            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km, qh, hbits, sf};
   if (amx) {
     gemm_amx(P);
     return y;
@@ -429,6 +433,33 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
   const Int4Shape shape = check_int4_args(x, qpack, scales, bias);
   return run_int4(x, qpack, reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), nullptr, nullptr,
                   shape.G, bias, out_fp32, isa);
+}
+
+// int4_gemm with each group's (scale, offset) in fp32 instead of bf16: sf (N/16, G, 2, 16) float32
+// (pack_f32scales_x86), groups of 32, 64 or 128 inputs; qh empty, or (N/16, K/32, 64) uint8 the fifth
+// bits of 5-bit codes (as int4_gemm_q5k's; groups of 32). A GGUF file's Q4_0, Q4_1, Q5_0 and Q5_1
+// blocks as they are (their fp16 scales and mins, and -8 d or -16 d, are exact in fp32), and each
+// 4-bit plane of its Q8_0 blocks (runtime.block_quant). The AMX path takes bf16 scales only: amx
+// runs AVX-512 VNNI here.
+torch::Tensor int4_gemm_f32(torch::Tensor x, torch::Tensor qpack, torch::Tensor sf, torch::Tensor qh, torch::Tensor bias,
+                            bool out_fp32, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
+  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
+              "qpack must be (N/16, K/8, 64) uint8");
+  const int64_t K = x.size(1), NB = qpack.size(0);
+  TORCH_CHECK(sf.dim() == 4 && sf.scalar_type() == at::kFloat && sf.is_contiguous() && sf.size(0) == NB &&
+              sf.size(2) == 2 && sf.size(3) == 16, "sf must be (N/16, G, 2, 16) float32");
+  const int64_t G = sf.size(1);
+  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
+  TORCH_CHECK(G > 0 && K % G == 0, "groups of ", K / std::max<int64_t>(G, 1), " inputs do not divide ", K);
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
+              "bias must be (N,) float32");
+  const bool five = qh.numel() > 0;
+  TORCH_CHECK(!five || (qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
+              qh.size(1) == K / 32 && qh.size(2) == 64 && G == K / 32), "qh must be empty or (N/16, K/32, 64) uint8 "
+              "with groups of 32");
+  return run_int4(x, qpack, nullptr, nullptr, nullptr, G, bias, out_fp32, isa, five ? qh.data_ptr<uint8_t>() : nullptr,
+                  five ? 1 : 0, sf.data_ptr<float>());
 }
 
 // The arguments both k-quant entry points share: x (M, K) bf16, qpack (N/16, K/8, 64) uint8 with K a

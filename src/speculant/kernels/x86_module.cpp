@@ -10,6 +10,8 @@ torch::Tensor int4_gemm_q5k(torch::Tensor x, torch::Tensor qpack, torch::Tensor 
                             torch::Tensor bias, bool out_fp32, int64_t isa);
 torch::Tensor int4_gemm_q6k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                             torch::Tensor bias, bool out_fp32, int64_t isa);
+torch::Tensor int4_gemm_f32(torch::Tensor x, torch::Tensor qpack, torch::Tensor sf, torch::Tensor qh, torch::Tensor bias,
+                            bool out_fp32, int64_t isa);
 int64_t int4_best_isa();
 bool int4_isa_supported(int64_t isa);
 torch::Tensor attend_x86(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor allowed, int64_t past,
@@ -27,6 +29,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemm_kquant", &int4_gemm_kquant, "int4_gemm with a GGUF file's Q4_K scales as they are (groups of 32)");
   m.def("int4_gemm_q5k", &int4_gemm_q5k, "int4_gemm_kquant with a GGUF file's Q5_K codes (5 bits: a plane of fifth bits)");
   m.def("int4_gemm_q6k", &int4_gemm_q6k, "int4_gemm with a GGUF file's Q6_K codes and scales as they are (groups of 16)");
+  m.def("int4_gemm_f32", &int4_gemm_f32, "int4_gemm with fp32 group scales and offsets, 4- or 5-bit codes (GGUF Q4_0, Q4_1, Q5_0, Q5_1; Q8_0 as two planes)");
   m.def("int4_best_isa", &int4_best_isa, "the code path int4_gemm takes here: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx");
   m.def("int4_isa_supported", &int4_isa_supported, "whether this CPU runs an int4_gemm code path");
   m.def("attend", &attend_x86, "row-invariant attention over a bf16 KV cache, the same bits on every code path");

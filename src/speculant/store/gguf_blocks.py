@@ -16,8 +16,19 @@ and ``block_q6_K``, 256 weights per block); the weights these give are bit for b
 * **Q6_K** (210 bytes): 128 bytes of low 4 bits, 64 bytes of high 2 bits, sixteen int8 scales,
   fp16 ``d``. Weight ``i`` is ``w = (d * sc_{i // 16}) * (q - 32)``: groups of 16, codes in -32..31.
 
+The older block types, 32 weights per block, each with an fp16 scale ``d`` (``block_q4_0`` ...
+``block_q8_0``), are read by :func:`legacy_blocks` as codes, scale and offset per group of 32:
+
+* **Q4_0** (18 bytes): ``d``, 16 bytes of 4-bit codes (weight j in the low nibble of byte j, weight
+  16 + j in its high nibble): ``w = d * (q - 8)``.
+* **Q4_1** (20 bytes): ``d``, fp16 ``m``, Q4_0's codes: ``w = d * q + m``.
+* **Q5_0** (22 bytes): ``d``, 4 bytes of fifth bits (bit j of the little-endian word for weight j),
+  Q4_0's low bits: ``w = d * (q - 16)``.
+* **Q5_1** (24 bytes): ``d``, ``m``, Q5_0's fifth bits and low bits: ``w = d * q + m``.
+* **Q8_0** (34 bytes): ``d``, 32 int8 codes: ``w = d * q``.
+
 Shapes: a tensor of ``N`` rows of ``K`` weights (GGUF lists them as ``[K, N]``) is read as its raw
-bytes ``(N, K / 256 * block_bytes)`` uint8, the layout ``GGUFReader`` gives.
+bytes ``(N, K / block_weights * block_bytes)`` uint8, the layout ``GGUFReader`` gives.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 
-__all__ = ["BLOCK", "Q4K_BYTES", "Q5K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q5_k", "dequantize_q6_k",
+__all__ = ["BLOCK", "LEGACY", "dequantize_legacy", "legacy_blocks", "Q4K_BYTES", "Q5K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q5_k", "dequantize_q6_k",
            "q4_k_blocks", "q4_k_parts", "q5_k_blocks", "q6_k_blocks", "q6_k_parts"]
 
 BLOCK = 256  # weights per k-quant block (QK_K)
@@ -150,3 +161,40 @@ def dequantize_q6_k(raw: np.ndarray) -> np.ndarray:
     codes, scale = q6_k_parts(raw)
     N, K = codes.shape
     return (codes.reshape(N, -1, 16).astype(np.float32) * scale[..., None]).reshape(N, K)
+
+
+# the 32-weight block types: bytes per block, code bits, and the code's zero point (None: an fp16
+# min follows d, w = d * q + m)
+LEGACY = {"Q4_0": (18, 4, 8), "Q4_1": (20, 4, None), "Q5_0": (22, 5, 16), "Q5_1": (24, 5, None), "Q8_0": (34, 8, 128)}
+
+
+def legacy_blocks(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ``kind`` (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0) tensor's raw bytes (N, K / 32 * block bytes) ->
+    (codes (N, K) uint8 in 0 .. 2^bits - 1, scale (N, K / 32) float32, offset (N, K / 32) float32):
+    ``w = code * scale + offset`` per group of 32 inputs, the file's weights bit for bit. Codes are
+    unsigned: a signed Q8_0 code q is q + 128 here, with offset -128 d (Q4_0: offset -8 d; Q5_0:
+    -16 d; Q4_1 and Q5_1: the block's m), each exact in float32."""
+    if kind not in LEGACY:
+        raise ValueError(f"legacy_blocks reads {', '.join(LEGACY)}, not {kind}")
+    size, bits, zero = LEGACY[kind]
+    b = _blocks(raw, size, kind)
+    N, nb = b.shape[:2]
+    d = _fp16(b[..., 0:2])  # (N, nb)
+    at = 2 if zero is not None else 4
+    offset = -d * np.float32(zero) if zero is not None else _fp16(b[..., 2:4])
+    if bits == 8:
+        codes = (b[..., at:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    else:
+        fifth = 0
+        if bits == 5:
+            word = np.ascontiguousarray(b[..., at:at + 4]).view("<u4")  # (N, nb, 1)
+            fifth = ((word >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # (N, nb, 32)
+            at += 4
+        qs = b[..., at:at + 16]
+        codes = np.concatenate([qs & 15, qs >> 4], axis=-1) | (fifth << 4)
+    return codes.reshape(N, nb * 32).astype(np.uint8), d, offset.astype(np.float32)
+
+
+def dequantize_legacy(raw: np.ndarray, kind: str) -> np.ndarray:
+    """The float32 weights (N, K) of a Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 tensor."""
+    return _groups_of_32(*legacy_blocks(raw, kind))

@@ -1,7 +1,7 @@
-"""A user's GGUF file as it is: the native model's linear layers whose tensor in the file is Q4_K
-Q5_K or Q6_K (the output layer included) run the file's own codes and scales
-(``runtime.kquant.KQuantLinear``) instead of speculant's int4 quantization of their de-quantized
-weights.
+"""A user's GGUF file as it is: the native model's linear layers whose tensor in the file is Q4_K,
+Q5_K or Q6_K (``runtime.kquant.KQuantLinear``), or Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0
+(``runtime.block_quant.BlockQuantLinear``), the output layer included, run the file's own codes and
+scales instead of speculant's int4 quantization of their de-quantized weights.
 
 The model is loaded as usual first (``NativeModel`` with int4 layers, from the file's conversion);
 each projection is then matched to its GGUF tensor by gguf-py's tensor name map for the file's
@@ -9,7 +9,7 @@ architecture. Before a layer is replaced, the file's rows are checked against th
 (the first 256 rows, de-quantized both ways): in the file's order, or in the order llama.cpp's
 converter permuted the query and key rows into (``permuted_rows``), whichever matches; a tensor
 that matches neither is left as it was, with the reason in the report. Tensors of other types
-(Q4_0, Q5_0, Q8_0, ...) keep speculant's int4 layers for now.
+(F16, BF16, Q2_K, Q3_K, the i-quants) keep speculant's int4 layers, counted in the report's ``kept``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ import torch
 from ..backends.native_model import _PROJ
 from ..errors import ModelLoadError
 
-__all__ = ["apply_gguf_blocks", "permuted_rows", "source_gguf"]
+__all__ = ["RUNS", "apply_gguf_blocks", "permuted_rows", "source_gguf"]
+
+# the GGUF types whose blocks run as they are
+RUNS = ("Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
 _CHECK_ROWS = 256
 _MATCH = 0.25  # relative difference of the file's rows and the loaded (re-quantized) rows that counts as the same
@@ -53,15 +56,14 @@ def source_gguf(spec: str | os.PathLike):
 
 
 def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
-    """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is Q4_K, Q5_K or
-    Q6_K by the file's own blocks; returns a report: ``q4_k``, ``q5_k`` and ``q6_k`` (layers replaced), ``kept`` (GGUF
-    type -> layers left as they were) and ``mismatched`` (tensors whose rows matched neither order)."""
+    """Replace ``model``'s (a NativeModel) linear layers whose tensor in ``gguf`` is of a type in
+    :data:`RUNS` by the file's own blocks; returns a report: the layers replaced per type (``q4_k``,
+    ``q8_0``, ...: every type of :data:`RUNS`), ``kept`` (GGUF type -> layers left as they were) and
+    ``mismatched`` (tensors whose rows matched neither order)."""
     import gguf as gg
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGUFReader
 
-    from ..runtime.kquant import KQuantLinear
     from ..runtime.quant import Int4Linear
-    from .gguf_blocks import dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
     from .gguf_meta import _value
 
     reader = GGUFReader(str(gguf))
@@ -73,16 +75,15 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
     names = gg.get_tensor_name_map(arch, len(model.blocks))
     tensors = {t.name: t for t in reader.tensors}
     heads = {"q_proj": model.heads, "k_proj": model.kv_heads}
-    report: dict[str, Any] = {"q4_k": 0, "q5_k": 0, "q6_k": 0, "kept": {}, "mismatched": []}
-    dequantize = {GGMLQuantizationType.Q4_K: dequantize_q4_k, GGMLQuantizationType.Q5_K: dequantize_q5_k,
-                  GGMLQuantizationType.Q6_K: dequantize_q6_k}
+    report: dict[str, Any] = {**{kind.lower(): 0 for kind in RUNS}, "kept": {}, "mismatched": []}
 
     def replacement(hf_name: str, layer, proj: str):
         t = tensors.get(f"{names.get_name(hf_name)}.weight")
         if t is None or not isinstance(layer, Int4Linear) or layer.kind != "x86":
             return None
-        if t.tensor_type not in dequantize:
-            report["kept"][t.tensor_type.name] = report["kept"].get(t.tensor_type.name, 0) + 1
+        kind = t.tensor_type.name
+        if kind not in RUNS:
+            report["kept"][kind] = report["kept"].get(kind, 0) + 1
             return None
         raw = np.asarray(t.data)
         n = raw.shape[0]
@@ -95,11 +96,11 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
         orders = [None] + ([permuted_rows(n, heads[proj])] if proj in heads else [])
         for order in orders:
             rows = np.arange(check) if order is None else order[:check]
-            mine = torch.from_numpy(dequantize[t.tensor_type](raw[rows]))
+            mine = torch.from_numpy(_dequantize(raw[rows], kind))
             if (mine - loaded).norm() <= _MATCH * loaded.norm():
                 bias = layer.bias32 if layer.bias32.numel() else None
-                report[t.tensor_type.name.lower()] += 1
-                return KQuantLinear.from_blocks(raw, bias, order, model.dtype, t.tensor_type.name)
+                report[kind.lower()] += 1
+                return _layer_class(kind).from_blocks(raw, bias, order, model.dtype, kind)
         report["mismatched"].append(f"{t.name}: its rows match the loaded layer's in no known order")
         return None
 
@@ -120,13 +121,29 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
     return report
 
 
-def _join(block, parts: tuple[str, ...], joined: str, new: dict) -> None:
-    """Re-join the block's ``parts`` into ``joined`` where any of them was replaced: one k-quant
-    layer when all of them are of one type, else none (each runs on its own)."""
+def _layer_class(kind: str):
+    """The layer that runs a GGUF ``kind`` of :data:`RUNS` as it is."""
+    from ..runtime.block_quant import BlockQuantLinear
     from ..runtime.kquant import KQuantLinear
+
+    return KQuantLinear if kind in ("Q4_K", "Q5_K", "Q6_K") else BlockQuantLinear
+
+
+def _dequantize(raw: np.ndarray, kind: str) -> np.ndarray:
+    """The float32 weights (N, K) of a ``kind`` tensor's raw bytes."""
+    from .gguf_blocks import dequantize_legacy, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
+
+    k_quant = {"Q4_K": dequantize_q4_k, "Q5_K": dequantize_q5_k, "Q6_K": dequantize_q6_k}
+    return k_quant[kind](raw) if kind in k_quant else dequantize_legacy(raw, kind)
+
+
+def _join(block, parts: tuple[str, ...], joined: str, new: dict) -> None:
+    """Re-join the block's ``parts`` into ``joined`` where any of them was replaced: one layer of
+    the file's blocks when all of them are of one type, else none (each runs on its own)."""
+    from ..runtime.block_linear import BlockLinear
 
     if not any(p in new for p in parts):
         return
     layers = [getattr(block, p) for p in parts]
-    same = all(isinstance(l, KQuantLinear) for l in layers) and len({l.kind for l in layers}) == 1
-    setattr(block, joined, KQuantLinear.concat(layers) if same else None)
+    same = all(isinstance(l, BlockLinear) for l in layers) and len({l.kind for l in layers}) == 1
+    setattr(block, joined, type(layers[0]).concat(layers) if same else None)

@@ -87,7 +87,7 @@ def load_native(spec: str, dtype: str | torch.dtype = "bfloat16", quant: str = "
 def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep_dense: bool) -> LoadedModel:
     """A LoadedModel whose ``model`` is a NativeModel: shares a given transformers model's weights
     (its quantized layers keep the dense weight iff ``keep_dense``), or loads ``spec`` lean.
-    ``quant`` "gguf": int4, then the layers that are Q4_K, Q5_K or Q6_K in the GGUF file behind ``spec`` run the
+    ``quant`` "gguf": int4, then the layers of a type in ``gguf_linears.RUNS`` in the GGUF file behind ``spec`` run the
     file's own blocks (``store.gguf_linears``)."""
     if quant == "gguf":
         return _with_gguf_blocks(spec, dtype, quant_head)
@@ -104,8 +104,9 @@ def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep
 
 
 def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> LoadedModel:
-    """``to_native``'s "gguf": the int4 native model of ``spec`` with its Q4_K, Q5_K and Q6_K layers the file's."""
-    from .gguf_linears import apply_gguf_blocks, source_gguf
+    """``to_native``'s "gguf": the int4 native model of ``spec`` with its layers of the types
+    ``gguf_linears.RUNS`` (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) the file's."""
+    from .gguf_linears import RUNS, apply_gguf_blocks, source_gguf
 
     source = source_gguf(spec.path if isinstance(spec, LoadedModel) else spec)  # before anything loads
     if isinstance(spec, LoadedModel) and isinstance(spec.model, NativeModel):
@@ -118,7 +119,7 @@ def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> Loade
     report = apply_gguf_blocks(model, source)
     model.quant = "gguf"
     kept = ", ".join(f"{n} {t}" for t, n in sorted(report["kept"].items()))
-    replaced = {t.upper(): report[t] for t in ("q4_k", "q5_k", "q6_k") if report[t]}
+    replaced = {t: report[t.lower()] for t in RUNS if report[t.lower()]}
     types = ", ".join(f"{n} {t}" for t, n in replaced.items())
     print(f"speculant: {sum(replaced.values())} layers run {source.name}'s own blocks ({types or 'none'})"
           + (f"; int4 for the rest ({kept} in the file)" if kept else ""), file=sys.stderr, flush=True)
