@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` (the copy vendored in llama-cpp-python's sdist) for the bench's
-# llama-server peer rows; see src/speculant/bench/llama_server.py, which looks for it in the same
-# place. Usage: tools/build_llama_server.sh [VERSION]   (default 0.3.36; ~8 min on 2 cores)
+# llama-server peer rows, with `llama-perplexity` (quant-eval's llama.cpp reference) and
+# `llama-quantize` (GGUF files of other types) and `llama-tokenize` (its token ids of a text); see src/speculant/bench/llama_server.py, which looks
+# for them in the same place. Usage: tools/build_llama_server.sh [VERSION]   (default 0.3.36; ~10 min
+# on 2 cores)
 #
 # Installs into $SPECULANT_CACHE/peers/llama.cpp-VERSION/ (SPECULANT_CACHE defaults to
-# ~/.cache/speculant): bin/llama-server plus the shared libraries beside it (run it with
-# LD_LIBRARY_PATH=<that bin dir>). Idempotent: does nothing when the binary is there. Atomic: builds
+# ~/.cache/speculant): bin/ with the four programs and the shared libraries beside them (run them
+# with LD_LIBRARY_PATH=<that bin dir>), and convert/ with convert_hf_to_gguf.py and the gguf-py it
+# imports (PYTHONPATH=convert/gguf-py). Idempotent: does nothing when all of them are there. Atomic: builds
 # in a temporary directory next to the destination and renames it into place at the end, so an
 # interrupted build leaves nothing that looks installed.
 #
@@ -19,8 +22,11 @@ CACHE="${SPECULANT_CACHE:-$HOME/.cache/speculant}"
 DEST="$CACHE/peers/llama.cpp-$VERSION"
 PY="${PY:-python3}"
 
-if [ -x "$DEST/bin/llama-server" ]; then
-    echo "llama-server $VERSION already installed: $DEST/bin/llama-server"
+TOOLS="llama-server llama-perplexity llama-quantize llama-tokenize"
+whole=yes
+for t in $TOOLS; do [ -x "$DEST/bin/$t" ] || whole=no; done
+if [ $whole = yes ] && [ -f "$DEST/convert/convert_hf_to_gguf.py" ]; then
+    echo "llama.cpp $VERSION already installed: $DEST/bin ($TOOLS), $DEST/convert"
     exit 0
 fi
 command -v cmake >/dev/null || { echo "error: cmake is required (pip install cmake, or apt-get install cmake)" >&2; exit 1; }
@@ -47,11 +53,13 @@ cmake -S "$SRC" -B "$TMP/build" \
     -DGGML_AVX512="$AVX512" -DGGML_AVX512_VNNI="$VNNI" -DGGML_AVX512_BF16="$BF16" \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release
-cmake --build "$TMP/build" -j"${JOBS:-2}" --target llama-server
+cmake --build "$TMP/build" -j"${JOBS:-2}" --target $TOOLS
 
 # Keep only what running needs: build/bin (the binary and its shared libraries) and a record.
-mkdir -p "$TMP/out"
+mkdir -p "$TMP/out/convert"
 cp -a "$TMP/build/bin" "$TMP/out/bin"
+# the converter (Hugging Face directory -> GGUF) and the gguf-py it was written against
+cp -a "$SRC/convert_hf_to_gguf.py" "$SRC/gguf-py" "$TMP/out/convert/"
 LD_LIBRARY_PATH="$TMP/out/bin" "$TMP/out/bin/llama-server" --version >"$TMP/out/VERSION.txt" 2>&1 || true
 cat >>"$TMP/out/VERSION.txt" <<EOF
 llama-cpp-python $VERSION (vendor/llama.cpp), built $(date -u +%Y-%m-%dT%H:%M:%SZ)

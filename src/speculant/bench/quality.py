@@ -8,6 +8,11 @@ perplexity   exp(mean NLL) of the target on a fixed bundled text (the first 6 KB
 kl, top-1    on the same text, position by position: the mean KL divergence of the model's
              next-token distribution from the bf16 model's, and the fraction of positions whose
              argmax is the bf16 model's (steadier than perplexity, which errors can cancel in).
+llama.cpp    with the mode ``llama.cpp`` in ``modes`` (a GGUF target): llama.cpp's own ``llama-perplexity``
+             is run on the same text (``bench.llama_reference``), and every mode is also scored on
+             llama.cpp's tokens by its protocol: perplexity, KL from llama.cpp's distribution and
+             top-1 agreement with it (``vs_llama_cpp``): how close each runtime is to the file as
+             llama.cpp runs it.
 agreement    the bf16 model's greedy continuations of ``PROMPTS`` (chat template,
              ``max_new_tokens`` each) are scored by the quantized model in one pass per prompt
              (teacher forcing): agreement = fraction of positions where its argmax equals the bf16
@@ -126,6 +131,7 @@ def teacher_forced(backend, prompt: torch.Tensor, ref: list[int]) -> tuple[int, 
 
 # gguf: int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks
 MODES = ("none", "int8", "int4", "int8+head", "int4+head", "gguf", "gguf+head")
+LLAMA_CPP = "llama.cpp"  # not a runtime of ours: llama.cpp's scores of the file, the reference of vs_llama_cpp
 
 
 def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: str | None = None) -> dict:
@@ -134,8 +140,9 @@ def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: st
     from ..errors import ConfigError
     from ..output_paths import check_output_file
 
-    if not modes or any(m not in MODES for m in modes):  # before the model loads
-        raise ConfigError(f"--modes takes a comma-separated list of {', '.join(MODES)}; got {','.join(modes)!r}")
+    if not modes or any(m not in MODES + (LLAMA_CPP,) for m in modes):  # before the model loads
+        raise ConfigError(f"--modes takes a comma-separated list of {', '.join(MODES + (LLAMA_CPP,))}; got "
+                          f"{','.join(modes)!r}")
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if json_out:
@@ -146,8 +153,16 @@ def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: st
     text_ids = tok(quality_text(), return_tensors="pt").input_ids[0]
     prompts = [tok(chat_prompt(tok, p), add_special_tokens=False, return_tensors="pt").input_ids[0] for p in PROMPTS]
     eos = {tok.eos_token_id}
-    results, reference, ref_logp = {}, None, None
-    for mode in ("none",) + tuple(m for m in modes if m != "none"):
+    results, reference, ref_logp, llama = {}, None, None, None
+    if LLAMA_CPP in modes:
+        from ..store.gguf_linears import source_gguf
+        from .llama_reference import llama_reference
+
+        llama = llama_reference(source_gguf(target), quality_text())
+        results[LLAMA_CPP] = {"perplexity": llama.perplexity, "positions": int(llama.logprobs.shape[0] * llama.logprobs.shape[1])}
+        print(f"{LLAMA_CPP:>10}: perplexity {llama.perplexity:.4f} (llama-perplexity, chunks of {llama.tokens.shape[1]} "
+              f"tokens, the second half of each scored)", flush=True)
+    for mode in ("none",) + tuple(m for m in modes if m not in ("none", LLAMA_CPP)):
         quant, _, head = mode.partition("+")
         t = time.perf_counter()
         model = NativeModel.from_hf(lm.model, "int4" if quant == "gguf" else quant,
@@ -172,6 +187,13 @@ def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: st
             "per_prompt_first_difference": [a[2] for a in agree],
             "seconds": time.perf_counter() - t,
         }
+        if llama is not None:
+            from .llama_reference import protocol_scores
+
+            results[mode]["vs_llama_cpp"] = vs = protocol_scores(backend, llama)
+            print(f"{'':>10}  on llama.cpp's tokens: perplexity {vs['perplexity']:.4f} (llama.cpp {llama.perplexity:.4f}, "
+                  f"{100 * (vs['perplexity'] / llama.perplexity - 1):+.2f}%)  KL from llama.cpp {vs['kl_from_llama_cpp']:.4f}"
+                  f"  top-1 as llama.cpp {vs['top1_as_llama_cpp']:.3f}", flush=True)
         print(f"{mode:>10}: perplexity {ppl:.4f}  KL from bf16 {kl:.4f}  top-1 as bf16 {top1:.3f}  greedy agreement {results[mode]['agreement']:.3f}  "
               f"first difference after {results[mode]['mean_tokens_before_first_difference']:.1f} tokens "
               f"(per prompt {results[mode]['per_prompt_first_difference']})", flush=True)

@@ -184,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     q.add_argument("--modes", default="none,int8,int4,int8+head,int4+head",
                    help="comma-separated quantizations; '+head' also quantizes the output layer; gguf: int4 with "
-                        "the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks (default: %(default)s)")
+                        "the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks; "
+                        "llama.cpp: llama.cpp's own llama-perplexity on the same text (make install-llama-server), and "
+                        "every mode also scored on its tokens against its distribution (default: %(default)s)")
     q.add_argument("--max-new-tokens", type=int, default=64, help="per agreement prompt (default: %(default)s)")
     q.add_argument("--json-out", default=None)
 
