@@ -107,8 +107,9 @@ def llama_reference(gguf: str | os.PathLike, text: str, n_ctx: int = 256, thread
 @torch.inference_mode()
 def protocol_scores(backend, ref: LlamaReference) -> dict[str, float]:
     """A speculant runtime (``backend``) scored as llama-perplexity scores the GGUF, on llama.cpp's
-    tokens: its perplexity, its mean KL divergence from llama.cpp's distribution, and the share of
-    scored positions where its top token is llama.cpp's."""
+    tokens: its perplexity, its mean KL divergence from llama.cpp's distribution (as
+    ``llama-perplexity --kl-divergence`` computes it), and the share of scored positions where its
+    top token is llama.cpp's."""
     nll, kl, same, count = 0.0, 0.0, 0, 0
     first = ref.first
     for c in range(ref.tokens.shape[0]):
@@ -120,8 +121,10 @@ def protocol_scores(backend, ref: LlamaReference) -> dict[str, float]:
         lp = backend.forward(chunk, rows=rows).logits.float().log_softmax(-1)  # (S, V)
         theirs = ref.logprobs[c, :, :lp.shape[1]]
         nll -= lp.gather(1, chunk[first + 1:][:, None]).sum().item()
-        p = theirs.exp()
-        kl += (p / p.sum(-1, keepdim=True) * (theirs - lp)).sum().item()
+        # llama.cpp's own KL (perplexity.cpp): over the tokens whose log-probability in its file is
+        # above -16 (below that the file's 16-bit codes say only "at most min_lp")
+        kept = theirs > -16.0
+        kl += torch.where(kept, theirs.exp() * (theirs - lp), torch.zeros_like(lp)).sum().item()
         same += int((lp.argmax(-1) == theirs.argmax(-1)).sum())
         count += lp.shape[0]
     backend.reset()
