@@ -40,7 +40,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..kernels import cpu_kernels, x86_kernels
-from ..runtime.kquant import KQuantLinear
+from ..runtime.block_linear import BlockLinear
 from ..runtime.quant import Int4Linear
 from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed
 from .native_cache import StaticKVCache
@@ -310,7 +310,7 @@ class NativeBackend(CacheBacked):
             counts.append(sel.shape[0])
         h = norm(x.index_select(0, torch.cat(picked)) if len(picked) > 1 or requests[0].rows is not None else x)
         head = m.lm_head
-        exact = isinstance(head, (Int4Linear, KQuantLinear))  # logits in float32, not rounded to bf16
+        exact = isinstance(head, (Int4Linear, BlockLinear))  # logits in float32, not rounded to bf16
         logits = head.forward_float(h) if exact else head(h).float()  # (Σ m_b, V)
         if m.arch.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
             logits = torch.tanh(logits / m.arch.final_softcap) * m.arch.final_softcap
