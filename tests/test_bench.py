@@ -79,12 +79,14 @@ def test_method_spec_options(tmp_path):
 @pytest.mark.parametrize("spec,msg", [
     ("hydra+lookup@size=3", "unknown option 'size'; valid keys for hydra\\+lookup: heads, tree, budget, lookup"),
     ("sd@heads=x", "option 'heads' applies to medusa, hydra, eagle and bpd only; valid keys for sd: gamma"),
-    ("ar@gamma=2", "option 'gamma' applies to sd, lookup and bpd only; ar takes no @options"),
+    ("ar@gamma=2", "option 'gamma' applies to sd, lookup and bpd only; valid keys for ar: quant"),
+    ("ar@quant=q8", "quant='q8': the target's quantization on the native runtime: int4, gguf, int8, none"),
+    ("llama-server@quant=gguf", "option 'quant' applies to speculant's methods only; llama-server takes no"),
     ("hydra@lookup=4", "option 'lookup' applies to medusa\\+lookup, hydra\\+lookup and eagle\\+lookup only"),
     ("hydra+lookup@lookup=0", "lookup='0': the prompt-lookup chain's length, an integer >= 1"),
     ("sd@gamma=many", "gamma='many'"),
     ("hydra@budget=wide", "budget='wide': a tree budget is @auto or @fixed"),
-    ("hydra@", "an empty option after '@'; write @KEY=VALUE \\(valid keys for hydra: heads, tree, budget\\)"),
+    ("hydra@", "an empty option after '@'; write @KEY=VALUE \\(valid keys for hydra: heads, tree, budget, quant\\)"),
     ("hydra@heads=", "option 'heads' has no value"),
     ("hydra@heads=/no/such/dir", "heads directory '/no/such/dir' does not exist"),
     ("medusa@tree=/no/such/tree.json", "tree file '/no/such/tree.json' does not exist"),
@@ -178,6 +180,8 @@ def test_plain_of_each_runtime():
     assert [plain_of(m) for m in ("ar", "medusa:typical", "hydra+lookup@fixed", "hf-assisted")] == ["ar"] * 4
     assert [plain_of(m) for m in ("llama-server", "llama-server+draft", "llama-server+ngram")] == ["llama-server"] * 3
     assert [plain_of(m) for m in ("openvino", "openvino+lookup", "openvino+draft")] == ["openvino"] * 3
+    assert [plain_of(m) for m in ("ar@quant=gguf", "auto@quant=gguf", "lookup@quant=none")] == \
+        ["ar@quant=gguf", "ar@quant=gguf", "ar@quant=none"]
 
 
 def test_summarize_with_peer_rows():
@@ -284,9 +288,9 @@ def tiny(tmp_path_factory):
 
 
 def _cfg(tiny, methods, tmp_path, **kw):
+    kw = {"dtype": "float32", **kw}
     return BenchConfig(tiny["target"], tiny["draft"], methods=methods, per_category=2, max_new_tokens=6,
-                       dtype="float32", categories=("qa",), questions=tiny["questions"],
-                       json_out=str(tmp_path / "bench.json"), **kw)
+                       categories=("qa",), questions=tiny["questions"], json_out=str(tmp_path / "bench.json"), **kw)
 
 
 def test_unavailable_peers_are_skipped_and_the_rest_runs(tiny, tmp_path, monkeypatch, capsys):
@@ -309,6 +313,18 @@ def test_unavailable_peers_are_skipped_and_the_rest_runs(tiny, tmp_path, monkeyp
         assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > row["tokens_per_s"] > 0
         assert (row["stats"] if row["method"] != "hf-assisted" else row["timing"])["prefill_s"] == row["prefill_s"]
         assert EOS not in row["token_ids"] and row["new_tokens"] == len(row["token_ids"])
+
+
+def test_rows_on_another_quantization_of_the_target_run_side_by_side(tiny, tmp_path):
+    """``@quant=Q``: the row runs on a native target of that quantization (one, shared), and its
+    output is compared with ``ar@quant=Q``'s."""
+    res = run_bench(_cfg(tiny, ("ar", "lookup", "ar@quant=int8", "lookup@quant=int8"), tmp_path, dtype="bfloat16",
+                         backend="native"))
+    s = res["summary"]
+    assert s["lookup@quant=int8"]["plain"] == "ar@quant=int8" and s["lookup@quant=int8"]["identical_to_plain"] == 2
+    assert s["lookup"]["plain"] == "ar" and s["lookup"]["identical_to_plain"] == 2
+    runs = {(r["method"], r["question_id"]): r["token_ids"] for r in res["runs"]}
+    assert all(runs[("ar@quant=int8", q)] for q in (1, 2))
 
 
 def test_cli_bench_records_its_command(tiny, tmp_path, capsys):

@@ -15,7 +15,9 @@ So two rows of one method with different settings run side by side in one proces
 ``hydra+lookup@heads=A,hydra+lookup@heads=B`` (two sets of heads), ``hydra+lookup,hydra+lookup@fixed``
 (the tree sized per step against the fixed 16-row tree), ``medusa+lookup@tree=dynamic:23:4``,
 ``hydra+lookup@lookup=12@tree=dynamic:16:3``. A value cannot contain ``,`` or ``@``; a tree made
-of explicit paths goes in a JSON file (``@tree=paths.json``).
+of explicit paths goes in a JSON file (``@tree=paths.json``). ``@quant=gguf`` (or ``int4``, ``int8``, ``none``)
+runs a row on another quantization of the target than ``--target-quant``'s, e.g.
+``ar,auto,ar@quant=gguf,auto@quant=gguf``: such a row's output is compared with ``ar@quant=...``'s.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "lookup": (("medusa+lookup", "hydra+lookup", "eagle+lookup"), "medusa+lookup, hydra+lookup and eagle+lookup",
                "the prompt-lookup chain's length, an integer >= 1"),
     "gamma": (("sd", "lookup", "bpd"), "sd, lookup and bpd", "the draft length, an integer >= 1"),
+    "quant": (OURS, "speculant's methods", f"the target's quantization on the native runtime: {', '.join(('int4', 'gguf', 'int8', 'none'))}"),
 }
+ROW_QUANTS = ("int4", "gguf", "int8", "none")
 
 
 def keys_for(name: str) -> list[str]:
@@ -117,6 +121,8 @@ def parse_method(text: str) -> MethodSpec:
             raise ConfigError(f"{text}: option {key!r} has no value; write {key}=VALUE with {OPTIONS[key][2]}")
         if key == "budget" and value not in TREE_BUDGETS:
             raise ConfigError(f"{text}: budget={value!r}: a tree budget is @auto or @fixed")
+        if key == "quant" and value not in ROW_QUANTS:
+            raise ConfigError(f"{text}: quant={value!r}: {OPTIONS[key][2]}")
         if key in ("lookup", "gamma") and not (value.isdigit() and int(value) >= 1):
             raise ConfigError(f"{text}: {key}={value!r}: {OPTIONS[key][2]}")
         if key == "heads" and not Path(value).is_dir():
@@ -158,10 +164,12 @@ def is_peer(m: str) -> bool:
 
 def plain_of(m: str) -> str:
     """The plain-decoding row whose output ``m``'s is compared with: its own runtime's (our
-    ``ar`` for speculant's methods and for hf-assisted, which runs the same transformers weights)."""
+    ``ar`` for speculant's methods and for hf-assisted, which runs the same transformers weights;
+    ``ar@quant=Q`` for a row of ours with ``@quant=Q``)."""
     name = split_method(m)[0]
     if name in LLAMA_SERVER:
         return "llama-server"
     if name in OPENVINO:
         return "openvino"
-    return "ar"
+    quant = [o.partition("=")[2] for o in m.split("@")[1:] if o.startswith("quant=")]
+    return f"ar@quant={quant[0]}" if quant else "ar"
