@@ -7,7 +7,7 @@
 #
 # Installs into $SPECULANT_CACHE/peers/llama.cpp-VERSION/ (SPECULANT_CACHE defaults to
 # ~/.cache/speculant): bin/ with the four programs and the shared libraries beside them (run them
-# with LD_LIBRARY_PATH=<that bin dir>), and convert/ with convert_hf_to_gguf.py and the gguf-py it
+# with LD_LIBRARY_PATH=<that bin dir>), and convert/ with convert_hf_to_gguf.py, its conversion/ package and the gguf-py it
 # imports (PYTHONPATH=convert/gguf-py). Idempotent: does nothing when all of them are there. Atomic: builds
 # in a temporary directory next to the destination and renames it into place at the end, so an
 # interrupted build leaves nothing that looks installed.
@@ -25,7 +25,7 @@ PY="${PY:-python3}"
 TOOLS="llama-server llama-perplexity llama-quantize llama-tokenize"
 whole=yes
 for t in $TOOLS; do [ -x "$DEST/bin/$t" ] || whole=no; done
-if [ $whole = yes ] && [ -f "$DEST/convert/convert_hf_to_gguf.py" ]; then
+if [ $whole = yes ] && [ -d "$DEST/convert/conversion" ]; then
     echo "llama.cpp $VERSION already installed: $DEST/bin ($TOOLS), $DEST/convert"
     exit 0
 fi
@@ -59,7 +59,7 @@ cmake --build "$TMP/build" -j"${JOBS:-2}" --target $TOOLS
 mkdir -p "$TMP/out/convert"
 cp -a "$TMP/build/bin" "$TMP/out/bin"
 # the converter (Hugging Face directory -> GGUF) and the gguf-py it was written against
-cp -a "$SRC/convert_hf_to_gguf.py" "$SRC/gguf-py" "$TMP/out/convert/"
+cp -a "$SRC/convert_hf_to_gguf.py" "$SRC/conversion" "$SRC/gguf-py" "$TMP/out/convert/"
 LD_LIBRARY_PATH="$TMP/out/bin" "$TMP/out/bin/llama-server" --version >"$TMP/out/VERSION.txt" 2>&1 || true
 cat >>"$TMP/out/VERSION.txt" <<EOF
 llama-cpp-python $VERSION (vendor/llama.cpp), built $(date -u +%Y-%m-%dT%H:%M:%SZ)
