@@ -412,13 +412,19 @@ ROW_NOTES = {
 }
 
 
+QUANT_NOTES = {"gguf": "the GGUF file's own blocks", "int4": "int4 weights", "int8": "int8 weights",
+               "none": "unquantized weights"}
+
+
 def _row_note(result: dict, m: str) -> str:
     name = split_method(m)[0]
+    quant = [o.partition("=")[2] for o in m.split("@")[1:] if o.startswith("quant=")]
+    on = f", {QUANT_NOTES.get(quant[0], quant[0])}" if quant else ""
     resolved = (result.get("resolved") or {}).get(m)
     if resolved:
-        return f"{ROW_NOTES.get(name, name)}: {resolved['method']}"
+        return f"{ROW_NOTES.get(name, name)}{on}: {resolved['method']}"
     if name in ROW_NOTES:
-        return ROW_NOTES[name]
+        return ROW_NOTES[name] + on
     runtime = ((result.get("peers") or {}).get(m) or {}).get("runtime")
     return f"peer: {runtime}" if runtime else ""
 
