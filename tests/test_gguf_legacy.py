@@ -1,8 +1,8 @@
 """A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights run as they are (store.gguf_blocks.legacy_blocks,
 kernels.int4_gemm_f32, runtime.block_quant.BlockQuantLinear): the blocks read give gguf-py's
 weights; the fp32-scale matmul is the exact reference's product on every code path the CPU has, the
-same bits as the portable path, and row-invariant; the layer is the file's weights, joins and cuts
-bit for bit, and its product is the exact one up to the activations' int8 rounding."""
+same bits as the portable path, and row-invariant; a Q8_0 layer (two planes) gives the same bits on
+every path. (The layers themselves, beside the k-quant ones: tests/test_gguf_linears.py.)"""
 
 from __future__ import annotations
 
@@ -94,37 +94,6 @@ def test_f32_scale_bad_arguments_are_clear_errors():
         kernels.int4_gemm_f32(torch.randn(2, 512).bfloat16(), qpack, sf, qh, torch.empty(0), True, 0)
     with pytest.raises(ValueError, match="5-bit codes in groups of 32"):
         pack_f32scales_x86(codes[:, :128], scale[:, :2], offset[:, :2], 5)
-
-
-@pytest.mark.skipif(kernels is None, reason="needs an x86-64 CPU and a C++ toolchain")
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_legacy_layer_is_the_files_weights_and_joins_bit_for_bit(kind):
-    from speculant.runtime.block_quant import BlockQuantLinear
-    from speculant.runtime.kquant import KQuantLinear
-
-    from test_kernels_kquant import random_q4k
-
-    a_raw, b_raw = random_legacy(kind, 32, 512, seed=3), random_legacy(kind, 48, 512, seed=4)
-    bias = torch.randn(32)
-    a, b = BlockQuantLinear.from_blocks(a_raw, bias, kind=kind), BlockQuantLinear.from_blocks(b_raw, kind=kind)
-    assert a.kind == kind and f"{kind} as in the file" in repr(a)
-    assert torch.equal(a.dequantize(), torch.from_numpy(dequantize_legacy(a_raw, kind)))
-    x = torch.randn(5, 512).bfloat16()
-    ya, yb = a.forward_float(x), b.forward_float(x)
-    exact = x.float() @ a.dequantize().T + bias  # up to the activations' int8 rounding
-    assert (ya - exact).norm() / exact.norm() < 0.015
-    for m in range(5):  # row-invariant, Q8_0's two planes included
-        assert torch.equal(a.forward_float(x[m:m + 1]), ya[m:m + 1])
-    both = BlockQuantLinear.concat([a, b])
-    assert both.out_features == 80 and torch.equal(both.forward_float(x), torch.cat([ya, yb], -1))
-    assert torch.equal(a.forward_float(x), ya) and torch.equal(a.forward(x), ya.bfloat16())
-    order = np.random.default_rng(0).permutation(32)
-    moved = BlockQuantLinear.from_blocks(a_raw, None, order, kind=kind)
-    assert torch.equal(moved.dequantize(), a.dequantize()[torch.from_numpy(order)])
-    some = torch.tensor([31, 0, 17, 17, 5])
-    assert torch.equal(a.dequantize_rows(some), a.dequantize()[some].bfloat16())
-    with pytest.raises(ValueError, match="one type"):
-        BlockQuantLinear.concat([a, KQuantLinear.from_blocks(random_q4k(16, 512))])
 
 
 @pytest.mark.skipif(kernels is None, reason="needs an x86-64 CPU and a C++ toolchain")

@@ -1,5 +1,5 @@
-"""A GGUF file's Q4_K, Q5_K and Q6_K layers run as they are (runtime.kquant.KQuantLinear,
-store.gguf_linears.apply_gguf_blocks): the layer is the file's weights, bit for bit when
+"""A GGUF file's Q4_K, Q5_K and Q6_K layers (runtime.kquant.KQuantLinear) and Q4_0, Q4_1, Q5_0,
+Q5_1 and Q8_0 ones (runtime.block_quant.BlockQuantLinear) run as they are (store.gguf_linears.apply_gguf_blocks): the layer is the file's weights, bit for bit when
 de-quantized, and its product the exact kernel's; joined layers give each part's bits; the
 query/key row order of llama.cpp's converter is undone; on the default target every Q4_K and
 Q6_K layer is replaced (the output layer too), and speculative decoding on it is plain decoding's
@@ -7,44 +7,56 @@ output."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
 from speculant.kernels import x86_kernels
-from speculant.store.gguf_blocks import dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
+from speculant.store.gguf_blocks import LEGACY, dequantize_legacy, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
 from speculant.store.gguf_linears import permuted_rows
 
 from test_kernels_kquant import random_q4k
 from test_kernels_kquant_wide import random_q5k, random_q6k
+from test_gguf_legacy import random_legacy
 
 pytestmark = pytest.mark.skipif(x86_kernels() is None, reason="needs an x86-64 CPU and a C++ toolchain")
 
 
 KINDS = {"Q4_K": (random_q4k, dequantize_q4_k, 0.015), "Q5_K": (random_q5k, dequantize_q5_k, 0.015),
-         "Q6_K": (random_q6k, dequantize_q6_k, 0.01)}
+         "Q6_K": (random_q6k, dequantize_q6_k, 0.01),
+         **{kind: (partial(random_legacy, kind), partial(dequantize_legacy, kind=kind), 0.015) for kind in LEGACY}}
+
+
+def layer_class(kind: str):
+    from speculant.runtime.block_quant import BlockQuantLinear
+    from speculant.runtime.kquant import KINDS as K_QUANTS, KQuantLinear
+
+    return KQuantLinear if kind in K_QUANTS else BlockQuantLinear
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_a_k_quant_layer_is_the_files_weights_and_joins_bit_for_bit(kind):
-    from speculant.runtime.kquant import KQuantLinear
-
+def test_a_layer_of_the_files_blocks_is_its_weights_and_joins_bit_for_bit(kind):
     random_blocks, dequantize, tolerance = KINDS[kind]
+    cls = layer_class(kind)
     a_raw, b_raw = random_blocks(32, 512, seed=3), random_blocks(48, 512, seed=4)
     bias = torch.randn(32)
-    a, b = KQuantLinear.from_blocks(a_raw, bias, kind=kind), KQuantLinear.from_blocks(b_raw, kind=kind)
+    a, b = cls.from_blocks(a_raw, bias, kind=kind), cls.from_blocks(b_raw, kind=kind)
     assert a.kind == kind and f"{kind} as in the file" in repr(a)
     assert torch.equal(a.dequantize(), torch.from_numpy(dequantize(a_raw)))
     x = torch.randn(5, 512).bfloat16()
     ya, yb = a.forward_float(x), b.forward_float(x)
     exact = x.float() @ a.dequantize().T + bias  # up to the activations' int8 rounding
     assert (ya - exact).norm() / exact.norm() < tolerance
-    both = KQuantLinear.concat([a, b])
+    for m in range(5):  # row-invariant, Q8_0's two planes included
+        assert torch.equal(a.forward_float(x[m:m + 1]), ya[m:m + 1])
+    both = cls.concat([a, b])
     assert both.out_features == 80 and torch.equal(both.forward_float(x), torch.cat([ya, yb], -1))
     # a is now a view of the joined buffers: the same bits
     assert torch.equal(a.forward_float(x), ya) and torch.equal(a.forward(x), ya.bfloat16())
     order = np.random.default_rng(0).permutation(32)
-    moved = KQuantLinear.from_blocks(a_raw, None, order, kind=kind)
+    moved = cls.from_blocks(a_raw, None, order, kind=kind)
     assert torch.equal(moved.dequantize(), a.dequantize()[torch.from_numpy(order)])
     with pytest.raises(ValueError, match="multiples of 16"):
         a.rows(0, 8)
@@ -52,14 +64,16 @@ def test_a_k_quant_layer_is_the_files_weights_and_joins_bit_for_bit(kind):
     assert torch.equal(a.dequantize_rows(some), a.dequantize()[some].bfloat16())
 
 
-def test_k_quant_layers_of_two_types_do_not_join():
+def test_layers_of_two_types_do_not_join():
+    from speculant.runtime.block_quant import BlockQuantLinear
     from speculant.runtime.kquant import KQuantLinear
 
     six, four = KQuantLinear.from_blocks(random_q6k(16, 512), kind="Q6_K"), KQuantLinear.from_blocks(random_q4k(16, 512))
     with pytest.raises(ValueError, match="one type"):
         KQuantLinear.concat([six, four])
-    with pytest.raises(ValueError, match="Q4_K, Q5_K, Q6_K blocks, not Q8_0"):
-        KQuantLinear.from_blocks(random_q6k(16, 512), kind="Q8_0")
+    eight = BlockQuantLinear.from_blocks(random_legacy("Q8_0", 16, 512), kind="Q8_0")
+    with pytest.raises(ValueError, match="one type"):
+        BlockQuantLinear.concat([eight, four])
 
 
 def test_the_rotary_row_order_of_llama_cpps_converter_is_undone():

@@ -345,8 +345,9 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
         check_vocab_compatible(target, draft)
     runners = {}
     ours_draft = None  # one (quantized) draft shared by sd and mcsd; hf-assisted gets the original
-    ours_target = None  # one native target shared by every method of ours
-    other_targets = {}  # @quant=Q rows: one native target of that quantization, shared
+    # per target quantization (--target-quant's, and each @quant=Q of a row), the native target every
+    # row of ours on it shares
+    ours_target = {}
     resolved = {}  # auto: the method it chose
     for m in methods:
         spec = parse_method(m)
@@ -354,22 +355,18 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
             continue
         drafts = spec.name in ("sd", "mcsd") or (spec.name == "auto" and cfg.auto_draft and draft is not None)
         quant = spec.options.get("quant", cfg.target_quant)
-        if quant != cfg.target_quant and quant not in other_targets:
+        if quant not in ours_target and quant != cfg.target_quant:
             if cfg.backend != "native" or cfg.lora is not None:
                 raise ConfigError(f"{m}: @quant runs on the native runtime without --lora")
-            other_targets[quant] = load_native(cfg.target, cfg.dtype, quant, cfg.quant_head and quant != "none")
-        row_target = other_targets[quant] if quant != cfg.target_quant else ours_target or target
-        dec = SpeculativeDecoder(row_target, (ours_draft or draft) if drafts else None,
+            ours_target[quant] = load_native(cfg.target, cfg.dtype, quant, cfg.quant_head and quant != "none")
+        dec = SpeculativeDecoder(ours_target.get(quant, target), (ours_draft or draft) if drafts else None,
                                  method=spec.base, replacement=cfg.replacement, acceptance=spec.rule,
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=quant,
                                  quant_head=cfg.quant_head and quant != "none",
                                  pacing=cfg.pacing, **_row_settings(spec, cfg))
         ours_draft = ours_draft or dec.draft
-        if quant != cfg.target_quant:
-            other_targets[quant] = dec.target
-        else:
-            ours_target = ours_target or dec.target
+        ours_target.setdefault(quant, dec.target)
         runners[m] = dec
         if spec.name == "auto":
             resolved[m] = {"method": f"{dec.method}{'+lookup' if dec.lookup_branch else ''}", "why": dec.why}

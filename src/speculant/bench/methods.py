@@ -36,6 +36,7 @@ LLAMA_SERVER = {"llama-server": "plain", "llama-server+draft": "draft", "llama-s
 OPENVINO = {"openvino": "plain", "openvino+lookup": "lookup", "openvino+draft": "draft"}
 PEERS = ("hf-assisted", *LLAMA_SERVER, *OPENVINO)
 
+ROW_QUANTS = ("int4", "gguf", "int8", "none")  # a row's own target quantization (@quant=...)
 _HEADS = ("medusa", "medusa+lookup", "hydra", "hydra+lookup", "eagle", "eagle+lookup", "bpd")
 _TREES = ("medusa", "medusa+lookup", "hydra", "hydra+lookup", "eagle", "eagle+lookup")
 # key -> (the methods that take it, who in words, what it sets)
@@ -49,9 +50,8 @@ OPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "lookup": (("medusa+lookup", "hydra+lookup", "eagle+lookup"), "medusa+lookup, hydra+lookup and eagle+lookup",
                "the prompt-lookup chain's length, an integer >= 1"),
     "gamma": (("sd", "lookup", "bpd"), "sd, lookup and bpd", "the draft length, an integer >= 1"),
-    "quant": (OURS, "speculant's methods", f"the target's quantization on the native runtime: {', '.join(('int4', 'gguf', 'int8', 'none'))}"),
+    "quant": (OURS, "speculant's methods", f"the target's quantization on the native runtime: {', '.join(ROW_QUANTS)}"),
 }
-ROW_QUANTS = ("int4", "gguf", "int8", "none")
 
 
 def keys_for(name: str) -> list[str]:
@@ -171,5 +171,10 @@ def plain_of(m: str) -> str:
         return "llama-server"
     if name in OPENVINO:
         return "openvino"
-    quant = [o.partition("=")[2] for o in m.split("@")[1:] if o.startswith("quant=")]
-    return f"ar@quant={quant[0]}" if quant else "ar"
+    quant = row_quant(m)
+    return f"ar@quant={quant}" if quant else "ar"
+
+
+def row_quant(m: str) -> str | None:
+    """The ``@quant=Q`` of row ``m`` (its options as written, not checked), else None."""
+    return next((o.partition("=")[2] for o in m.split("@")[1:] if o.startswith("quant=")), None)

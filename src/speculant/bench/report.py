@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError
-from .methods import is_peer, plain_of, split_method
+from .methods import is_peer, plain_of, row_quant, split_method
 
 CATEGORY_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 CATEGORY_SHORT = {"mt_bench": "mt", "translation": "transl", "summarization": "summ", "qa": "qa",
@@ -418,8 +418,8 @@ QUANT_NOTES = {"gguf": "the GGUF file's own blocks", "int4": "int4 weights", "in
 
 def _row_note(result: dict, m: str) -> str:
     name = split_method(m)[0]
-    quant = [o.partition("=")[2] for o in m.split("@")[1:] if o.startswith("quant=")]
-    on = f", {QUANT_NOTES.get(quant[0], quant[0])}" if quant else ""
+    quant = row_quant(m)
+    on = f", {QUANT_NOTES.get(quant, quant)}" if quant else ""
     resolved = (result.get("resolved") or {}).get(m)
     if resolved:
         return f"{ROW_NOTES.get(name, name)}{on}: {resolved['method']}"

@@ -443,17 +443,12 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
 // runs AVX-512 VNNI here.
 torch::Tensor int4_gemm_f32(torch::Tensor x, torch::Tensor qpack, torch::Tensor sf, torch::Tensor qh, torch::Tensor bias,
                             bool out_fp32, int64_t isa) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
-  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
-              "qpack must be (N/16, K/8, 64) uint8");
+  check_x_qpack_bias(x, qpack, bias);
   const int64_t K = x.size(1), NB = qpack.size(0);
   TORCH_CHECK(sf.dim() == 4 && sf.scalar_type() == at::kFloat && sf.is_contiguous() && sf.size(0) == NB &&
               sf.size(2) == 2 && sf.size(3) == 16, "sf must be (N/16, G, 2, 16) float32");
   const int64_t G = sf.size(1);
-  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
   TORCH_CHECK(G > 0 && K % G == 0, "groups of ", K / std::max<int64_t>(G, 1), " inputs do not divide ", K);
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
-              "bias must be (N,) float32");
   const bool five = qh.numel() > 0;
   TORCH_CHECK(!five || (qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
               qh.size(1) == K / 32 && qh.size(2) == 64 && G == K / 32), "qh must be empty or (N/16, K/32, 64) uint8 "
@@ -465,14 +460,8 @@ torch::Tensor int4_gemm_f32(torch::Tensor x, torch::Tensor qpack, torch::Tensor 
 // The arguments both k-quant entry points share: x (M, K) bf16, qpack (N/16, K/8, 64) uint8 with K a
 // whole number of 256-input blocks, bias (N,) float32 or empty.
 static void check_kquant_args(const torch::Tensor& x, const torch::Tensor& qpack, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (M, K) bf16 contiguous");
-  TORCH_CHECK(qpack.dim() == 3 && qpack.scalar_type() == at::kByte && qpack.size(2) == 64 && qpack.is_contiguous(),
-              "qpack must be (N/16, K/8, 64) uint8");
-  const int64_t K = x.size(1), NB = qpack.size(0);
-  TORCH_CHECK(qpack.size(1) * 8 == K, "x has ", K, " columns, the weight ", qpack.size(1) * 8);
-  TORCH_CHECK(K % 256 == 0, "k-quant blocks are 256 inputs: K = ", K, " is not a multiple of 256");
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == NB * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
-              "bias must be (N,) float32");
+  check_x_qpack_bias(x, qpack, bias);
+  TORCH_CHECK(x.size(1) % 256 == 0, "k-quant blocks are 256 inputs: K = ", x.size(1), " is not a multiple of 256");
 }
 
 // Q4_K's (and Q5_K's) scales: kd (N/16, K/256, 2, 16) float32, km (N/16, K/32, 2, 16) uint8.

@@ -22,11 +22,14 @@ import torch
 
 from ..backends.native_model import _PROJ
 from ..errors import ModelLoadError
+from ..runtime.kquant import KINDS
+from .gguf_blocks import LEGACY
 
 __all__ = ["RUNS", "apply_gguf_blocks", "permuted_rows", "source_gguf"]
 
-# the GGUF types whose blocks run as they are
-RUNS = ("Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# the GGUF types whose blocks run as they are: the k-quants (KQuantLinear) and the 32-weight types
+# (BlockQuantLinear)
+RUNS = KINDS + tuple(LEGACY)
 
 _CHECK_ROWS = 256
 _MATCH = 0.25  # relative difference of the file's rows and the loaded (re-quantized) rows that counts as the same
@@ -126,15 +129,16 @@ def _layer_class(kind: str):
     from ..runtime.block_quant import BlockQuantLinear
     from ..runtime.kquant import KQuantLinear
 
-    return KQuantLinear if kind in ("Q4_K", "Q5_K", "Q6_K") else BlockQuantLinear
+    return KQuantLinear if kind in KINDS else BlockQuantLinear
 
 
 def _dequantize(raw: np.ndarray, kind: str) -> np.ndarray:
     """The float32 weights (N, K) of a ``kind`` tensor's raw bytes."""
     from .gguf_blocks import dequantize_legacy, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
 
-    k_quant = {"Q4_K": dequantize_q4_k, "Q5_K": dequantize_q5_k, "Q6_K": dequantize_q6_k}
-    return k_quant[kind](raw) if kind in k_quant else dequantize_legacy(raw, kind)
+    if kind not in KINDS:
+        return dequantize_legacy(raw, kind)
+    return {"Q4_K": dequantize_q4_k, "Q5_K": dequantize_q5_k, "Q6_K": dequantize_q6_k}[kind](raw)
 
 
 def _join(block, parts: tuple[str, ...], joined: str, new: dict) -> None:
