@@ -3,7 +3,7 @@ PY ?= python3
 PIP := $(PY) -m pip
 
 .PHONY: install demo test test-fast bench install-peers install-openvino install-llama-server docs drafter \
-	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix install-browser
+	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix drafter-fused install-browser
 
 install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
@@ -157,3 +157,21 @@ drafter-mix: drafter-human-corpus
 	test -s $(MIX_RUN)-dev.jsonl || $(PY) tools/teacher_forced_tau.py gen $(MIX_RUN)-dev.jsonl \
 		--questions 2,3,4,5 --max-new-tokens 128
 	$(PY) tools/ship_drafter.py $(MIX_RUN) --dev $(MIX_RUN)-dev.jsonl
+
+# EAGLE-3's feature fusion on the drafter shipped before: it also reads the target's residual
+# stream entering layers 2 and 14 (of 28; low- and mid-level states) beside the final state, through
+# a projection that starts at zero (so training starts from exactly the shipped drafter), on the same
+# kinds of data as drafter-mix (280 of the ShareGPT conversations, 400 of the target's answers to
+# real requests, 150 records of its own corpus; the target's distribution as the token target).
+# Rows are 3x wider than drafter-mix's (9 KB each in bf16). Every stage resumes; the gate as above.
+FUSED_RUN ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/eagle-fused
+FUSED_LAYERS ?= 2,14
+FUSED_STEPS ?= 400
+drafter-fused: drafter-human-corpus
+	test -s $(MIX_CONV)/corpus.jsonl || $(PY) -m speculant.cli make-conversations --out $(MIX_CONV) --tokens 350000
+	$(PY) -m speculant.cli train-eagle --init $(EAGLE_SHIPPED) --data $(MIX_CONV)/corpus.jsonl@280 \
+		$(HUMAN_CORPUS)/corpus.jsonl@400 $(EAGLE_CORPUS)@150 --fuse-layers $(FUSED_LAYERS) \
+		--token-target target --token-weight 0.5 --out $(FUSED_RUN) --steps $(FUSED_STEPS) --lr 5e-4 --batch-size 4
+	test -s $(FUSED_RUN)-dev.jsonl || $(PY) tools/teacher_forced_tau.py gen $(FUSED_RUN)-dev.jsonl \
+		--questions 2,3,4,5 --max-new-tokens 128
+	$(PY) tools/ship_drafter.py $(FUSED_RUN) --dev $(FUSED_RUN)-dev.jsonl

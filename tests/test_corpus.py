@@ -158,6 +158,21 @@ def test_corpus_to_drafter_to_decoding_from_the_command_line(tmp_path, capsys):
     assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out",
                  str(tmp_path / "none"), "--init", str(corpus), "--steps", "5"]) == 2
     assert "no EAGLE drafter there" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    # EAGLE-3's fusion on top of it: it reads the state entering layer 1 too, and still decodes as plain
+    fused = tmp_path / "fused"
+    assert main(["train-eagle", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--out", str(fused),
+                 "--init", str(drafter), "--fuse-layers", "1", "--steps", "5", "--batch-size", "2",
+                 "--seq-len", "32", "--held-out", "2"]) == 0
+    config = json.loads((fused / "config.json").read_text())["speculant_eagle"]
+    assert config["fused_layers"] == [1] and config["draft_vocab"] == 40
+    capsys.readouterr()
+    assert main(args + ["--method", "eagle", "--heads", str(fused)]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]
+    # the drafter without fusion and the fused one measured side by side on the same positions
+    assert main(["drafter-accuracy", "--target", target, "--data", str(corpus / "corpus.jsonl"), "--eagle",
+                 str(drafter), str(fused), "--held-out", "2", "--per-record", "4", "--depth", "2"]) == 0
+    both = json.loads(capsys.readouterr().out)["drafters"]
+    assert [e["path"] for e in both] == ["eagle", "fused"] and all(len(e["greedy"]) == 2 for e in both)
     # the accuracy file `make drafter` ships beside the drafter, which auto's forecast reads
     _drafter_accuracy(target, corpus / "corpus.jsonl", drafter, tmp_path, capsys)
 

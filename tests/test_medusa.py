@@ -43,6 +43,7 @@ class FakeHeads:
 class PathLog(ProposesAlone):
     """Drafter proxy recording each accepted path as ranks (the loop hands it hidden states)."""
     hidden_need = HiddenNeed.LAST
+    hidden_layers = ()
 
     def __init__(self, drafter):
         self.drafter, self.paths = drafter, []

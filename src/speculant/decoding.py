@@ -230,7 +230,8 @@ class SequenceRun:
             return None
         need = self.drafter.hidden_need
         rows = torch.tensor([self.prompt.shape[0] - 2]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
-        return ForwardRequest(self.prompt[:-1], rows=rows, want_hidden=need, prefill=True)
+        return ForwardRequest(self.prompt[:-1], rows=rows, want_hidden=need, layers=self.drafter.hidden_layers,
+                              prefill=True)
 
     def begin(self, out: ForwardOut | None, seconds: float = 0.0) -> None:
         """The prefill pass's output (None without one) took ``seconds``: start the drafter."""
@@ -278,7 +279,8 @@ class SequenceRun:
         self._start = self.target.cache_length
         tree = draft.tree
         want = HiddenNeed.NONE if self.drafter.hidden_need is HiddenNeed.NONE else HiddenNeed.LAST
-        return ForwardRequest(draft.tokens.clamp(min=0), self._start + tree.depths, tree.mask, want_hidden=want)
+        return ForwardRequest(draft.tokens.clamp(min=0), self._start + tree.depths, tree.mask, want_hidden=want,
+                              layers=self.drafter.hidden_layers)
 
     def complete(self, draft: Draft, out: ForwardOut, seconds: float) -> Step:
         """Stages 3 and 4: accept from the verification pass's output ``out`` (which took

@@ -124,7 +124,8 @@ def compare_shipped_drafters(config: DecoderConfig, target, backend, price: Call
         timing = dataclasses.replace(config, method=method, lookup_branch=0)  # the chain costs both the same
         drafter = build_drafter(timing, DraftParts(tree, V, dynamic, heads=heads), SamplingConfig())
         table = tuple(row[:dynamic.nodes] for row in accepts[method])  # the nodes the lookup chain leaves
-        forecasts.append(Forecast(method, table, time_drafting(drafter, prompt, hidden, sweep=sweep)))
+        states = hidden.repeat(1, 1 + len(drafter.hidden_layers))  # (T-1, W): the fused layers' states too
+        forecasts.append(Forecast(method, table, time_drafting(drafter, prompt, states, sweep=sweep)))
         loaded[method] = heads
     cost = price()
     chosen, reason = choose_drafter(forecasts, cost)

@@ -7,8 +7,8 @@ concatenation of every sequence's rows through the weights; each sequence attend
 cache under its own mask). ``forward`` appends the given tokens
 after the ``cache_length`` cached ones, with explicit positions and an optional tree mask whose
 columns cover the last ``c`` cached entries and the ``n`` new ones (everything earlier is visible
-to all new tokens: it is committed context), and returns logits (and, on request, the final normed hidden state) for the rows
-asked for. Rollback and compaction act on the cache only.
+to all new tokens: it is committed context), and returns logits (and, on request, the final normed hidden state, with
+the states entering chosen layers beside it) for the rows asked for. Rollback and compaction act on the cache only.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ class HiddenNeed(Enum):
 @dataclass(frozen=True)
 class ForwardOut:
     logits: torch.Tensor  # (m, V) float32, one row per requested position
-    hidden: torch.Tensor | None = None  # (m, H) with HiddenNeed.LAST, (n, H) with HiddenNeed.ALL, else None
+    # (m, W) with HiddenNeed.LAST, (n, W) with HiddenNeed.ALL, else None; W = H (1 + len(layers)): the
+    # final normed state, then the residual stream entering each of the request's ``layers``
+    hidden: torch.Tensor | None = None
 
 
 class KVCacheLike(Protocol):
@@ -64,7 +66,8 @@ class CacheBacked:
     def forward_many(backends: Sequence["Backend"], requests: Sequence[ForwardRequest]) -> list[ForwardOut]:
         """Several sequences' requests (one backend each): one ``forward`` per sequence here; a
         runtime with ``shares_passes`` runs them as one pass."""
-        return [b.forward(r.tokens, r.positions, r.tree_mask, r.rows, r.want_hidden) for b, r in zip(backends, requests)]
+        return [b.forward(r.tokens, r.positions, r.tree_mask, r.rows, r.want_hidden, r.layers)
+                for b, r in zip(backends, requests)]
 
     def rollback(self, length: int) -> None:
         self.cache.rollback(length)
@@ -81,6 +84,9 @@ class ForwardRequest:
     tree_mask: torch.Tensor | None = None  # (n, c + n) bool; None = causal
     rows: torch.Tensor | None = None  # (m,) long; None = all n rows
     want_hidden: HiddenNeed = HiddenNeed.NONE
+    # with want_hidden: the target layers (0-based) whose input states (the residual stream entering
+    # them, unnormed) follow the final state in each hidden row (EAGLE-3's low- and mid-level features)
+    layers: tuple[int, ...] = ()
     # True: rows whose results need not equal one-token passes bit for bit (a prompt, which every
     # method prefills alike; a draft model catching up), so a runtime may take its prefill
     # kernels for them. Verified and generated tokens never set it.
@@ -102,7 +108,18 @@ def forward_batch(backends: Sequence["Backend"], requests: Sequence[ForwardReque
     first = backends[0]
     if all(type(b) is type(first) and b.model is first.model for b in backends):
         return type(first).forward_many(list(backends), list(requests))
-    return [b.forward(r.tokens, r.positions, r.tree_mask, r.rows, r.want_hidden) for b, r in zip(backends, requests)]
+    return [b.forward(r.tokens, r.positions, r.tree_mask, r.rows, r.want_hidden, r.layers)
+            for b, r in zip(backends, requests)]
+
+
+def check_layers(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """``layers`` of a request as a tuple, each checked against the model's ``num_layers``."""
+    out = tuple(int(i) for i in layers)
+    bad = [i for i in out if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"hidden states entering layers {bad} were asked of a model of {num_layers} layers "
+                         f"(0 .. {num_layers - 1})")
+    return out
 
 
 @runtime_checkable
@@ -120,6 +137,7 @@ class Backend(Protocol):
         tree_mask: torch.Tensor | None = None,  # (n, c + n) bool over the last c cached + n new; None = causal
         rows: torch.Tensor | None = None,  # (m,) which of the n rows need logits; None = all
         want_hidden: HiddenNeed = HiddenNeed.NONE,  # LAST: hidden of the `rows`; ALL: of all n rows
+        layers: Sequence[int] = (),  # with want_hidden: also the states entering these layers (ForwardOut.hidden)
     ) -> ForwardOut: ...
 
     def rollback(self, length: int) -> None: ...

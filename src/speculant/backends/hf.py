@@ -7,7 +7,7 @@ import torch
 from ..errors import ConfigError
 from ..runtime.kv_cache import KVCache
 from ..runtime.packing import pack_linears
-from .base import CacheBacked, ForwardOut, HiddenNeed
+from .base import CacheBacked, ForwardOut, HiddenNeed, check_layers
 from .hf_attention import use_tree_attention
 from .native_arch import attention_windows
 
@@ -50,8 +50,9 @@ class HFBackend(CacheBacked):
 
     @torch.no_grad()
     def forward(self, tokens, positions=None, tree_mask=None, rows=None,
-                want_hidden: HiddenNeed = HiddenNeed.NONE) -> ForwardOut:
+                want_hidden: HiddenNeed = HiddenNeed.NONE, layers=()) -> ForwardOut:
         n = tokens.shape[0]
+        layers = check_layers(layers, self.num_layers) if want_hidden is not HiddenNeed.NONE else ()
         past = self.cache.length
         if positions is None:
             positions = torch.arange(past, past + n)
@@ -72,13 +73,18 @@ class HFBackend(CacheBacked):
             attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
+            output_hidden_states=bool(layers),
         )
         h = full = out.last_hidden_state[0]  # (n, H)
+        if layers:  # hidden_states[i]: the residual stream entering layer i
+            full = torch.cat([full] + [out.hidden_states[i][0].to(full.dtype) for i in layers], -1)
         if rows is not None:
             h = h.index_select(0, rows)
         logits = self.head(h).float()  # (m, V)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
+        if layers and want_hidden is HiddenNeed.LAST:
+            h = full if rows is None else full.index_select(0, rows)
         return ForwardOut(logits, {HiddenNeed.NONE: None, HiddenNeed.LAST: h, HiddenNeed.ALL: full}[want_hidden])
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:

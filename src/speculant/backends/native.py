@@ -42,7 +42,7 @@ from ..errors import ConfigError
 from ..kernels import cpu_kernels, x86_kernels
 from ..runtime.block_linear import BlockLinear
 from ..runtime.quant import Int4Linear
-from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed
+from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed, check_layers
 from .native_cache import StaticKVCache
 from .native_model import SUPPORTED, NativeBlock, NativeModel, _rms_norm, _rotate  # noqa: F401 (re-exported)
 
@@ -211,8 +211,9 @@ class NativeBackend(CacheBacked):
 
     @torch.no_grad()
     def forward(self, tokens, positions=None, tree_mask=None, rows=None,
-                want_hidden: HiddenNeed = HiddenNeed.NONE) -> ForwardOut:
-        return NativeBackend.forward_many([self], [ForwardRequest(tokens, positions, tree_mask, rows, want_hidden)])[0]
+                want_hidden: HiddenNeed = HiddenNeed.NONE, layers=()) -> ForwardOut:
+        return NativeBackend.forward_many([self], [ForwardRequest(tokens, positions, tree_mask, rows, want_hidden,
+                                                                  tuple(layers))])[0]
 
     @staticmethod
     @torch.no_grad()
@@ -241,6 +242,9 @@ class NativeBackend(CacheBacked):
             seqs.append((b, past, n, first, plans, freqs))
             first += n
         linear = _linear_plan([(r0, n, f) for (_, _, n, r0, *_), f in zip(seqs, fast)])
+        tapped = {i for r in requests if r.want_hidden is not HiddenNeed.NONE
+                  for i in check_layers(r.layers, len(m.blocks))}
+        taps: dict[int, torch.Tensor] = {}  # layer -> the residual stream entering it (N, H)
         x = m.embed[torch.cat([r.tokens for r in requests])] if len(requests) > 1 else m.embed[requests[0].tokens]
         if m.arch.embed_scale != 1.0:  # Gemma: the embeddings scaled by sqrt(H), in the model's dtype
             x = x * torch.tensor(m.arch.embed_scale, dtype=x.dtype)
@@ -252,6 +256,8 @@ class NativeBackend(CacheBacked):
                       for *_, fs in seqs]
             norm = lambda t, w: fused.rms_norm(t.contiguous(), w, m.eps, 0)  # noqa: E731
             for i, blk in enumerate(m.blocks):
+                if i in tapped:
+                    taps[i] = x
                 h = norm(x, blk.in_norm)
                 qkv = linear(blk.qkv, h) if blk.qkv is not None else torch.cat(blk.project_qkv(h), dim=-1)
                 if blk.q_norm is not None:  # each head's query and key normed first (Qwen3, Gemma 3)
@@ -282,6 +288,8 @@ class NativeBackend(CacheBacked):
                     tab.append(((emb.cos() * rope.scale).to(m.dtype), (emb.sin() * rope.scale).to(m.dtype)))
                 tables.append(tab)
             for i, blk in enumerate(m.blocks):
+                if i in tapped:
+                    taps[i] = x
                 h = _rms_norm(x, blk.in_norm, m.eps)
                 q_all, k_all, v_all = blk.project_qkv(h)
                 if blk.q_norm is not None:  # each head's query and key normed first (Qwen3, Gemma 3)
@@ -316,12 +324,16 @@ class NativeBackend(CacheBacked):
             logits = torch.tanh(logits / m.arch.final_softcap) * m.arch.final_softcap
         full = norm(x) if any(r.want_hidden is HiddenNeed.ALL for r in requests) else None  # (N, H)
         results, at = [], 0
-        for (b, past, n, r0, *_), r, c in zip(seqs, requests, counts):
+        for (b, past, n, r0, *_), r, c, sel in zip(seqs, requests, counts, picked):
             hidden = None
             if r.want_hidden is HiddenNeed.ALL:
                 hidden = full[r0:r0 + n]
+                if r.layers:
+                    hidden = torch.cat([hidden] + [taps[i][r0:r0 + n].to(hidden.dtype) for i in r.layers], -1)
             elif r.want_hidden is HiddenNeed.LAST:
                 hidden = h[at:at + c]
+                if r.layers:
+                    hidden = torch.cat([hidden] + [taps[i].index_select(0, sel).to(hidden.dtype) for i in r.layers], -1)
             results.append(ForwardOut(logits[at:at + c], hidden))
             at += c
         return results

@@ -10,6 +10,7 @@ import sys
 
 from ..output_paths import check_output_dir
 from ..store.presets import DEFAULT_TARGET
+from ..errors import ConfigError
 
 
 def add_training_parsers(sub) -> None:
@@ -193,6 +194,11 @@ def add_training_parsers(sub) -> None:
     te.add_argument("--feature-weight", type=float, default=1.0,
                     help="the feature regression's weight (smooth L1 to the target's next hidden state) "
                          "(default: %(default)s)")
+    te.add_argument("--fuse-layers", default=None, metavar="I,J",
+                    help="EAGLE-3's feature fusion: the drafter also reads the target's states entering these layers "
+                         "(0-based, e.g. 2,14 of 28: low and middle) beside its final state; 'none' for the final "
+                         "state alone. With --init a drafter without them starts as it was (the new inputs' "
+                         "weights zero) (default: the initial drafter's layers, none for a new drafter)")
     te.add_argument("--features-only", action="store_true",
                     help="compute the target's features (resumable) and stop before training")
 
@@ -277,13 +283,26 @@ def cmd_make_corpus(args) -> int:
     return 0
 
 
+def _layer_list(text: str | None) -> tuple[int, ...] | None:
+    """--fuse-layers: None (not given), 'none' -> (), 'I,J,..' -> (I, J, ..)."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--fuse-layers takes comma-separated layer numbers (e.g. 2,14) or 'none', got {text!r}") \
+            from None
+
+
 def cmd_train_eagle(args) -> int:
     from ..api import SpeculativeDecoder
     from ..training.eagle_run import EagleRun, run_eagle_training
     from ..training.eagle_train import EagleTrainConfig
 
     run = EagleRun(init=args.init, intermediate_size=args.intermediate_size, draft_vocab=args.draft_vocab,
-                   depth=args.depth)
+                   depth=args.depth, fuse_layers=_layer_list(args.fuse_layers))
     check_output_dir(args.out, "--out")
     records = _corpus_records(args.data)
     vocab_records = _corpus_records(args.vocab_data) if args.vocab_data else None

@@ -76,6 +76,7 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
     from ..eagle import EagleDrafter
     from ..eagle.checkpoint import load_eagle
     from ..training.eagle_train import answer_positions, compute_features, depth_accuracy, load_features, split_records
+    from ..training.eagle_features import FirstColumns
     from ..heads.checkpoint import load_heads
     from ..training.data import load_records
     from ..tuning.choice import tree_accepts
@@ -91,14 +92,22 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
     chosen = list(range(len(records))) if all_records else seen if train_records else held
     recs = [records[r] for r in chosen]
     target, V = decoder.target.model, decoder.target_backend.vocab_size
+    eagles = [(path, load_eagle(path, target, dtype=torch.float32)) for path in eagle]
+    layers = {m.config.fused_layers for _, m in eagles if m.config.fused_layers}
+    if len(layers) > 1:
+        raise ConfigError(f"EAGLE drafters reading different target layers ({sorted(layers)}): measure them in "
+                          "separate runs")
+    layers = layers.pop() if layers else ()
     if features:
-        hidden, starts = load_features(features, records)
+        hidden, starts = load_features(features, records, layers)
         at = starts[chosen]
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            hidden, starts = load_features(compute_features(decoder.target_backend, recs, tmp, progress=False), recs)
+            hidden, starts = load_features(compute_features(decoder.target_backend, recs, tmp, progress=False,
+                                                            layers=layers), recs, layers)
             hidden = hidden[:]  # read into memory before the directory goes
         at = starts[:-1]
+    final = FirstColumns(hidden, target.config.hidden_size) if layers else hidden  # the final state alone
     out = {"data": Path(data).name, "records": chosen, "per_record": per_record, "drafters": []}
 
     def shape(spec: str) -> DynamicTree:  # the method's default tree as decoding sizes it, without a lookup chain
@@ -110,13 +119,13 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
         if heads.config.context_size:
             raise ConfigError(f"{path}: heads with a context layer are not measured here")
         out["drafters"].append({"kind": "hydra", "path": Path(path).name,
-                                "greedy": heads_accuracy(heads, recs, hidden, at, depth, per_record),
+                                "greedy": heads_accuracy(heads, recs, final, at, depth, per_record),
                                 "tree": tree_accepts(DynamicTreeDrafter(proposer_for(heads, V), shape(DEFAULT_HYDRA_TREE), V),
-                                                     recs, hidden, at, positions)})
-    for path in eagle:
-        model = load_eagle(path, target, dtype=torch.float32)
-        acc = depth_accuracy(model, recs, hidden, at, depth, per_record=per_record, top_k=(1, 4))
-        tree = tree_accepts(EagleDrafter(model, shape(DEFAULT_EAGLE_TREE), V), recs, hidden, at, positions)
+                                                     recs, final, at, positions)})
+    for path, model in eagles:
+        states = hidden if model.config.fused_layers else final
+        acc = depth_accuracy(model, recs, states, at, depth, per_record=per_record, top_k=(1, 4))
+        tree = tree_accepts(EagleDrafter(model, shape(DEFAULT_EAGLE_TREE), V), recs, states, at, positions)
         out["drafters"].append({"kind": "eagle", "path": Path(path).name, "greedy": acc[1], "top4": acc[4],
                                 "tree": tree})
     return out

@@ -105,9 +105,14 @@ class Drafter(Protocol):
           at ``prompt[-2]`` (None for a one-token prompt), in ``observe`` at ``path[-1]``.
     ALL   the states of every newly committed position: (T-1, H) for ``prompt[:-1]`` in ``begin``
           (None for a one-token prompt), (len(path), H) for the accepted path in ``observe``.
+
+    ``hidden_layers``: the target layers whose input states follow the final one in each of those
+    rows (``backends.base.ForwardRequest.layers``), so H above is H (1 + len(hidden_layers)); () for
+    the final state alone.
     """
 
     hidden_need: HiddenNeed
+    hidden_layers: tuple[int, ...]
     sizer: Any  # drafters.sizing.TreeSizer sizing its trees against the pass cost, or None
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
@@ -140,6 +145,7 @@ class NoDrafter(ProposesAlone):
     """Plain decoding: propose nothing, every step yields exactly one token from the target."""
 
     hidden_need = HiddenNeed.NONE
+    hidden_layers = ()
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         pass

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 class DraftModelDrafter:
     hidden_need = HiddenNeed.NONE  # the draft model keeps its own cache
+    hidden_layers = ()
     sizer = None  # its chain or tree has a fixed size
 
     def __init__(self, backend: Backend, tree: TreeBuffers, sampling: SamplingConfig,

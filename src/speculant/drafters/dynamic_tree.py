@@ -94,6 +94,7 @@ class DynamicTreeDrafter:
                               f"use depth <= {K} (0 = {K})")
         self.proposer, self.V = proposer, vocab_size
         self.hidden_need: HiddenNeed = proposer.hidden_need
+        self.hidden_layers: tuple[int, ...] = proposer.hidden_layers
         self.dynamic, self.lookup, self.sizer = dynamic, lookup, sizer
         self.depth = dynamic.depth or K  # heads drafting: 0 .. depth-1
         # with a sizer, a depth is drafted only while its nodes can pay for it (TreeSizer.worth_deeper)

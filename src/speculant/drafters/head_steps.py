@@ -46,6 +46,7 @@ class _LastState:
     """The (H,) target state a step drafts from, kept from ``begin``/``observe``."""
 
     hidden_need = HiddenNeed.LAST
+    hidden_layers = ()
 
     def __init__(self) -> None:
         self.state: torch.Tensor | None = None

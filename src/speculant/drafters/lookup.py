@@ -18,6 +18,7 @@ from .base import Draft, HiddenNeed, ProposesAlone
 
 class LookupDrafter(ProposesAlone):
     hidden_need = HiddenNeed.NONE  # reads the context only
+    hidden_layers = ()
 
     def __init__(self, gamma: int = 8, max_ngram: int = 3, min_ngram: int = 1, sizer=None):
         if gamma < 1:

@@ -56,12 +56,14 @@ class DepthBudget:
 class FollowsTarget(Protocol):
     """What follows the target's hidden states to draft from them.
 
-    ``hidden_need``: what ``begin``/``observe`` get (``drafters.base.HiddenNeed``); ``depth``: the
+    ``hidden_need``: what ``begin``/``observe`` get (``drafters.base.HiddenNeed``), ``hidden_layers``
+    the target layers whose input states join each of those rows (``Drafter.hidden_layers``); ``depth``: the
     deepest depth it drafts (K); ``ranked``: how many tokens it can rank (its draft vocabulary);
     ``state``: what it drafts the next root's children from, None when it cannot (the step then
     verifies the root alone); ``observe_ms``: what the last ``observe`` took (part of drafting)."""
 
     hidden_need: HiddenNeed
+    hidden_layers: tuple[int, ...]
     depth: int
     ranked: int
     observe_ms: float
@@ -132,6 +134,10 @@ class Stepwise:
     @property
     def hidden_need(self) -> HiddenNeed:
         return self.source.hidden_need
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.source.hidden_layers
 
     @property
     def depth(self) -> int:

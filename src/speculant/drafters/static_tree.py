@@ -43,6 +43,7 @@ class StaticTreeDrafter:
                  lookup: LookupDrafter | None = None):
         self.proposer, self.V = proposer, vocab_size
         self.hidden_need: HiddenNeed = proposer.hidden_need
+        self.hidden_layers: tuple[int, ...] = proposer.hidden_layers
         self.width = check_tree(proposer, tree, vocab_size)  # top-k taken at every depth
         self.tree = self.heads_tree = tree
         self.depth = tree.depth  # heads drafting: 0 .. depth-1

@@ -111,6 +111,7 @@ class EagleSteps:
 
     def __init__(self, model: EagleModel, vocab_size: int):
         self.model, self.V = model, vocab_size
+        self.hidden_layers = model.config.fused_layers  # EAGLE-3's low- and mid-level states beside h
         self.depth = int(model.config.depth)
         dv = model.draft_vocab
         self.ranked = int((dv < vocab_size).sum()) if dv is not None else vocab_size
@@ -122,7 +123,7 @@ class EagleSteps:
 
     # ---- the committed pairs ---------------------------------------------------------------
     def _commit(self, hidden: torch.Tensor | None, tokens: torch.Tensor) -> None:
-        """Pairs (hidden (n, H), tokens (n,)); the last one's feature becomes the next root's. No
+        """Pairs (hidden (n, W): [h ; the fused layers' states], tokens (n,)); the last one's feature becomes the next root's. No
         hidden states (a loop that does not pass them): the cache can no longer follow, and every
         later step proposes the root alone (plain decoding)."""
         if hidden is None or self.cache is None:

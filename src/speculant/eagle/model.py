@@ -15,10 +15,20 @@ y with the predicted f_{i+1} makes the next pair (f_{i+1}, y): a draft of any de
 attending to the committed pairs and to its own ancestors in the draft tree. There is no norm
 before the attention and none after the MLP (EAGLE's choice: the output is compared with h).
 
+With ``fused_layers`` (EAGLE-3's fusion of low-, middle- and high-level features) a committed pair
+also reads the target's residual stream entering those layers, g_i (kH,):
+
+    u_i = fc([E[x_{i+1}] ; h_i]) + fuse(g_i)
+
+A drafted pair has no such states (the target has not run there): its u is fc's alone, as if g
+were zero, so a drafter whose ``fuse`` is zero is exactly the one without fusion (the warm start
+of :func:`eagle.narrow.with_fused_layers`).
+
 Parameter names are those of EAGLE checkpoints (``fc.*``, ``layers.0.self_attn.{q,k,v,o}_proj.*``,
 ``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.post_attention_layernorm.weight``), so a
-state dict is written in the layout EAGLE's loaders read. Shapes: H hidden size, Hq / Hkv query /
-key-value heads of D dims, n new pairs, P cached pairs.
+state dict is written in the layout EAGLE's loaders read (``fuse.weight`` and ``fuse_scale`` are
+speculant's own). Shapes: H hidden size, k fused layers, W = H (1 + k) the width of a committed
+pair's target state [h ; g], Hq / Hkv query / key-value heads of D dims, n new pairs, P cached pairs.
 """
 
 from __future__ import annotations
@@ -59,8 +69,15 @@ class EagleConfig:
     # against a median of ~3) take the largest steps
     input_scale: bool = False
     base_model: str = ""
+    # the target layers (0-based) whose input states a committed pair reads beside h (EAGLE-3's
+    # fusion; module docstring); () none
+    fused_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "fused_layers", tuple(self.fused_layers))
+        if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in self.fused_layers) \
+                or len(set(self.fused_layers)) != len(self.fused_layers):
+            raise ConfigError(f"fused_layers must be distinct layer numbers >= 0, got {list(self.fused_layers)}")
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
                      "depth"):
             value = getattr(self, name)
@@ -74,6 +91,11 @@ class EagleConfig:
                               "give head_dim")
         if not isinstance(self.draft_vocab, int) or not 0 <= self.draft_vocab <= self.vocab_size:
             raise ConfigError(f"draft_vocab must be an integer in [0, {self.vocab_size}], got {self.draft_vocab!r}")
+
+    @property
+    def state_width(self) -> int:
+        """W: the width of a committed pair's target state [h ; g]."""
+        return self.hidden_size * (1 + len(self.fused_layers))
 
     @property
     def dims(self) -> int:
@@ -196,6 +218,8 @@ class EagleModel(DraftVocabulary, nn.Module):
         self.config = config
         H = config.hidden_size
         self.fc = nn.Linear(2 * H, H, bias=True)
+        k = len(config.fused_layers)
+        self.fuse = nn.Linear(k * H, H, bias=False) if k else None
         self.layers = nn.ModuleList([_Layer(config)])
         if config.draft_vocab:
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab, dtype=torch.long))
@@ -203,8 +227,9 @@ class EagleModel(DraftVocabulary, nn.Module):
             self.draft_vocab = None
         if config.input_scale:
             self.register_buffer("input_scale", torch.ones(2 * H))
+            self.register_buffer("fuse_scale", torch.ones(k * H) if k else None)
         else:
-            self.input_scale = None
+            self.input_scale = self.fuse_scale = None
         self._shared: tuple[nn.Module, ...] = (lm_head, embed)
         self._draft_rows: tuple | None = None
         self.coarse_ranking = True
@@ -215,11 +240,23 @@ class EagleModel(DraftVocabulary, nn.Module):
         return self.layers[0].post_attention_layernorm.weight.dtype
 
     # ---- the pieces -------------------------------------------------------------------------
-    def _inputs(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """hidden (..., H), tokens (...,) long -> u = fc([E[tokens]; hidden]) (..., H)."""
+    def _inputs(self, hidden: torch.Tensor, tokens: torch.Tensor, drafted: bool = False) -> torch.Tensor:
+        """hidden (..., W) committed pairs' target states [h ; g] or, ``drafted``, (..., H) drafted
+        pairs' own features; tokens (...,) long -> u = fc([E[tokens]; h]) (+ fuse(g)) (..., H)
+        (module docstring)."""
+        H = self.config.hidden_size
+        want = H if drafted else self.config.state_width
+        if hidden.shape[-1] != want:
+            what = "drafted pairs' own features" if drafted else \
+                f"the target's states (the final one and those entering layers {list(self.config.fused_layers)})"
+            raise ValueError(f"the EAGLE drafter reads {what} of width {want}, got {hidden.shape[-1]}")
         e = F.embedding(tokens, self._shared[1].weight.detach()).to(self.dtype)
-        x = torch.cat([e, hidden.to(self.dtype)], -1)
-        return self.fc(x if self.input_scale is None else x * self.input_scale.to(x.dtype))
+        x = torch.cat([e, hidden[..., :H].to(self.dtype)], -1)
+        u = self.fc(x if self.input_scale is None else x * self.input_scale.to(x.dtype))
+        if self.fuse is not None and not drafted:
+            g = hidden[..., H:].to(self.dtype)
+            u = u + self.fuse(g if self.fuse_scale is None else g * self.fuse_scale.to(g.dtype))
+        return u
 
     def _rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's cos and sin (n, D) at positions (n,) (rotate-half layout)."""
@@ -260,7 +297,7 @@ class EagleModel(DraftVocabulary, nn.Module):
 
     # ---- training: whole sequences ----------------------------------------------------------
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced: hidden (B, T, H) = h_0 .. h_{T-1}, tokens (B, T) = x_1 .. x_T ->
+        """Teacher-forced: hidden (B, T, W) = h_0 .. h_{T-1}, tokens (B, T) = x_1 .. x_T ->
         features (B, T, H), row i approximating h_{i+1} (right padding is harmless: causal)."""
         u = self._inputs(hidden, tokens)
         q, k, v = self._qkv(u, torch.arange(u.shape[-2], device=u.device))
@@ -268,7 +305,7 @@ class EagleModel(DraftVocabulary, nn.Module):
 
     def unrolled(self, hidden: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test (after EAGLE-3): the teacher-forced pass, then ``steps`` - 1 passes
-        that read the drafter's own features as drafting does. hidden (B, T, H) = h_0 .. h_{T-1};
+        that read the drafter's own features as drafting does. hidden (B, T, W) = h_0 .. h_{T-1};
         tokens (B, T + steps - 1) = x_1 .. x_{T+steps-1}. Returns [f^1, .., f^steps], each (B, T, H):
         f^s at row p is the s-th draft step from the committed pairs 0 .. p, its pair
         (f^{s-1}_p, x_{p+s}) at position p + s - 1 attending to the committed pairs 0 .. p, to its
@@ -282,7 +319,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         keys, values = [k], [v]
         causal, eye = torch.ones(T, T, dtype=torch.bool).tril_(), torch.eye(T, dtype=torch.bool)
         for s in range(2, steps + 1):
-            u = self._inputs(feats[-1], tokens[..., s - 1:s - 1 + T])
+            u = self._inputs(feats[-1], tokens[..., s - 1:s - 1 + T], drafted=True)
             q, k, v = self._qkv(u, pos + s - 1)
             keys.append(k), values.append(v)
             mask = torch.cat([causal] + [eye] * (s - 1), 1)  # (T, s T)
@@ -294,7 +331,7 @@ class EagleModel(DraftVocabulary, nn.Module):
     # ---- decoding ---------------------------------------------------------------------------
     @torch.no_grad()
     def extend(self, cache: EagleCache, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Commit n pairs after ``cache.length``: hidden (n, H), tokens (n,) -> features (n, H)
+        """Commit n pairs after ``cache.length``: hidden (n, W), tokens (n,) -> features (n, H)
         (what :meth:`forward` gives those rows)."""
         u = self._inputs(hidden, tokens)
         n, P = u.shape[0], cache.length
@@ -319,7 +356,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         staged in ``cache`` that it ``sees`` ((b, E) bool: its ancestors; None when E = 0), and to
         itself. The nodes are staged after the others (the next ones can see them). Returns their
         features (b, H)."""
-        u = self._inputs(state, tokens)
+        u = self._inputs(state, tokens, drafted=True)
         b, P, E = u.shape[0], cache.length, cache.staged
         if (0 if sees is None else sees.shape[1]) != E:
             raise ValueError(f"sees must say which of the {E} staged nodes each new node sees, got "
@@ -333,7 +370,7 @@ class EagleModel(DraftVocabulary, nn.Module):
     @torch.no_grad()
     def init_for_training(self, features: torch.Tensor, seed: int = 0) -> None:
         """Start as "the next feature is this one, plus the token", given a sample of the target's
-        features (n, H): fc = [W_e, I] with W_e random at a scale that gives the token term the
+        states (n, W): fc = [W_e, I] with W_e random at a scale that gives the token term the
         features' RMS (the embeddings are ~100x smaller than the features, so at the default scale
         the token would hardly count), zero bias, and the attention's and MLP's output projections
         zero (the layer starts as the identity). With ``config.input_scale`` the stored scale is
@@ -357,6 +394,15 @@ class EagleModel(DraftVocabulary, nn.Module):
             self.fc.weight[:, :H] = torch.randn(H, H, generator=g) * (feature_rms / (max(e_rms, 1e-12) * H ** 0.5))
         self.layers[0].self_attn.o_proj.weight.zero_()
         self.layers[0].mlp.down_proj.weight.zero_()
+
+    @torch.no_grad()
+    def init_fusion(self, states: torch.Tensor) -> None:
+        """``fuse`` zero (the drafter computes what it did without the fused layers) and, with
+        ``config.input_scale``, ``fuse_scale`` 1 / each tapped unit's RMS over ``states`` (n, W)."""
+        H = self.config.hidden_size
+        self.fuse.weight.zero_()
+        if self.fuse_scale is not None:
+            self.fuse_scale.copy_(1 / states.detach()[:, H:].float().pow(2).mean(0).sqrt().clamp(min=1e-3))
 
     def fuse_projections(self, join) -> bool:
         """For decoding: q, k and v run as one layer, and gate and up as one, where ``join`` (a list

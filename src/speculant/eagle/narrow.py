@@ -11,6 +11,10 @@ the input scale are kept. Shapes: B windows of T pairs, H hidden size, I units.
 A trained drafter can also take another draft vocabulary (``train-eagle --init DIR --draft-vocab N``,
 :func:`with_draft_vocab`): it projects through the target's frozen output layer, so its weights
 stay and only the list of token ids it ranks changes (a drafter fine-tuned on text of other words).
+
+And it can start reading more of the target (``train-eagle --init DIR --fuse-layers I,J``,
+:func:`with_fused_layers`): EAGLE-3's low- and mid-level states join its input through a new
+projection that starts at zero, so fine-tuning starts from exactly the drafter it was.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .model import EagleModel
 
-__all__ = ["check_width", "narrow_mlp", "unit_importance", "with_draft_vocab"]
+__all__ = ["check_width", "narrow_mlp", "unit_importance", "with_draft_vocab", "with_fused_layers"]
 
 
 def check_width(model: EagleModel, width: int) -> None:
@@ -77,4 +81,23 @@ def with_draft_vocab(model: EagleModel, ids: torch.Tensor) -> EagleModel:
     state["draft_vocab"] = out.draft_vocab
     out.load_weights(state)
     out.set_draft_vocab(ids)
+    return out.eval()
+
+
+@torch.no_grad()
+def with_fused_layers(model: EagleModel, layers: tuple[int, ...], states: torch.Tensor) -> EagleModel:
+    """A new drafter: ``model`` (which reads no fused layers) reading the target's states entering
+    ``layers`` too, through a zero ``fuse`` (so it computes what ``model`` does) whose input scale
+    comes from ``states`` (n, W), a sample of the target's [h ; g] rows. Every weight is kept."""
+    if model.config.fused_layers:
+        raise ConfigError(f"the drafter already reads layers {list(model.config.fused_layers)}")
+    config = dataclasses.replace(model.config, fused_layers=tuple(layers))
+    if states.shape[-1] != config.state_width:
+        raise ConfigError(f"states of width {states.shape[-1]} for a drafter reading {len(layers)} fused layers "
+                          f"(width {config.state_width})")
+    out = EagleModel(config, *model._shared).to(model.dtype)
+    out.init_fusion(states)
+    state = out.state_dict()
+    state.update(model.state_dict())
+    out.load_weights(state)
     return out.eval()

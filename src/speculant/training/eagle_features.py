@@ -2,7 +2,9 @@
 of every record of a corpus, computed once (:func:`compute_features`, resumable shard by shard) and
 read back lazily (:func:`load_features`, :class:`FeatureRows`).
 
-Shapes: N rows in all (every record's tokens, in order), H the target's hidden size.
+Shapes: N rows in all (every record's tokens, in order), H the target's hidden size, W the width of
+a row: H (1 + k) with k tapped layers (the final normed state, then the residual stream entering each
+of ``layers``: EAGLE-3's low- and mid-level features).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from ..backends.base import Backend, ForwardRequest, HiddenNeed, forward_batch
 from ..errors import ConfigError
 
-__all__ = ["FeatureRows", "compute_features", "features_cost", "load_features"]
+__all__ = ["FeatureRows", "FirstColumns", "compute_features", "features_cost", "load_features"]
 
 
 def _fingerprint(records: Sequence[dict]) -> str:
@@ -51,8 +53,10 @@ def _passes(records: Sequence[dict], rows_per_pass: int):
 
 @torch.no_grad()
 def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | os.PathLike,
-                     shard_records: int = 256, rows_per_pass: int = 1024, progress: bool = True) -> Path:
-    """The target's final hidden states at every position of ``records`` (their ``ids``) through
+                     shard_records: int = 256, rows_per_pass: int = 1024, progress: bool = True,
+                     layers: Sequence[int] = ()) -> Path:
+    """The target's final hidden states (and the states entering ``layers``) at every position of
+    ``records`` (their ``ids``) through
     ``backend`` (prompt passes of several records, up to ``rows_per_pass`` rows, on siblings of
     ``backend``: a runtime may take its prefill kernels), into
     safetensors shards of ``shard_records`` records under ``out_dir``. Each shard is written whole
@@ -65,6 +69,7 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    layers = tuple(int(i) for i in layers)
     spans = _shards(len(records), shard_records)
     bar = tqdm(total=len(records), desc="target features", unit="record", disable=not progress)
     pool: list[Backend] = [backend]
@@ -73,7 +78,7 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
         if path.is_file():
             with safe_open(str(path), "pt") as f:
                 meta = f.metadata() or {}
-            if meta.get("records") == mark and meta.get("count") == str(b - a):
+            if meta.get("records") == mark and meta.get("count") == str(b - a) and _layers(meta) == layers:
                 bar.update(b - a)
                 continue
         rows, wall0, cpu0 = [], time.perf_counter(), time.process_time()
@@ -83,18 +88,23 @@ def compute_features(backend: Backend, records: Sequence[dict], out_dir: str | o
             for be in pool:
                 be.reset()
             reqs = [ForwardRequest(torch.tensor(r["ids"], dtype=torch.long), rows=torch.empty(0, dtype=torch.long),
-                                   want_hidden=HiddenNeed.ALL, prefill=True) for r in group]
+                                   want_hidden=HiddenNeed.ALL, layers=layers, prefill=True) for r in group]
             rows += [o.hidden.to(torch.bfloat16) for o in forward_batch(pool[:len(group)], reqs)]
             bar.update(len(group))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         took = {"seconds": f"{time.perf_counter() - wall0:.3f}", "cpu_seconds": f"{time.process_time() - cpu0:.3f}"}
         save_file({"hidden": torch.cat(rows).contiguous()}, str(tmp),
-                  metadata={"records": mark, "count": str(b - a), **took})
+                  metadata={"records": mark, "count": str(b - a), "layers": ",".join(map(str, layers)), **took})
         os.replace(tmp, path)
     bar.close()
     for be in pool:
         be.reset()
     return out
+
+
+def _layers(meta: dict) -> tuple[int, ...]:
+    """The tapped layers a shard's metadata names (none in shards written before taps existed)."""
+    return tuple(int(i) for i in meta.get("layers", "").split(",") if i)
 
 
 def features_cost(out_dir: str | os.PathLike) -> dict:
@@ -150,10 +160,26 @@ class FeatureRows:
         return out[0] if len(out) == 1 else torch.cat(out)
 
 
-def load_features(out_dir: str | os.PathLike, records: Sequence[dict]) -> tuple[FeatureRows, torch.Tensor]:
-    """(hidden (N, H) bf16 :class:`FeatureRows`, starts (R + 1,)) of :func:`compute_features` over
-    ``records``: record r's rows are ``starts[r] .. starts[r+1]-1``. Raises ConfigError when a
-    shard is missing or was computed for other records."""
+class FirstColumns:
+    """The first ``width`` columns of a (N, W) table (a tensor or :class:`FeatureRows`), read as
+    the table is: ``cols[a:b]`` (b - a, width), ``cols[i]`` (width,). The final states alone of
+    rows that also hold fused layers' states, for a drafter that reads only those."""
+
+    def __init__(self, rows, width: int):
+        self.rows, self.shape, self.dtype = rows, torch.Size((rows.shape[0], width)), rows.dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key) -> torch.Tensor:
+        return self.rows[key][..., :self.shape[1]]
+
+
+def load_features(out_dir: str | os.PathLike, records: Sequence[dict],
+                  layers: Sequence[int] = ()) -> tuple[FeatureRows, torch.Tensor]:
+    """(hidden (N, W) bf16 :class:`FeatureRows`, starts (R + 1,)) of :func:`compute_features` over
+    ``records`` with ``layers`` tapped: record r's rows are ``starts[r] .. starts[r+1]-1``. Raises
+    ConfigError when a shard is missing or was computed for other records or other layers."""
     from safetensors import safe_open
 
     out = Path(out_dir)
@@ -169,6 +195,9 @@ def load_features(out_dir: str | os.PathLike, records: Sequence[dict]) -> tuple[
         b = a + int(meta.get("count", 0))
         if b <= a or b > len(records) or meta.get("records") != _fingerprint(records[a:b]):
             raise ConfigError(f"{path} was computed for other records: compute the features again")
+        if _layers(meta) != tuple(layers):
+            raise ConfigError(f"{path} holds the states entering layers {list(_layers(meta))}, the drafter reads "
+                              f"layers {list(layers)}: compute the features again")
         part = f.get_slice("hidden")
         rows, width = part.get_shape()
         if rows != int(starts[b] - starts[a]):

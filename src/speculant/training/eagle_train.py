@@ -122,17 +122,18 @@ def _windows(records: Sequence[dict], seq_len: int) -> list[tuple[int, int, int]
     return out
 
 
-def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1):
+def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1, final: int | None = None):
     """Padded tensors of ``windows`` for ``steps`` draft steps (T pairs each, S = ``steps``):
-    input features (B, T, H) = h_{a+p}, tokens (B, T + S - 1) = x_{a+p+1}, target features
-    (B, T + S - 1, H) = h_{a+p+1}, target token indices into the drafted vocabulary
+    input states (B, T, W) = h_{a+p} (with the fused layers' states: W columns of ``hidden``), tokens
+    (B, T + S - 1) = x_{a+p+1}, target features (B, T + S - 1, H) = h_{a+p+1} (the first ``final``
+    = H columns, the final state; default all), target token indices into the drafted vocabulary
     (B, T + S - 1) = x_{a+p+2} (-1: no loss: not an answer token, or past the record), feature mask
     (B, T + S - 1) (h_{a+p+1} exists and predicts an answer token), and which rows hold a pair of
     the window (B, T) (the others are padding: no loss at any step).
     ``vocab_index`` None: no token targets (all -1). ``hidden``: a tensor or :class:`FeatureRows`."""
-    T, H = max(n for *_, n in windows), hidden.shape[1]
-    B, S = len(windows), steps
-    h_in, h_out = torch.zeros(B, T, H, dtype=hidden.dtype), torch.zeros(B, T + S - 1, H, dtype=hidden.dtype)
+    T, W = max(n for *_, n in windows), hidden.shape[1]
+    B, S, H = len(windows), steps, final or W
+    h_in, h_out = torch.zeros(B, T, W, dtype=hidden.dtype), torch.zeros(B, T + S - 1, H, dtype=hidden.dtype)
     tok, tgt = torch.zeros(B, T + S - 1, dtype=torch.long), torch.full((B, T + S - 1), -1, dtype=torch.long)
     feat_mask = torch.zeros(B, T + S - 1, dtype=torch.bool)
     real = torch.zeros(B, T, dtype=torch.bool)
@@ -143,7 +144,7 @@ def _batch(windows, records, hidden, starts, vocab_index, steps: int = 1):
         m = min(n + S - 1, len(ids) - 1 - a)  # pairs of the window and the steps' lookahead in the record
         rows = hidden[s + a:s + a + m + 1]
         h_in[b, :n] = rows[:n]
-        h_out[b, :m] = rows[1:m + 1]
+        h_out[b, :m] = rows[1:m + 1, :H]
         tok[b, :m] = torch.tensor(ids[a + 1:a + m + 1], dtype=torch.long)
         if vocab_index is not None:
             nxt = torch.tensor(ids[a + 2:a + m + 2], dtype=torch.long)  # x_{i+2}, one shorter at the record's end
@@ -311,7 +312,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
         chosen = [wins[g.randrange(len(wins))] for _ in range(per_proc * acc.num_processes)]
         mine = chosen[acc.process_index * per_proc:(acc.process_index + 1) * per_proc]
         model.train()
-        loss = _loss(core, rows, _batch(mine, records, hidden, starts, index, cfg.draft_steps), cfg)
+        loss = _loss(core, rows, _batch(mine, records, hidden, starts, index, cfg.draft_steps,
+                                        core.config.hidden_size), cfg)
         acc.backward(loss)
         if cfg.max_grad_norm:
             acc.clip_grad_norm_(params, cfg.max_grad_norm)
