@@ -211,26 +211,10 @@ class NativeModel(nn.Module):
         so the peak memory is the quantized model plus one dense tensor.
         """
         from safetensors import safe_open
-        from transformers import AutoConfig, GenerationConfig
 
         path = Path(path)
         _check_quant(quant, dtype)
-        try:
-            cfg = AutoConfig.from_pretrained(str(path)).get_text_config()
-        except Exception as e:
-            raise ModelLoadError(f"cannot read the config of {path}: {type(e).__name__}: {e}") from e
-        arch_for(cfg)
-        try:
-            gen = GenerationConfig.from_pretrained(str(path))
-        except Exception:
-            gen = None
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        else:
-            files = [p.name for p in sorted(path.glob("*.safetensors"))]
-        if not files:
-            raise ModelLoadError(f"no safetensors weights in {path}")
+        cfg, gen, files = read_dir_config(path)
         where: dict[str, Path] = {}  # tensor name -> file
         for f in files:
             try:
@@ -345,6 +329,31 @@ class NativeModel(nn.Module):
         model = cls(cfg, embed, blocks, norm, head, gen, quant)
         model.requires_grad_(False)
         return model.eval()
+
+
+def read_dir_config(path: Path) -> tuple:
+    """(the text config, the generation config or None, the safetensors weight files' names) of
+    the transformers model directory ``path``; a clear error where it has no readable config of a
+    supported family, or no weights."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path)).get_text_config()
+    except Exception as e:
+        raise ModelLoadError(f"cannot read the config of {path}: {type(e).__name__}: {e}") from e
+    arch_for(cfg)
+    try:
+        gen = GenerationConfig.from_pretrained(str(path))
+    except Exception:
+        gen = None
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = [p.name for p in sorted(path.glob("*.safetensors"))]
+    if not files:
+        raise ModelLoadError(f"no safetensors weights in {path}")
+    return cfg, gen, files
 
 
 def _int4_layout(group_size: int) -> str | None:

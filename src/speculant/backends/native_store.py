@@ -13,7 +13,9 @@ final norm and the embedding, plus metadata naming the format, the packed layout
 kernel it was packed for), the group size and the source. The name of the file says all of that
 too, and the source directory's file sizes and times, so a changed source or another layout is
 another file: a file of the former ``amx`` layout (``-int4-amx-`` in its name, saved on AMX CPUs
-by earlier versions) is never read, an ``x86`` one is made beside it.
+by earlier versions) is never read, an ``x86`` one is made beside it. The model that runs a GGUF
+file's own blocks (``target_quant="gguf"``) is saved beside it by ``native_gguf_store``, written
+the same way.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["store_path", "save_store", "load_store", "remove_partial_saves"]
+__all__ = ["store_path", "save_store", "load_store", "remove_partial_saves", "write_atomically"]
 
 FORMAT, VERSION = "speculant-native-int4", "1"
-_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "U8": torch.uint8, "F16": torch.float16}
+_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "U8": torch.uint8, "F16": torch.float16, "I8": torch.int8}
 
 
 def store_path(source: Path, files: list[Path], quant_head: bool, kind: str, group: int) -> Path:
@@ -67,20 +69,27 @@ def save_store(model, path: Path, kind: str, group: int, quant_head: bool) -> No
         t["lm_head.weight"] = head.weight.contiguous()
     meta = {"format": FORMAT, "version": VERSION, "kind": kind, "group": str(group), "quant_head": str(quant_head),
             "tied": str(tied), "widths": json.dumps([blk.widths for blk in model.blocks])}
+    write_atomically(path, t, meta)
+
+
+def write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """A safetensors file of ``tensors`` and ``metadata`` at ``path``, written under a temporary
+    name (``remove_partial_saves`` finds those a killed save left) and renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        _write_safetensors(tmp, t, meta)
+        _write_safetensors(tmp, tensors, metadata)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def remove_partial_saves(path: Path) -> None:
-    """Delete the temporary files that killed saves of ``path`` left (call it holding the lock
-    that every save of ``path`` holds: no live save has one then). They are never read."""
+def remove_partial_saves(path: Path, what: str = "int4 model") -> None:
+    """Delete the temporary files that killed saves of ``path`` (the ``what``) left (call it
+    holding the lock that every save of ``path`` holds: no live save has one then). They are
+    never read."""
     for left in sorted(path.parent.glob(f".{path.name}.*.tmp")):
-        print(f"speculant: removing {left}, left by an interrupted save of the int4 model", file=sys.stderr, flush=True)
+        print(f"speculant: removing {left}, left by an interrupted save of the {what}", file=sys.stderr, flush=True)
         left.unlink(missing_ok=True)
 
 

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -72,13 +73,17 @@ def load_native(spec: str, dtype: str | torch.dtype = "bfloat16", quant: str = "
     transformers model is built, and with ``quant`` each layer is quantized as it is read (its
     dense weight kept only with ``keep_dense``), so the peak memory is about the final model's.
     ``quant`` "gguf": as in :func:`to_native`."""
-    from transformers import AutoTokenizer
-
     if quant == "gguf":
         return _with_gguf_blocks(spec, dtype, quant_head)
     dtype = parse_dtype(dtype)
     path = resolve(spec, dtype)
-    model = NativeModel.from_dir(path, dtype, quant, quant_head, keep_dense=keep_dense)
+    return _loaded(spec, path, dtype, NativeModel.from_dir(path, dtype, quant, quant_head, keep_dense=keep_dense))
+
+
+def _loaded(spec: str, path, dtype: torch.dtype, model: NativeModel) -> LoadedModel:
+    """The LoadedModel of ``model``, read from ``path`` (``spec`` resolved), with its tokenizer."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     name = str(spec) if "/" not in str(spec) else path.name
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, path=path, dtype=dtype)
@@ -105,8 +110,11 @@ def to_native(spec: str | LoadedModel, dtype, quant: str, quant_head: bool, keep
 
 def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> LoadedModel:
     """``to_native``'s "gguf": the int4 native model of ``spec`` with its layers of the types
-    ``gguf_linears.RUNS`` (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) the file's."""
-    from .gguf_linears import RUNS, apply_gguf_blocks, source_gguf
+    ``gguf_linears.RUNS`` (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) the file's. Loaded from
+    its files, the result is saved once per machine and read back after that
+    (``backends.native_gguf_store``); a given transformers model (its weights perhaps not the
+    files', e.g. with a LoRA adapter merged) is built on every call."""
+    from .gguf_linears import RUNS, source_gguf
 
     source = source_gguf(spec.path if isinstance(spec, LoadedModel) else spec)  # before anything loads
     if isinstance(spec, LoadedModel) and isinstance(spec.model, NativeModel):
@@ -114,16 +122,69 @@ def _with_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool) -> Loade
             raise ConfigError(f"this native model was loaded with quant={spec.model.quant!r}; load it with "
                               "quant='int4' and let the decoder apply the file's blocks (target_quant='gguf')")
         return spec
-    loaded = to_native(spec, dtype, "int4", quant_head, keep_dense=False)
-    model = loaded.model  # a NativeModel of its own (the blocks are replaced in it, not in spec's)
-    report = apply_gguf_blocks(model, source)
-    model.quant = "gguf"
+    if isinstance(spec, LoadedModel):
+        loaded, report, saved = *_apply_gguf_blocks(spec, dtype, quant_head, source), None
+    else:
+        loaded, report, saved = _saved_gguf_blocks(spec, dtype, quant_head, source)
     kept = ", ".join(f"{n} {t}" for t, n in sorted(report["kept"].items()))
     replaced = {t: report[t.lower()] for t in RUNS if report[t.lower()]}
     types = ", ".join(f"{n} {t}" for t, n in replaced.items())
     print(f"speculant: {sum(replaced.values())} layers run {source.name}'s own blocks ({types or 'none'})"
-          + (f"; int4 for the rest ({kept} in the file)" if kept else ""), file=sys.stderr, flush=True)
-    return dataclasses.replace(loaded, model=model)
+          + (f"; int4 for the rest ({kept} in the file)" if kept else "")
+          + (f"; read from the saved copy {saved}" if saved else ""), file=sys.stderr, flush=True)
+    return loaded
+
+
+def _apply_gguf_blocks(spec: str | LoadedModel, dtype, quant_head: bool, source) -> tuple[LoadedModel, dict]:
+    """The int4 native model of ``spec`` with the layers of ``source``'s blocks, and
+    ``apply_gguf_blocks``' report."""
+    from .gguf_linears import apply_gguf_blocks
+
+    loaded = to_native(spec, dtype, "int4", quant_head, keep_dense=False)
+    model = loaded.model  # a NativeModel of its own (the blocks are replaced in it, not in spec's)
+    report = apply_gguf_blocks(model, source)
+    model.quant = "gguf"
+    return dataclasses.replace(loaded, model=model), report
+
+
+def _saved_gguf_blocks(spec: str, dtype, quant_head: bool, source) -> tuple[LoadedModel, dict, Path | None]:
+    """:func:`_apply_gguf_blocks` of a spec, read from its saved copy where there is one (then
+    also that file's path; else None), else built and saved (as the int4 model is saved by
+    ``NativeModel.from_dir``, under the same conditions: speculant's int4 kernel runs here)."""
+    from ..backends.native_gguf_store import gguf_store_path, load_gguf_store, save_gguf_store, storable
+    from ..backends.native_model import _int4_layout, read_dir_config
+    from ..backends.native_store import remove_partial_saves
+    from ..kernels import GROUP
+    from ..runtime.process import file_lock
+
+    dtype = parse_dtype(dtype)
+    kind = _int4_layout(GROUP) if dtype == torch.bfloat16 else None
+    if kind is None:  # no int4 model to save: loading it says why
+        return *_apply_gguf_blocks(spec, dtype, quant_head, source), None
+    path = resolve(spec, dtype)
+    cfg, gen, files = read_dir_config(path)
+    store = gguf_store_path(path, [path / f for f in files], source, quant_head, kind, GROUP)
+    found = load_gguf_store(store, cfg, gen, dtype)
+    if found is None:
+        with file_lock(store.with_name(store.name + ".lock")):
+            found = load_gguf_store(store, cfg, gen, dtype, quiet=True)  # made by another process meanwhile?
+            if found is None:
+                remove_partial_saves(store, "gguf-block model")
+                print(f"speculant: reading {source.name}'s own blocks once for this machine; saved to {store}",
+                      file=sys.stderr, flush=True)
+                loaded, report = _apply_gguf_blocks(spec, dtype, quant_head, source)
+                if storable(loaded.model):
+                    try:
+                        save_gguf_store(loaded.model, store, kind, GROUP, quant_head, report)
+                    except OSError as e:
+                        print(f"speculant: could not save the gguf-block model ({e}); its blocks will be read "
+                              "again next time", file=sys.stderr, flush=True)
+                else:
+                    print("speculant: not saved: some layers are neither int4 of speculant's layout nor the file's "
+                          "blocks", file=sys.stderr, flush=True)
+                return loaded, report, None
+    model, report = found
+    return _loaded(spec, path, dtype, model), report, store
 
 
 def load_adapted(spec: str | LoadedModel, dtype, lora: str | os.PathLike) -> LoadedModel:
