@@ -119,6 +119,49 @@ def test_streamed_deltas_are_openai_shaped_and_hold_back_a_partial_tag():
     assert s.feed("box> b") == [{"content": " <toolbox> b"}]  # not a tag after all: sent
 
 
+NAMES = ("get_weather", "get_time")
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+FENCED = '```json\n' + BARE + '\n{"name": "get_time", "arguments": {}}\n```'
+
+
+@pytest.mark.parametrize("text, calls", [
+    (BARE, [("get_weather", PARIS)]),
+    ("\n " + BARE + "\n", [("get_weather", PARIS)]),
+    (FENCED, [("get_weather", PARIS), ("get_time", "{}")]),
+    ('```\n' + BARE + '\n```', [("get_weather", PARIS)]),
+    (BARE + " " + BARE, [("get_weather", PARIS)] * 2),
+    (BARE + " Done.", []),  # other text: not calls
+    ("Sure: " + BARE, []),
+    ('{"name": "get_news", "arguments": {}}', []),  # a tool the request did not declare
+    ('{"name": "get_weather", "arguments": {"city": }}', []),  # malformed
+    ('{{"name": "get_weather"}}}', []),
+    ('{"city": "Paris"}', []),  # JSON, but no call
+    ("```json\n" + BARE, []),  # no closing fence
+    ("`x` " + BARE, []),
+])
+def test_calls_written_without_tags_are_read_only_when_that_is_all_there_is(text, calls):
+    content, got = parse(text, ids=_ids, names=NAMES)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in got] == calls
+    assert content == (None if calls else text)
+    assert parse(text, ids=_ids) == (text, [])  # without names (tool_choice other than auto): text
+    whole = parse(text, ids=_ids, names=NAMES)
+    for cut in range(len(text) + 1):
+        s = ToolStream(ids=_ids, names=NAMES)
+        assert join(s.feed(text[:cut]) + s.feed(text[cut:]) + s.finish()) == whole, cut
+    s = ToolStream(ids=_ids, names=NAMES)
+    assert join([d for ch in text for d in s.feed(ch)] + s.finish()) == whole
+
+
+def test_text_that_cannot_be_bare_calls_streams_at_once():
+    s = ToolStream(ids=_ids, names=NAMES)
+    assert s.feed("Paris is") == [{"content": "Paris is"}]
+    s = ToolStream(ids=_ids, names=NAMES)
+    assert s.feed("  {\"name\": \"get_") == []  # may be a call: held
+    assert s.feed('news", "arguments": {}} and') == [{"content": '  {"name": "get_news", "arguments": {}} and'}]
+    s = ToolStream(ids=_ids, names=NAMES)
+    assert s.feed("`x") == [{"content": "`x"}]
+
+
 # --- the request -------------------------------------------------------------------------------
 
 def _request(**fields):
@@ -282,6 +325,28 @@ def test_calls_stream_as_openai_deltas(served):
                 calls[d.index]["arguments"] += d.function.arguments
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
         ("get_weather", {"city": "Paris"}), ("get_time", {})]
+
+
+def test_a_bare_call_comes_back_as_tool_calls_with_tool_choice_auto_only(served):
+    served.script.update(text="```json\n" + BARE + "\n```", reason="eos")
+    for stream in (False, True):
+        reply = served.client.chat.completions.create(model="default", messages=MESSAGES, tools=[WEATHER, TIME],
+                                                      stream=stream)
+        if stream:
+            chunks = list(reply)
+            assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+            deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
+            assert [d.function.name for d in deltas if d.id] == ["get_weather"]
+            assert "".join(d.function.arguments for d in deltas) == PARIS
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        else:
+            msg = reply.choices[0].message
+            assert msg.content is None and [c.function.name for c in msg.tool_calls] == ["get_weather"]
+            assert reply.choices[0].finish_reason == "tool_calls"
+    served.script.update(text=BARE, reason="eos")
+    reply = served.client.chat.completions.create(model="default", messages=MESSAGES, tools=[WEATHER],
+                                                  tool_choice="none")
+    assert reply.choices[0].message.content == BARE and not reply.choices[0].message.tool_calls
 
 
 def test_a_malformed_call_and_tool_choice_none_stay_text(served):

@@ -25,10 +25,11 @@ call always sends "auto", so the model answers in its own words:
 
 What works on Qwen2.5-Coder-1.5B-Instruct (greedy), streamed or not: ``named``. The model calls
 ``get_capital`` with ``{"country": "France"}``, ``get_weather`` with ``{"city": "Paris"}``, then
-answers in one sentence. With ``auto`` it never makes a call: it writes the call as JSON in a
-Markdown code block or as bare JSON instead of the ``<tool_call>`` tags its chat template asks
-for (Qwen2.5-Coder models are known to do this), and the server leaves such text as content, so
-the loop ends with no round trip. With ``required`` it calls ``get_weather`` twice and never
+answers in one sentence. With ``auto`` it writes its calls as JSON in a Markdown code block or
+as bare JSON instead of the ``<tool_call>`` tags its chat template asks for (Qwen2.5-Coder models
+are known to do this); the server reads a completion that is only such calls as calls, but the
+model makes one call and then answers (on the default question it writes ``{{...}}}``, no JSON),
+so the loop ends with fewer than two round trips. With ``required`` it calls ``get_weather`` twice and never
 ``get_capital``. The system prompt (``SYSTEM``) is what makes the last turn an answer rather than
 one more call written as text.
 

@@ -42,7 +42,7 @@ from .responses import ClientGone, Response as Reply, error_of, merged, next_eve
 from .metrics import Metrics
 from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
-from .tools import call_grammar, tool_format
+from .tools import bare_call_names, call_grammar, tool_format
 
 log = logging.getLogger("speculant.serve")
 STATIC = Path(__file__).parent / "static"  # the chat page served at /
@@ -241,7 +241,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
         reply = Reply(kind, model_id, decoder.method, arrived, metrics, req.n,
                       None if req.logprobs is None else (lambda: Logprobs(kind, string)),
-                      calls_format if req.tools is not None else None, echo=req.prompt if req.echo else None)
+                      calls_format if req.tools is not None else None, echo=req.prompt if req.echo else None,
+                      bare=bare_call_names(req.tools, req.tool_choice))
         for index, first in enumerate(starts):
             reply.started(index, first)
         if req.stream:

@@ -43,22 +43,25 @@ def stopped(reason: str) -> APIError:
 
 class Choice:
     """One choice's parsing state: ``tools`` parses its tool calls out of its text (None: the
-    request has no tools), ``logprobs`` collects its tokens' logprobs (None: not asked for)."""
+    request has no tools; ``bare``: the tools whose calls may come without tags, ``tools.ToolStream``),
+    ``logprobs`` collects its tokens' logprobs (None: not asked for)."""
 
-    def __init__(self, index: int, logprobs: Logprobs | None, tools: str | None):
+    def __init__(self, index: int, logprobs: Logprobs | None, tools: str | None, bare: tuple[str, ...] = ()):
         self.index = index
         self.logprobs = logprobs
-        self.tools = None if tools is None else ToolStream(tools)
+        self.tools = None if tools is None else ToolStream(tools, names=bare)
 
 
 class Response:
     """One response's identity and its ``n`` choices. ``logprobs`` makes a choice's Logprobs
-    (None: not asked for); ``tools`` is the template's tool-call format (None: no tools)."""
+    (None: not asked for); ``tools`` is the template's tool-call format (None: no tools), ``bare``
+    the tools whose calls may come without tags (``Choice``)."""
 
     def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics, n: int = 1,
-                 logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None, echo: str | None = None):
+                 logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None, echo: str | None = None,
+                 bare: tuple[str, ...] = ()):
         self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
-        self.choices = [Choice(i, None if logprobs is None else logprobs(), tools) for i in range(n)]
+        self.choices = [Choice(i, None if logprobs is None else logprobs(), tools, bare) for i in range(n)]
         self.echo = echo  # completions with echo: the prompt, which each choice's text starts with
         self.echoed: list[dict | None] = [None] * n  # each choice's prompt logprobs object, once started
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex

@@ -24,6 +24,15 @@ name and empty arguments, then one with the arguments. A malformed call (bad JSO
 tag by the end) stays text. Whitespace between calls and around them is dropped once a call is
 made; text with no well-formed call comes out exactly as generated. ``parse`` is the same machine
 fed the whole text, so a streamed response adds up to the non-streamed one for every split.
+
+Calls written without the tags: small models (Qwen2.5-Coder among them) often answer a request
+with tools by writing the call as bare JSON, or as JSON in one Markdown code block, instead of the
+tags their template teaches. With ``tool_choice`` "auto" (``names``: the request's tools), a
+completion that is nothing but one or more objects ``{"name": <one of the request's tools>,
+"arguments": {...}}``, bare or in one ```` ```json ```` block, is read as those calls. Nothing else
+is: one character of other text, a name the request did not declare, or malformed JSON leaves the
+completion as text. A completion that begins (after whitespace) with ``{`` or a backtick is held
+back until it is decided (in the worst case to its end), as a tag's beginning is.
 """
 
 from __future__ import annotations
@@ -93,6 +102,12 @@ def check_tools(tools: Any) -> tuple[dict, ...] | None:
             raise bad_request(f"{where}.function.strict must be true or false", param=f"{where}.function.strict")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     return tuple(out)
+
+
+def bare_call_names(tools: tuple[dict, ...] | None, choice: str) -> tuple[str, ...]:
+    """The tools whose calls a completion may write without tags: all of them with tool_choice
+    "auto" (module doc), none otherwise (the grammar of "required" and a named call writes the tags)."""
+    return tuple(t["function"]["name"] for t in tools) if tools and choice == "auto" else ()
 
 
 def check_tool_choice(choice: Any, tools: tuple[dict, ...] | None) -> tuple[str, str | None]:
@@ -207,6 +222,11 @@ def _call(body: str) -> tuple[str, str] | None:
         value = json.loads(body)
     except json.JSONDecodeError:
         return None
+    return _call_of(value)
+
+
+def _call_of(value: Any) -> tuple[str, str] | None:
+    """:func:`_call` of a decoded body."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
     args = value.get("arguments", {})
@@ -220,23 +240,70 @@ def _call(body: str) -> tuple[str, str] | None:
     return value["name"], json.dumps(args, ensure_ascii=False)
 
 
+_FENCED = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?[ \t]*```", re.S)
+_UNDECIDED, _NOT_BARE = "undecided", "not bare"
+
+
+def bare_calls(text: str, names: frozenset[str], final: bool) -> list[tuple[str, str]] | str:
+    """What ``text`` (a completion's beginning, or with ``final`` all of it) is as calls written
+    without tags (module doc): their (name, arguments) when it is wholly such calls, ``_NOT_BARE``
+    when it cannot be, ``_UNDECIDED`` when more text may still make it so."""
+    s = text.strip()
+    if not s:
+        return _NOT_BARE if final else _UNDECIDED
+    if s[0] not in "{`":
+        return _NOT_BARE
+    fenced = _FENCED.fullmatch(s)
+    if s[0] == "`":
+        if fenced is None:
+            return _NOT_BARE if final or not s.startswith("```"[:len(s)]) else _UNDECIDED
+        s = fenced.group(1).strip()
+    calls, at, decoder = [], 0, json.JSONDecoder()
+    while at < len(s):
+        try:
+            value, end = decoder.raw_decode(s, at)
+        except json.JSONDecodeError:
+            return _NOT_BARE if final else _UNDECIDED  # malformed, or not written to its end yet
+        call = _call_of(value)
+        if call is None or call[0] not in names:
+            return _NOT_BARE
+        calls.append(call)
+        at = end
+        while at < len(s) and s[at].isspace():
+            at += 1
+    if not calls:
+        return _NOT_BARE
+    return calls if final else _UNDECIDED
+
+
 class ToolStream:
     """The parser of one completion (module doc): ``feed(text)`` and then ``finish()`` return
     OpenAI deltas; ``calls`` counts the calls sent. ``ids``: a call's id from its index (default
-    ``call_<random hex>``)."""
+    ``call_<random hex>``). ``names``: the request's tools whose calls may come without tags
+    (tool_choice "auto"; empty: only tagged calls are read)."""
 
-    def __init__(self, fmt: str = "hermes", ids=None):
+    def __init__(self, fmt: str = "hermes", ids=None, names=()):
         if fmt != "hermes":
             raise ValueError(f"no parser for the tool-call format {fmt!r}")
         self.open, self.close = HERMES
         self.ids = ids or (lambda index: "call_" + uuid.uuid4().hex[:24])
         self.calls = 0
+        self._names = frozenset(names)
+        self._held: str | None = "" if self._names else None  # a completion that may be bare calls (None: decided)
         self._text = ""  # not yet sent, outside a call: trailing whitespace, a possible tag beginning
         self._body: str | None = None  # inside a call: its body so far (None: outside)
         self._blank = ""  # the whitespace before the current call's opening tag
         self._after = False  # right after a call: leading whitespace is dropped
 
     def feed(self, text: str) -> list[dict]:
+        if self._held is not None:
+            self._held += text
+            if bare_calls(self._held, self._names, final=False) == _UNDECIDED:
+                return []
+            text, self._held = self._held, None
+        return self._parse(text)
+
+    def _parse(self, text: str) -> list[dict]:
         out: list[dict] = []
         self._text += text
         while True:
@@ -264,19 +331,32 @@ class ToolStream:
                 if call is None:  # malformed: the tag and its body are text
                     self._send(out, self._blank + self.open + body + self.close)
                 else:
-                    name, args = call
-                    index = self.calls
-                    self.calls += 1
-                    out.append({"tool_calls": [{"index": index, "id": self.ids(index), "type": "function",
-                                                "function": {"name": name, "arguments": ""}}]})
-                    out.append({"tool_calls": [{"index": index, "function": {"arguments": args}}]})
-                    self._after = True
+                    self._emit(out, *call)
                 self._blank = ""
                 self._text = rest
 
+    def _emit(self, out: list[dict], name: str, args: str) -> None:
+        """A call's two deltas: its id, type and name, then its arguments."""
+        index = self.calls
+        self.calls += 1
+        out.append({"tool_calls": [{"index": index, "id": self.ids(index), "type": "function",
+                                    "function": {"name": name, "arguments": ""}}]})
+        out.append({"tool_calls": [{"index": index, "function": {"arguments": args}}]})
+        self._after = True
+
     def finish(self) -> list[dict]:
-        """The deltas of what is still held: an unclosed call and any held text, as text."""
-        out: list[dict] = []
+        """The deltas of what is still held: bare calls, or an unclosed call and any held text, as text."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            calls = bare_calls(held, self._names, final=True)
+            if isinstance(calls, list):
+                out: list[dict] = []
+                for call in calls:
+                    self._emit(out, *call)
+                return out
+            out = self._parse(held)
+            return out + self.finish()
+        out = []
         rest = self._text if self._body is None else self._blank + self.open + self._body + self._text
         self._text, self._body, self._blank = "", None, ""
         self._send(out, rest.rstrip() if self.calls else rest)
@@ -294,10 +374,11 @@ class ToolStream:
         return n
 
 
-def parse(text: str, fmt: str = "hermes", ids=None) -> tuple[str | None, list[dict]]:
+def parse(text: str, fmt: str = "hermes", ids=None, names=()) -> tuple[str | None, list[dict]]:
     """(content, tool_calls) of a whole completion: the calls in OpenAI's message shape, the
-    content the text outside them (None if there are calls and no other text)."""
-    stream = ToolStream(fmt, ids)
+    content the text outside them (None if there are calls and no other text). ``names`` as for
+    :class:`ToolStream`."""
+    stream = ToolStream(fmt, ids, names)
     content, calls = join(stream.feed(text) + stream.finish())
     return content, calls
 
