@@ -123,8 +123,10 @@ def test_features_name_their_layers_and_others_are_refused(target, tmp_path):
     torch.testing.assert_close(hidden[starts[3]:starts[4]], alone.to(torch.bfloat16))
     final = FirstColumns(hidden, H)
     assert final.shape == (int(starts[-1]), H) and torch.equal(final[2:9], hidden[2:9][:, :H])
-    with pytest.raises(ConfigError, match=r"holds the states entering layers \[1\], the drafter reads layers \[\]"):
-        load_features(out, records)
+    alone, _ = load_features(out, records)  # the final states alone: the first columns
+    assert alone.shape == (int(starts[-1]), H) and torch.equal(alone[:], hidden[:][:, :H])
+    with pytest.raises(ConfigError, match=r"holds the states entering layers \[1\], the drafter reads layers \[0\]"):
+        load_features(out, records, (0,))
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     compute_features(backend, records, out, shard_records=2, progress=False)  # other layers: every shard again
     after = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}

@@ -178,14 +178,16 @@ class FirstColumns:
 def load_features(out_dir: str | os.PathLike, records: Sequence[dict],
                   layers: Sequence[int] = ()) -> tuple[FeatureRows, torch.Tensor]:
     """(hidden (N, W) bf16 :class:`FeatureRows`, starts (R + 1,)) of :func:`compute_features` over
-    ``records`` with ``layers`` tapped: record r's rows are ``starts[r] .. starts[r+1]-1``. Raises
+    ``records`` with ``layers`` tapped: record r's rows are ``starts[r] .. starts[r+1]-1``. Features
+    of more layers, of which ``layers`` are the first, serve too (their first W columns:
+    :class:`FirstColumns`), e.g. the final states alone for a drafter without fusion. Raises
     ConfigError when a shard is missing or was computed for other records or other layers."""
     from safetensors import safe_open
 
     out = Path(out_dir)
     lengths = torch.tensor([len(r["ids"]) for r in records], dtype=torch.long)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    parts, handles, a, width, dtype = [], [], 0, 0, torch.bfloat16
+    parts, handles, a, width, dtype, stored = [], [], 0, 0, torch.bfloat16, None
     while a < len(records):
         path = out / f"shard-{a:07d}.safetensors"
         if not path.is_file():
@@ -195,9 +197,11 @@ def load_features(out_dir: str | os.PathLike, records: Sequence[dict],
         b = a + int(meta.get("count", 0))
         if b <= a or b > len(records) or meta.get("records") != _fingerprint(records[a:b]):
             raise ConfigError(f"{path} was computed for other records: compute the features again")
-        if _layers(meta) != tuple(layers):
-            raise ConfigError(f"{path} holds the states entering layers {list(_layers(meta))}, the drafter reads "
+        here = _layers(meta)
+        if here[:len(layers)] != tuple(layers) or stored not in (None, here):
+            raise ConfigError(f"{path} holds the states entering layers {list(here)}, the drafter reads "
                               f"layers {list(layers)}: compute the features again")
+        stored = here
         part = f.get_slice("hidden")
         rows, width = part.get_shape()
         if rows != int(starts[b] - starts[a]):
@@ -209,4 +213,7 @@ def load_features(out_dir: str | os.PathLike, records: Sequence[dict],
         a = b
     if not parts:
         raise ConfigError(f"{out} holds no features: compute them first")
-    return FeatureRows(parts, width, dtype, handles), starts
+    rows = FeatureRows(parts, width, dtype, handles)
+    if len(stored) > len(layers):  # the first columns: the final state and the first len(layers) taps
+        rows = FirstColumns(rows, width // (1 + len(stored)) * (1 + len(layers)))
+    return rows, starts
