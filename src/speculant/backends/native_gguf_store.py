@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .native_model import _PROJ
-from .native_store import _mapped, write_atomically
+from .native_store import assemble, write_atomically
 
 __all__ = ["gguf_store_path", "load_gguf_store", "save_gguf_store", "storable"]
 
@@ -146,7 +146,7 @@ def load_gguf_store(path: Path, cfg, generation_config, dtype: torch.dtype, quie
     named on standard error, unless ``quiet``."""
     from safetensors import safe_open
 
-    from .native_model import NativeBlock, NativeModel
+    from .native_model import NativeBlock
 
     if not path.is_file():
         return None
@@ -194,10 +194,4 @@ def load_gguf_store(path: Path, cfg, generation_config, dtype: torch.dtype, quie
             print(f"speculant: ignoring the saved gguf-block model {path} ({type(e).__name__}: {e}); rebuilding it",
                   file=sys.stderr, flush=True)
         return None
-    embed = _mapped(path, "embed")
-    if head is None:
-        head = nn.Linear(cfg.hidden_size, embed.shape[0], bias=False, device="meta")
-        head.weight = nn.Parameter(head_w if head_w is not None else embed, requires_grad=False)
-    model = NativeModel(cfg, embed, blocks, norm, head, generation_config, "gguf")
-    model.requires_grad_(False)
-    return model.eval(), report
+    return assemble(path, cfg, generation_config, blocks, norm, head, head_w, "gguf"), report

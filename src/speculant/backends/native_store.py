@@ -133,7 +133,7 @@ def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bo
     from safetensors import safe_open
 
     from ..runtime.quant import Int4Linear
-    from .native_model import NativeBlock, NativeModel
+    from .native_model import NativeBlock
 
     if not path.is_file():
         return None
@@ -167,17 +167,25 @@ def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bo
             norm = get("norm")
             head_q = "lm_head.qweight" in keys
             head_w = get("lm_head.weight") if "lm_head.weight" in keys else None
-            if head_q:
-                head = layer("lm_head", H)
+            head = layer("lm_head", H) if head_q else None
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: rebuild it
         if not quiet:
             print(f"speculant: ignoring the saved int4 model {path} ({type(e).__name__}: {e}); rebuilding it",
                   file=sys.stderr, flush=True)
         return None
+    return assemble(path, cfg, generation_config, blocks, norm, head, head_w, "int4")
+
+
+def assemble(path: Path, cfg, generation_config, blocks: list, norm: torch.Tensor, head: nn.Module | None,
+             head_w: torch.Tensor | None, quant: str):
+    """The NativeModel of a saved file's parts, its embedding mapped from ``path``. ``head`` None:
+    the output layer is the dense ``head_w``, or the embedding itself (tied) without one."""
+    from .native_model import NativeModel
+
     embed = _mapped(path, "embed")
-    if not head_q:
-        head = nn.Linear(H, embed.shape[0], bias=False, device="meta")
+    if head is None:
+        head = nn.Linear(cfg.hidden_size, embed.shape[0], bias=False, device="meta")
         head.weight = nn.Parameter(head_w if head_w is not None else embed, requires_grad=False)
-    model = NativeModel(cfg, embed, blocks, norm, head, generation_config, "int4")
+    model = NativeModel(cfg, embed, blocks, norm, head, generation_config, quant)
     model.requires_grad_(False)
     return model.eval()
