@@ -34,6 +34,20 @@ def decode_to_end(target, drafter, prompt: torch.Tensor, n: int = 40, *, eos=(),
 # long generations give many samples. ``uniformity`` scores them: a chi-square test and the total
 # variation of 20 bins against uniform.
 
+def greedy_records(target, count: int, answer: int, vocab: int, seed: int = 5, prompt_len: int = 6) -> list[dict]:
+    """``count`` corpus records (make-corpus's shape) of the target's own greedy ``answer``-token
+    answers to random prompts of ``prompt_len`` tokens below ``vocab``."""
+    from speculant.drafters.base import NoDrafter
+
+    g = torch.Generator().manual_seed(seed)
+    records = []
+    for _ in range(count):
+        prompt = torch.randint(0, vocab, (prompt_len,), generator=g)
+        generated = decode_to_end(target, NoDrafter(), prompt, n=answer).generated
+        records.append({"prompt": "", "prompt_len": prompt_len, "ids": prompt.tolist() + generated})
+    return records
+
+
 def pit_batched(target, make_drafter, prompts, tokens: int, *, temperature: float = 1.0, width: int = 32,
                 per_seq: int = 100, seed: int = 99, **options) -> torch.Tensor:
     """``tokens`` PIT values (against ``target``, a transformers model, at temperature 1) of the

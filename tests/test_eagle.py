@@ -25,7 +25,7 @@ from speculant.eagle.drafter import EagleSteps
 from speculant.heads.attention import grouped_attention
 from speculant.errors import ConfigError, ModelLoadError
 
-from helpers import decode_to_end
+from helpers import decode_to_end, greedy_records
 from tiny import fixed_prompts, tiny_qwen2
 
 V = 64
@@ -316,12 +316,7 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     from speculant.training.eagle_train import EagleTrainConfig, compute_features, features_cost, load_features, train_eagle
 
     backend = HFBackend(target)
-    g = torch.Generator().manual_seed(5)
-    records = []
-    for _ in range(24):
-        prompt = torch.randint(0, V, (6,), generator=g)
-        answer = decode_to_end(backend, NoDrafter(), prompt, n=40).generated
-        records.append({"prompt": "", "prompt_len": 6, "ids": prompt.tolist() + answer})
+    records = greedy_records(backend, 24, 40, V)
     feats_path = compute_features(backend, records, tmp_path / "features", shard_records=10, progress=False)
     feats = load_features(feats_path, records)
     assert feats[0].shape == (sum(len(r["ids"]) for r in records), 64)

@@ -17,7 +17,7 @@ from speculant.eagle import EagleCache, EagleDrafter
 from speculant.eagle.narrow import with_fused_layers
 from speculant.errors import ConfigError
 
-from helpers import decode_to_end
+from helpers import decode_to_end, greedy_records
 from test_eagle import eagle_for
 from tiny import fixed_prompts, tiny_qwen2
 
@@ -139,12 +139,7 @@ def test_training_moves_the_fusion_and_the_cli_reads_its_layers(target, tmp_path
     from speculant.training.eagle_train import EagleTrainConfig, compute_features, load_features, train_eagle
 
     backend = HFBackend(target)
-    g = torch.Generator().manual_seed(5)
-    records = []
-    for _ in range(12):
-        prompt = torch.randint(0, V, (6,), generator=g)
-        answer = decode_to_end(backend, NoDrafter(), prompt, n=30).generated
-        records.append({"prompt": "", "prompt_len": 6, "ids": prompt.tolist() + answer})
+    records = greedy_records(backend, 12, 30, V)
     feats = load_features(compute_features(backend, records, tmp_path / "f", progress=False, layers=(1,)), records,
                           (1,))
     model = with_fused_layers(eagle_for(target, scale=0.05), (1,), feats[0][:])

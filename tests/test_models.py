@@ -19,6 +19,8 @@ import torch
 from speculant.store import models
 from speculant.errors import ConfigError, ModelLoadError, VocabMismatchError
 
+from tiny import llama_gguf_writer
+
 # ---------------------------------------------------------------------------------- fixtures
 
 
@@ -61,28 +63,7 @@ def _tiny_llama_dir(path: Path, words: list[str] | None = None) -> Path:
 def _write_tiny_gguf(path: Path, vocab_size: int = 64, hidden: int = 32, layers: int = 2,
                      heads: int = 2, ffn: int = 64) -> Path:
     """A valid float32 Llama GGUF (random weights, SentencePiece-style vocabulary)."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-llama")
-    w.add_context_length(128)
-    w.add_embedding_length(hidden)
-    w.add_block_count(layers)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(heads)
-    w.add_rope_dimension_count(hidden // heads)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab_size)
-    tokens = ["<unk>", "<s>", "</s>"] + [chr(ord("a") + i) for i in range(26)]
-    tokens += [f"t{i}" for i in range(vocab_size - len(tokens))]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * vocab_size)
-    w.add_token_types([2, 3, 3] + [1] * (vocab_size - 3))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    w = llama_gguf_writer(path, "tiny-llama", vocab_size, hidden, layers, heads, heads, ffn)
     rng = np.random.default_rng(0)
 
     def rand(name: str, *shape: int) -> None:

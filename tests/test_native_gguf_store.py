@@ -25,7 +25,7 @@ from speculant.trees.buffers import build_tree
 from test_gguf_legacy import random_legacy
 from test_kernels_kquant import random_q4k
 from test_kernels_kquant_wide import random_q5k, random_q6k
-from tiny import tiny_qwen2
+from tiny import llama_gguf_writer, tiny_qwen2
 
 pytestmark = pytest.mark.skipif(x86_kernels() is None, reason="needs an x86-64 CPU and a C++ toolchain")
 
@@ -41,30 +41,10 @@ PLAN = {0: dict(attn_q="Q4_K", attn_k="Q4_K", attn_v="Q4_K", attn_output="Q8_0",
 
 def write_gguf(path, hidden: int = 256, ffn: int = 512, vocab: int = 64, heads: int = 4, kv: int = 2):
     """A Llama GGUF of PLAN's types (a Q6_K output layer), random weights."""
-    import gguf
     from gguf import GGMLQuantizationType as T
     from gguf.quants import quantize
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny")
-    w.add_context_length(128)
-    w.add_embedding_length(hidden)
-    w.add_block_count(len(PLAN))
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_rope_dimension_count(hidden // heads)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
-    tokens = ["<unk>", "<s>", "</s>"] + [chr(ord("a") + i) for i in range(26)]
-    tokens += [f"t{i}" for i in range(vocab - len(tokens))]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * vocab)
-    w.add_token_types([2, 3, 3] + [1] * (vocab - 3))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    w = llama_gguf_writer(path, "tiny", vocab, hidden, len(PLAN), heads, kv, ffn)
     rng = np.random.default_rng(0)
     D = hidden // heads
     shapes = {"attn_q": (hidden, hidden), "attn_k": (kv * D, hidden), "attn_v": (kv * D, hidden),

@@ -172,3 +172,32 @@ def tiny_family(family: str, seed: int = 0, vocab: int = 64, hidden: int = 64, l
         with torch.no_grad():
             model.lm_head.weight.mul_(scale)
     return model.to(dtype)
+
+
+def llama_gguf_writer(path, name: str, vocab: int, hidden: int, layers: int, heads: int, kv: int, ffn: int):
+    """A ``gguf.GGUFWriter`` at ``path`` with a tiny Llama's header written (its shape, a
+    SentencePiece-style vocabulary of ``vocab`` tokens: <unk> <s> </s>, a..z, t<i>); the caller adds
+    the tensors and writes the file."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    tokens = ["<unk>", "<s>", "</s>"] + [chr(ord("a") + i) for i in range(26)]
+    tokens += [f"t{i}" for i in range(vocab - len(tokens))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types([2, 3, 3] + [1] * (vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    return w

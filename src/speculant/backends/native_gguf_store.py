@@ -20,7 +20,6 @@ files, so a changed source is another file. It is never confused with an int4 mo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -30,13 +29,12 @@ import torch
 from torch import nn
 
 from .native_model import _PROJ
-from .native_store import assemble, write_atomically
+from .native_store import NORMS, assemble, norm_tensors, source_digest, write_atomically
 
 __all__ = ["gguf_store_path", "load_gguf_store", "save_gguf_store", "storable"]
 
 FORMAT, VERSION = "speculant-native-gguf", "1"
 _JOINED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
-_NORMS = ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")
 
 
 def gguf_store_path(source: Path, files: list[Path], gguf: Path, quant_head: bool, kind: str, group: int) -> Path:
@@ -44,10 +42,8 @@ def gguf_store_path(source: Path, files: list[Path], gguf: Path, quant_head: boo
     own blocks is kept."""
     from ..store.models import cache_dir
 
-    ident = "|".join([str(source.resolve()), f"{gguf.resolve()}:{gguf.stat().st_size}:{gguf.stat().st_mtime_ns}"]
-                     + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files])
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
-    name = f"{source.name}-{digest}-gguf-{kind}-g{group}{'-head' if quant_head else ''}-v{VERSION}.safetensors"
+    name = (f"{source.name}-{source_digest(source, files, (gguf,))}-gguf-{kind}-g{group}"
+            f"{'-head' if quant_head else ''}-v{VERSION}.safetensors")
     return cache_dir() / "native" / name
 
 
@@ -93,10 +89,7 @@ def save_gguf_store(model, path: Path, kind: str, group: int, quant_head: bool, 
     layers = []
     for i, blk in enumerate(model.blocks):
         p = f"layers.{i}."
-        t[p + "in_norm"], t[p + "post_norm"] = blk.in_norm.contiguous(), blk.post_norm.contiguous()
-        for name in _NORMS:
-            if getattr(blk, name) is not None:
-                t[p + name] = getattr(blk, name).contiguous()
+        t.update(norm_tensors(blk, p))
         # a joined layer once (its parts are its rows), else each part
         names = [n for joined, parts in _JOINED.items()
                  for n in ((joined,) if getattr(blk, joined) is not None else parts)] + ["o_proj", "down_proj"]
@@ -181,7 +174,7 @@ def load_gguf_store(path: Path, cfg, generation_config, dtype: torch.dtype, quie
                 missing = [n for n in _PROJ if n not in proj]
                 if missing:
                     raise ValueError(f"layer {i} lacks {', '.join(missing)}")
-                extra = {n: get(p + n) if p + n in keys else None for n in _NORMS}
+                extra = {n: get(p + n) if p + n in keys else None for n in NORMS}
                 blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=joined["qkv"],
                                           gate_up=joined["gate_up"], **extra))
             norm = get("norm")

@@ -36,14 +36,31 @@ FORMAT, VERSION = "speculant-native-int4", "1"
 _DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "U8": torch.uint8, "F16": torch.float16, "I8": torch.int8}
 
 
+NORMS = ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")  # a block's norms that some families have
+
+
+def source_digest(source: Path, files: list[Path], also: tuple[Path, ...] = ()) -> str:
+    """12 hex digits naming the model directory ``source`` with the sizes and times of its weight
+    ``files`` (by name) and of the files ``also`` (by full path): another source, another digest."""
+    ident = "|".join([str(source.resolve())] + [f"{a.resolve()}:{a.stat().st_size}:{a.stat().st_mtime_ns}" for a in also]
+                     + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files])
+    return hashlib.sha256(ident.encode()).hexdigest()[:12]
+
+
 def store_path(source: Path, files: list[Path], quant_head: bool, kind: str, group: int) -> Path:
     """Where the int4 form of the model in ``source`` (its weight ``files``) is kept."""
     from ..store.models import cache_dir
 
-    ident = "|".join([str(source.resolve())] + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files])
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
-    name = f"{source.name}-{digest}-int4-{kind}-g{group}{'-head' if quant_head else ''}-v{VERSION}.safetensors"
+    name = (f"{source.name}-{source_digest(source, files)}-int4-{kind}-g{group}{'-head' if quant_head else ''}"
+            f"-v{VERSION}.safetensors")
     return cache_dir() / "native" / name
+
+
+def norm_tensors(blk, prefix: str) -> dict[str, torch.Tensor]:
+    """A block's norms as saved, named under ``prefix`` (``layers.{i}.``): those it has of :data:`NORMS` too."""
+    t = {prefix + "in_norm": blk.in_norm.contiguous(), prefix + "post_norm": blk.post_norm.contiguous()}
+    t.update({prefix + n: getattr(blk, n).contiguous() for n in NORMS if getattr(blk, n) is not None})
+    return t
 
 
 def save_store(model, path: Path, kind: str, group: int, quant_head: bool) -> None:
@@ -51,10 +68,7 @@ def save_store(model, path: Path, kind: str, group: int, quant_head: bool) -> No
     atomically (a temporary file renamed into place)."""
     t: dict[str, torch.Tensor] = {"embed": model.embed.contiguous(), "norm": model.norm.contiguous()}
     for i, blk in enumerate(model.blocks):
-        t[f"layers.{i}.in_norm"], t[f"layers.{i}.post_norm"] = blk.in_norm.contiguous(), blk.post_norm.contiguous()
-        for name in ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm"):
-            if getattr(blk, name) is not None:
-                t[f"layers.{i}.{name}"] = getattr(blk, name).contiguous()
+        t.update(norm_tensors(blk, f"layers.{i}."))
         for name, layer in (("qkv", blk.qkv), ("o_proj", blk.o_proj), ("gate_up", blk.gate_up),
                             ("down_proj", blk.down_proj)):
             t[f"layers.{i}.{name}.qweight"] = layer.qweight.contiguous()
@@ -160,8 +174,7 @@ def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bo
                 proj = {"q_proj": qkv.rows(0, a), "k_proj": qkv.rows(a, b), "v_proj": qkv.rows(b, b + widths[2]),
                         "o_proj": layer(p + "o_proj", widths[0]), "gate_proj": gate_up.rows(0, F),
                         "up_proj": gate_up.rows(F, 2 * F), "down_proj": layer(p + "down_proj", F)}
-                extra = {n: get(p + n) if p + n in keys else None
-                         for n in ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")}
+                extra = {n: get(p + n) if p + n in keys else None for n in NORMS}
                 blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=qkv, gate_up=gate_up,
                                           **extra))
             norm = get("norm")
