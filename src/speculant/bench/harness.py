@@ -65,7 +65,7 @@ from ..store.models import chat_prompt, check_vocab_compatible, load
 from ..output_paths import check_output_file
 from .llama_server import LlamaServer, llama_server_unavailable
 from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401
-                      read_tree, split_method, tree_budget_of)
+                      read_tree, response_format_of, split_method, tree_budget_of)
 from .openvino import OpenVINOPeer, openvino_unavailable
 from .pair import check_pair, check_spec, no_draft, plan_peers, uses_draft
 from .quality import sampled_nll
@@ -386,16 +386,17 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
                for q in questions]
     # warm-up: one short generation per method (first calls pay one-off allocation costs; a
     # llama-server starts, an OpenVINO pipeline compiles)
+    formats = {m: response_format_of(m) for m in methods if not is_peer(m)}  # @format=: constrained rows
     for m in methods:
-        _run_one(runners[m], encoded[0], 8)
+        _run_one(runners[m], encoded[0], 8, response_format=formats.get(m))
     details = {m: peer_details(m, runners[m], cfg) for m in methods if is_peer(m)}
     scorer = runners["ar"].target_backend.sibling() if cfg.temperature > 0 else None  # target_nll's passes
     runs = []
     for qi, (q, ids) in enumerate(zip(questions, encoded)):
         order = list(methods) if qi % 2 == 0 else list(reversed(methods))  # interleave
         for m in order:
-            raw, wall, prefill, stats, timing = _run_one(runners[m], ids, cfg.max_new_tokens,
-                                                         cfg.temperature, cfg.seed + qi)
+            raw, wall, prefill, stats, timing = _run_one(runners[m], ids, cfg.max_new_tokens, cfg.temperature,
+                                                         cfg.seed + qi, formats.get(m))
             tokens, eos = cut_at_eos(raw, eos_ids)
             n = len(tokens)
             row = {"method": m, "question_id": q["question_id"], "category": q["group"],
@@ -463,13 +464,16 @@ def _draft_quant(cfg: BenchConfig) -> str:
     return auto_draft_quant(cfg.dtype, "native") if cfg.draft_quant == "auto" else cfg.draft_quant
 
 
-def _run_one(runner, ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
+def _run_one(runner, ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
+             response_format: dict | None = None):
     """(token ids as the runner gave them, wall s, prefill s, our decoder's stats or None, a peer's
     timing or None). Peers' ``run`` returns (token ids, wall s, timing with ``prefill_s``); they
-    run greedy (the bench skips them at a temperature)."""
+    run greedy (the bench skips them at a temperature). ``response_format``: our rows' ``@format=``
+    (the grammar compiled at the warm-up, as a server's cache holds it)."""
     if isinstance(runner, SpeculativeDecoder):
         t = time.perf_counter()
-        res = runner.generate(ids, max_new_tokens, temperature=temperature, seed=seed)
+        res = runner.generate(ids, max_new_tokens, temperature=temperature, seed=seed,
+                              response_format=response_format)
         wall = time.perf_counter() - t
         stats = res.stats.to_dict()
         return res.token_ids, wall, min(float(stats.get("prefill_s", 0.0)), wall), stats, None

@@ -18,10 +18,13 @@ So two rows of one method with different settings run side by side in one proces
 of explicit paths goes in a JSON file (``@tree=paths.json``). ``@quant=gguf`` (or ``int4``, ``int8``, ``none``)
 runs a row on another quantization of the target than ``--target-quant``'s, e.g.
 ``ar,auto,ar@quant=gguf,auto@quant=gguf``: such a row's output is compared with ``ar@quant=...``'s.
+``@format=json`` (JSON mode) or ``@format=SCHEMA.json`` (a JSON schema, strict) makes a row's output match
+that format, compared with ``ar@format=...``'s: the grammar's cost under speculation beside the same method free.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +54,11 @@ OPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {
                "the prompt-lookup chain's length, an integer >= 1"),
     "gamma": (("sd", "lookup", "bpd"), "sd, lookup and bpd", "the draft length, an integer >= 1"),
     "quant": (OURS, "speculant's methods", f"the target's quantization on the native runtime: {', '.join(ROW_QUANTS)}"),
+    "format": (OURS, "speculant's methods",
+               "a response format the output must match: json (JSON mode), or a .json file holding a JSON schema"),
 }
+# the options a row's plain-decoding row shares with it, in the order they are written there
+PLAIN_KEYS = ("quant", "format")
 
 
 def keys_for(name: str) -> list[str]:
@@ -128,6 +135,8 @@ def parse_method(text: str) -> MethodSpec:
         if key == "heads" and not Path(value).is_dir():
             raise ConfigError(f"{text}: heads directory {value!r} does not exist; give a directory written by "
                               "`speculant train-heads`")
+        if key == "format" and value != "json" and not (value.endswith(".json") and Path(value).is_file()):
+            raise ConfigError(f"{text}: format={value!r}: {OPTIONS[key][2]} (an existing file)")
         if key == "tree" and value.endswith(".json") and not Path(value).is_file():
             raise ConfigError(f"{text}: tree file {value!r} does not exist; give a JSON file of paths, "
                               "a k-config like 2x1x1x1, or dynamic[:N[:D]]")
@@ -165,16 +174,36 @@ def is_peer(m: str) -> bool:
 def plain_of(m: str) -> str:
     """The plain-decoding row whose output ``m``'s is compared with: its own runtime's (our
     ``ar`` for speculant's methods and for hf-assisted, which runs the same transformers weights;
-    ``ar@quant=Q`` for a row of ours with ``@quant=Q``)."""
+    ``ar@quant=Q`` for a row of ours with ``@quant=Q``, ``ar@format=F`` with ``@format=F``,
+    ``ar@quant=Q@format=F`` with both)."""
     name = split_method(m)[0]
     if name in LLAMA_SERVER:
         return "llama-server"
     if name in OPENVINO:
         return "openvino"
-    quant = row_quant(m)
-    return f"ar@quant={quant}" if quant else "ar"
+    return "ar" + "".join(f"@{k}={v}" for k in PLAIN_KEYS if (v := row_option(m, k)) is not None)
+
+
+def row_option(m: str, key: str) -> str | None:
+    """The ``@KEY=VALUE`` value of row ``m`` (its options as written, not checked), else None."""
+    return next((o.partition("=")[2] for o in m.split("@")[1:] if o.startswith(f"{key}=")), None)
 
 
 def row_quant(m: str) -> str | None:
     """The ``@quant=Q`` of row ``m`` (its options as written, not checked), else None."""
-    return next((o.partition("=")[2] for o in m.split("@")[1:] if o.startswith("quant=")), None)
+    return row_option(m, "quant")
+
+
+def response_format_of(m: str) -> dict | None:
+    """The ``response_format`` a row's ``@format=`` asks for: ``json`` -> JSON mode; a ``.json``
+    file -> its JSON schema, strict; none -> None (free text)."""
+    value = row_option(m, "format")
+    if value is None:
+        return None
+    if value == "json":
+        return {"type": "json_object"}
+    try:
+        schema = json.loads(Path(value).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{m}: cannot read the JSON schema {value}: {e}") from None
+    return {"type": "json_schema", "json_schema": {"name": Path(value).stem, "schema": schema, "strict": True}}
