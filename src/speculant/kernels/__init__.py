@@ -78,11 +78,14 @@ def _kernel_sources() -> tuple[str, list[str], list[str]] | None:
 
 
 def _build_directory(name: str) -> Path:
-    """Where module ``name`` is compiled: under ``$TORCH_EXTENSIONS_DIR`` or PyTorch's default root."""
+    """Where module ``name`` is compiled: under ``$TORCH_EXTENSIONS_DIR`` or PyTorch's default root,
+    one directory per checkout of the sources (a digest of their path), so two checkouts used in
+    turn (a second clone, a git worktree) do not compile over each other's build every time."""
     from torch.utils.cpp_extension import get_default_build_root
 
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    return root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}"
+    where = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:8]
+    return root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-{where}"
 
 
 @functools.cache
