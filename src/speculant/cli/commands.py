@@ -11,7 +11,7 @@ from .training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_
 from .drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter
 from ..bench.methods import OURS
 from ..config import DEFAULT_LOOKUP_BRANCH, METHODS
-from ..errors import SpeculantError
+from ..errors import ConfigError, SpeculantError
 from ..store.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..runtime.process import tune_allocator
 
@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--update-readme", default=None, metavar="README.md",
                    help="replace the text between <!-- results:begin --> and <!-- results:end --> in this file "
                         "with the Markdown results table")
+    r.add_argument("--update-headline", default=None, metavar="README.md",
+                   help="replace the text between <!-- headline:begin --> and <!-- headline:end --> in this file "
+                        "with auto's speed over the best peer row of each --run (clean runs only)")
+    r.add_argument("--run", action="append", default=[], metavar="LABEL=FILE.json",
+                   help="with --update-headline: one clause, the CPU's label and its run (repeat, one per CPU)")
 
     sb = sub.add_parser("bench-serve", help="speculant serve against llama-server: time to first token and tokens/s, "
                                              "one streaming client, same prompts, same run")
@@ -413,6 +418,17 @@ def cmd_bench_report(args) -> int:
 
     from ..bench.report import load_result, markdown_table, newest_result, print_summary, update_readme
 
+    if args.update_headline:
+        from ..bench.headline import update_headline
+
+        if args.json or args.plot or args.markdown or args.update_readme:
+            raise ConfigError("--update-headline takes its runs from --run LABEL=FILE.json; give the table's "
+                              "options in another call")
+        update_headline(args.update_headline, args.run)
+        print(f"{args.update_headline}: headline from {len(args.run)} run(s)", file=sys.stderr)
+        return 0
+    if args.run:
+        raise ConfigError("--run goes with --update-headline README.md")
     path = Path(args.json) if args.json else newest_result()
     result = load_result(path)
     if args.plot:
