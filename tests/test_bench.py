@@ -86,7 +86,7 @@ def test_method_spec_options(tmp_path):
     ("hydra+lookup@lookup=0", "lookup='0': the prompt-lookup chain's length, an integer >= 1"),
     ("sd@gamma=many", "gamma='many'"),
     ("hydra@budget=wide", "budget='wide': a tree budget is @auto or @fixed"),
-    ("hydra@", "an empty option after '@'; write @KEY=VALUE \\(valid keys for hydra: heads, tree, budget, quant\\)"),
+    ("hydra@", "an empty option after '@'; write @KEY=VALUE \\(valid keys for hydra: heads, tree, budget, quant, format\\)"),
     ("hydra@heads=", "option 'heads' has no value"),
     ("hydra@heads=/no/such/dir", "heads directory '/no/such/dir' does not exist"),
     ("medusa@tree=/no/such/tree.json", "tree file '/no/such/tree.json' does not exist"),
