@@ -31,6 +31,7 @@ The build (g++ and ninja, ~30 s) is cached by PyTorch under ``$TORCH_EXTENSIONS_
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import sys
@@ -204,8 +205,6 @@ def int4_isa() -> str | None:
 def sources_digest() -> str:
     """12 hex digits of a hash of the kernels' C++ sources: what a measured speed of them (a
     pass-cost curve) belongs to, so that a changed kernel is measured again."""
-    import hashlib
-
     h = hashlib.sha256()
     for f in sorted(f for f in Path(__file__).parent.iterdir() if f.suffix in (".cpp", ".h")):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
