@@ -114,7 +114,7 @@ def _make_layer(kind: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
     from ..runtime.block_quant import BlockQuantLinear
     from ..runtime.kquant import KINDS, KQuantLinear
     from ..runtime.quant import Int4Linear
-    from ..store.gguf_blocks import LEGACY
+    from ..runtime.gguf_blocks import LEGACY
 
     bias = tensors.pop("bias", None)
     if kind == "int4":
