@@ -22,11 +22,12 @@ import torch
 from .acceptance import accept_tree
 from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
-from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, first_nodes, within_depth
+from .drafters.base import Drafter, HiddenNeed, PassPlan
 from .tuning.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
 from .penalties import penalise
 from .trees.buffers import chain
+from .trees.draft import Draft, first_nodes, within_depth
 
 if TYPE_CHECKING:
     from .constraints import Constraint
