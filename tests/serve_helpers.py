@@ -1,4 +1,7 @@
-"""A speculant server on a free loopback port, in a thread of the test process (for tests/test_serve*.py)."""
+"""A speculant server on a free loopback port, in a thread of the test process (for tests/test_serve*.py),
+and the fixtures of the tests that serve the tiny model pair (``tiny.tiny_pair``): ``dirs``,
+``reference`` (plain decoding), ``server`` (speculative decoding with the draft) and ``client``
+(the ``openai`` client of that server). A test module uses them by importing them."""
 
 from __future__ import annotations
 
@@ -7,9 +10,14 @@ import threading
 import time
 
 import httpx
+import openai
+import pytest
 import uvicorn
 
+from speculant import SpeculativeDecoder
 from speculant.serve.app import ServeConfig, create_app
+
+from tiny import tiny_pair
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
@@ -62,3 +70,36 @@ class RunningServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def tiny_decoder(dirs, method: str = "sd", **extra) -> SpeculativeDecoder:
+    """A decoder of the tiny pair ``dirs`` running ``method`` (with the draft model for sd and
+    mcsd), float32, pacing off, with the tests' chat template; ``extra``: more decoder options."""
+    draft = dirs["draft"] if method in ("sd", "mcsd") else None
+    dec = SpeculativeDecoder(dirs["target"], draft, method=method, dtype="float32", pacing=False, **extra)
+    dec.tokenizer.chat_template = CHAT_TEMPLATE
+    return dec
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    return tiny_pair(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def reference(dirs):
+    """Plain greedy decoding, the expected output (never used by a server)."""
+    return tiny_decoder(dirs, "ar")
+
+
+@pytest.fixture(scope="module")
+def server(dirs):
+    """A server of the pair's speculative decoding (the draft model, gamma 3)."""
+    s = RunningServer(tiny_decoder(dirs, "sd", gamma=3), max_queue=64)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)

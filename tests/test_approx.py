@@ -148,7 +148,7 @@ def test_parse_acceptance_and_labels():
 def exact_walk(tree, tokens, logits):
     """The lossless greedy walk (acceptance.accept_tree) for comparison."""
     from speculant.acceptance import accept_tree
-    from speculant.drafters.base import Draft
+    from speculant.trees.draft import Draft
     return accept_tree(Draft(tree, tokens), logits, SamplingConfig())
 
 

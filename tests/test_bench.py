@@ -614,7 +614,8 @@ def test_bench_at_a_temperature(tiny, tmp_path, capsys):
         assert s["identical_to_plain"] is None and s["target_nll"] > 0
     model = AutoModelForCausalLM.from_pretrained(tiny["target"], torch_dtype=torch.float32).eval()
     # recompute one run's NLL with transformers from the prompt the bench encoded
-    from speculant.bench.harness import load_questions, select
+    from speculant.bench.harness import select
+    from speculant.specbench import load_questions
     from speculant.store.models import chat_prompt, load
     tok = load(tiny["target"], "float32").tokenizer
     q = select(load_questions(tiny["questions"]), 2, ("qa",))[0]

@@ -13,7 +13,8 @@ import torch
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend
 from speculant.bench import quality
-from speculant.bench.harness import BenchConfig, load_questions, run_bench, select
+from speculant.bench.harness import BenchConfig, run_bench, select
+from speculant.specbench import load_questions
 from speculant.bench.report import load_result, markdown_table
 from speculant.store.models import chat_prompt
 

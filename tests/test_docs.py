@@ -138,3 +138,45 @@ def test_docs_index_lists_every_page_and_method():
             assert f"]({page.name})" in text, page.name
     methods = text[text.index("[Methods](methods.md)"):].split("\n- ")[0]
     assert all(f"`{m}`" in methods for m in METHODS)
+
+
+def _cli_choices() -> tuple[list[str], dict[str, dict[str, set[str]]]]:
+    """The CLI's subcommands, in order, and each one's options that take a fixed set of values:
+    {command: {"--option": {choices}}}, from the parser itself."""
+    import argparse
+
+    from speculant.cli.commands import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    choices = {name: {opt: {str(c) for c in a.choices} for a in parser._actions if a.choices for opt in a.option_strings}
+               for name, parser in sub.choices.items()}
+    return list(sub.choices), choices
+
+
+# `--option {a,b,c}` (argparse's own form) or `--option a|b|c`, in a table or a synopsis
+DOC_CHOICES = re.compile(r"(--[a-z][a-z0-9-]*) (?:\{([a-z0-9.+,-]+)\}|([a-z0-9.+-]+(?:\|[a-z0-9.+-]+)+))")
+
+
+def test_cli_page_lists_the_parsers_own_choices():
+    """docs/cli.md's command list is the parser's subcommands, and every list of values it gives an
+    option (``--method {auto,ar,...}``, ``--dtype bfloat16|float32``) is that command's choices."""
+    commands, choices = _cli_choices()
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    listed = re.search(r"^speculant \{([a-z,-]+)\} \.\.\.$", text, flags=re.M)
+    assert listed, "docs/cli.md no longer opens with `speculant {command,...} ...`"
+    assert sorted(listed.group(1).split(",")) == sorted(commands)
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    checked, wrong = 0, []
+    for section in sections:
+        name = section.split("\n", 1)[0].strip()
+        if name not in choices:
+            continue
+        for option, braces, bars in DOC_CHOICES.findall(section):
+            documented = set((braces or bars).split("," if braces else "|"))
+            actual = choices[name].get(option)
+            checked += 1
+            if documented != actual:
+                wrong.append(f"{name} {option}: the page lists {sorted(documented)}, the parser takes "
+                             f"{sorted(actual) if actual else 'any value'}")
+    assert checked >= 10, f"only {checked} option lists found in docs/cli.md: the search is broken"
+    assert not wrong, "docs/cli.md's option values differ from the CLI's:\n" + "\n".join(wrong)

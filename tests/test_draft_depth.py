@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from speculant import ConfigError, SpeculativeDecoder
-from speculant.drafters.base import Draft, within_depth
+from speculant.trees.draft import Draft, within_depth
 from speculant.serve.errors import APIError
 from speculant.serve.schema import parse_request
 from speculant.trees.buffers import build_tree

@@ -1,5 +1,5 @@
 """A GGUF file's Q4_K and Q6_K blocks read as codes and float32 group scales
-(speculant.store.gguf_blocks): the weights they give are bit for bit gguf-py's de-quantization,
+(speculant.runtime.gguf_blocks): the weights they give are bit for bit gguf-py's de-quantization,
 on random blocks and on the real Q4_K_M file of the default target."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from speculant.errors import ModelLoadError
-from speculant.store.gguf_blocks import Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, dequantize_q4_k, dequantize_q5_k, \
+from speculant.runtime.gguf_blocks import Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, dequantize_q4_k, dequantize_q5_k, \
     dequantize_q6_k, q4_k_parts, q5_k_blocks, q6_k_parts
 
 

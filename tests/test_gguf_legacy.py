@@ -1,4 +1,4 @@
-"""A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights run as they are (store.gguf_blocks.legacy_blocks,
+"""A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights run as they are (runtime.gguf_blocks.legacy_blocks,
 kernels.int4_gemm_f32, runtime.block_quant.BlockQuantLinear): the blocks read give gguf-py's
 weights; the fp32-scale matmul is the exact reference's product on every code path the CPU has, the
 same bits as the portable path, and row-invariant; a Q8_0 layer (two planes) gives the same bits on
@@ -12,7 +12,7 @@ import torch
 
 from speculant.errors import ModelLoadError
 from speculant.kernels import INT4_ISAS, pack_f32scales_x86, unpack_int4_x86, unpack_q5k_x86, x86_kernels
-from speculant.store.gguf_blocks import LEGACY, dequantize_legacy, legacy_blocks
+from speculant.runtime.gguf_blocks import LEGACY, dequantize_legacy, legacy_blocks
 
 from test_kernels_x86 import exact_reference, isa_param
 

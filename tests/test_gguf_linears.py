@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from speculant.kernels import x86_kernels
-from speculant.store.gguf_blocks import LEGACY, dequantize_legacy, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
+from speculant.runtime.gguf_blocks import LEGACY, dequantize_legacy, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
 from speculant.store.gguf_linears import permuted_rows
 
 from test_kernels_kquant import random_q4k

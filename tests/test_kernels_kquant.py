@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from speculant.kernels import INT4_ISAS, pack_kquant_x86, x86_kernels
-from speculant.store.gguf_blocks import Q4K_BYTES, q4_k_blocks
+from speculant.runtime.gguf_blocks import Q4K_BYTES, q4_k_blocks
 
 from test_kernels_x86 import exact_reference, isa_param
 

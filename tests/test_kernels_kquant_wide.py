@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from speculant.kernels import INT4_ISAS, pack_q5k_x86, pack_q6k_x86, unpack_q5k_x86, unpack_q6k_x86, x86_kernels
-from speculant.store.gguf_blocks import Q5K_BYTES, Q6K_BYTES, q5_k_blocks, q6_k_blocks
+from speculant.runtime.gguf_blocks import Q5K_BYTES, Q6K_BYTES, q5_k_blocks, q6_k_blocks
 
 from test_kernels_x86 import exact_reference, isa_param
 

@@ -308,7 +308,7 @@ def test_lookup_branch_is_filled_and_accepted():
 def test_greedy_walk_takes_the_deepest_of_equal_siblings():
     """Two siblings carry the same token: the walk follows the one whose subtree accepts more."""
     from speculant.acceptance import accept_tree
-    from speculant.drafters.base import Draft
+    from speculant.trees.draft import Draft
     tree = build_tree("[[0],[1],[1,0]]")  # nodes: root, (0,), (1,), (1,0)
     tokens = torch.tensor([1, 7, 7, 9])
     logits = torch.full((4, V), -5.0)

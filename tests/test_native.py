@@ -15,7 +15,7 @@ from speculant.api import SpeculativeDecoder
 from speculant.backends.base import Backend, HiddenNeed
 from speculant.backends.hf import HFBackend
 from speculant.backends.native import NativeBackend, NativeModel
-from speculant.backends.native_cache import StaticKVCache
+from speculant.runtime.native_cache import StaticKVCache
 from speculant.config import SamplingConfig
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter

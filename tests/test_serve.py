@@ -10,50 +10,19 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from speculant import ConfigError, SpeculativeDecoder
+from speculant import ConfigError
 from speculant.tuning.costmodel import PassCost
 from speculant.heads import HeadsConfig, MedusaHeads, save_heads
 
-from serve_helpers import CHAT_TEMPLATE, RunningServer
-from tiny import tiny_pair
+from serve_helpers import RunningServer, tiny_decoder
+from serve_helpers import client, dirs, reference, server  # noqa: F401 (the fixtures)
 
 FLAT = PassCost((1, 64), (100.0, 100.0))
 N = 20
 MESSAGES = [{"role": "system", "content": "w3"}, {"role": "user", "content": "w1 w2 w3 w4 w1 w2"}]
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return tiny_pair(tmp_path_factory.mktemp("models"))
-
-
-def _decoder(dirs, method: str = "sd", **extra):
-    draft = dirs["draft"] if method in ("sd", "mcsd") else None
-    dec = SpeculativeDecoder(dirs["target"], draft, method=method, dtype="float32", pacing=False, **extra)
-    dec.tokenizer.chat_template = CHAT_TEMPLATE
-    return dec
-
-
-@pytest.fixture(scope="module")
-def reference(dirs):
-    """Plain greedy decoding, the expected output (never used by a server)."""
-    return _decoder(dirs, "ar")
-
-
-@pytest.fixture(scope="module")
-def server(dirs):
-    s = RunningServer(_decoder(dirs, "sd", gamma=3), max_queue=64)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_models_and_health(server, client):
@@ -127,7 +96,7 @@ def test_greedy_through_the_server_equals_generate_for_every_exact_method(dirs, 
         save_heads(MedusaHeads(HeadsConfig(3, 1, lm.model.config.hidden_size, lm.logits_dim),
                                lm.model.get_output_embeddings()), heads)
         extra = {"heads": str(heads), "tree_budget": FLAT}
-    s = RunningServer(_decoder(dirs, method, **extra))
+    s = RunningServer(tiny_decoder(dirs, method, **extra))
     try:
         for messages in (MESSAGES, [{"role": "user", "content": "w9 w8 w7 w9 w8"}]):
             got = s.post("/v1/chat/completions", {"model": "default", "messages": messages, "max_tokens": N,
@@ -179,26 +148,7 @@ class _Slow:
     def __getattr__(self, name):
         return getattr(self._dec, name)
 
-    def start(self, *args, **kwargs):
-        gen, outer = self._dec.start(*args, **kwargs), self
-
-        class Gen:
-            def __getattr__(self, name):
-                return getattr(gen, name)
-
-            def __setattr__(self, name, value):
-                setattr(gen, name, value)
-
-            def __iter__(self):
-                for n, event in enumerate(gen):
-                    if outer.fail == n:
-                        outer.fail = None
-                        raise RuntimeError("injected fault")
-                    time.sleep(outer.delay)
-                    yield event
-        return Gen()
-
-    def join(self, batch, gen, on_events=None, on_error=None):  # the batched worker's way in
+    def join(self, batch, gen, on_events=None, on_error=None):  # the worker's way in
         outer, count = self, [0]
 
         def events(g, evs):
@@ -224,7 +174,7 @@ def _metric(url: str, name: str, **labels) -> float:
 
 @pytest.mark.parametrize("max_batch", [1, 3])  # one at a time; continuous batching
 def test_a_client_that_leaves_is_cancelled_a_full_queue_is_429_and_a_fault_spares_the_next(dirs, reference, max_batch):
-    slow = _Slow(_decoder(dirs, "ar"), delay=0.05)
+    slow = _Slow(tiny_decoder(dirs, "ar"), delay=0.05)
     s = RunningServer(slow, max_queue=1, max_batch=max_batch)
     body = {"model": "default", "messages": MESSAGES, "max_tokens": 200, "temperature": 0}
     try:
@@ -284,7 +234,7 @@ def test_bench_serve_concurrency_sends_every_prompt_at_once_and_reports_throughp
 
     with pytest.raises(ConfigError, match="concurrency"):
         ServeBenchConfig(concurrency=(0,))
-    s = RunningServer(_decoder(dirs, "sd"), max_batch=3)
+    s = RunningServer(tiny_decoder(dirs, "sd"), max_batch=3)
     try:
         questions = [{"question_id": i, "turns": [f"w{i} w{i + 1} w{i + 2}"]} for i in range(5)]
         level = _concurrent(s.url, "speculant", questions, 3, N)

@@ -8,49 +8,16 @@ from the text without them; a seeded min_p sample equals the library's."""
 
 from __future__ import annotations
 
-import openai
 import pytest
 
-from speculant import SpeculativeDecoder
-
-from serve_helpers import CHAT_TEMPLATE, RunningServer
-from tiny import tiny_pair
+from serve_helpers import tiny_decoder
+from serve_helpers import client, dirs, reference, server  # noqa: F401 (the fixtures)
 
 N = 16
 K = 3  # top tokens asked for
 TOL = 1e-4
 MESSAGES = [{"role": "system", "content": "w3"}, {"role": "user", "content": "w1 w2 w3 w4 w1 w2"}]
 PROMPT = "w5 w6 w7 w5 w6"
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return tiny_pair(tmp_path_factory.mktemp("models"))
-
-
-def _decoder(dirs, method: str):
-    dec = SpeculativeDecoder(dirs["target"], dirs["draft"] if method == "sd" else None, method=method,
-                             dtype="float32", pacing=False, **({"gamma": 3} if method == "sd" else {}))
-    dec.tokenizer.chat_template = CHAT_TEMPLATE
-    return dec
-
-
-@pytest.fixture(scope="module")
-def reference(dirs):
-    """Plain decoding, the expected output (never used by a server)."""
-    return _decoder(dirs, "ar")
-
-
-@pytest.fixture(scope="module")
-def server(dirs):
-    s = RunningServer(_decoder(dirs, "sd"), max_queue=64)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def _string(dec, token_id: int) -> str:
@@ -187,7 +154,7 @@ def test_greedy_text_with_penalties_equals_the_librarys(client, reference, optio
 
 
 def test_a_seeded_min_p_sample_equals_the_librarys(dirs, client):
-    same = _decoder(dirs, "sd")  # the server's decoder's configuration
+    same = tiny_decoder(dirs, "sd", gamma=3)  # the server's decoder's configuration
     kw = dict(temperature=1.0, seed=7)
     want = same.generate(MESSAGES, N, min_p=0.5, **kw).text
     assert want != same.generate(MESSAGES, N, **kw).text  # min_p matters here

@@ -67,24 +67,9 @@ refusing the conversation does), ``boom-join`` in ``join``, ``boom-step`` at the
         gen = self._dec.start(prompt, *args, **kwargs)
         if "boom-join" in json.dumps(prompt):
             self._doomed.add(gen)
-        if "boom-step" not in json.dumps(prompt):
-            return gen
-
-        class Late:  # the one-at-a-time worker iterates the generation itself
-            def __getattr__(self, name):
-                return getattr(gen, name)
-
-            def __setattr__(self, name, value):
-                setattr(gen, name, value)
-
-            def __iter__(self):
-                for n, event in enumerate(gen):
-                    if n == 2:
-                        raise RuntimeError("injected step fault")
-                    yield event
-        late = Late()
-        self._late.add(late)  # the batched worker joins this wrapper
-        return late
+        if "boom-step" in json.dumps(prompt):
+            self._late.add(gen)
+        return gen
 
     def join(self, batch, gen, on_events=None, on_error=None):
         if gen in self._doomed:

@@ -38,7 +38,7 @@ def main() -> int:
     args = p.parse_args()
 
     from speculant import SpeculativeDecoder
-    from speculant.drafters.accuracy import drafter_accuracy
+    from speculant.training.drafter_accuracy import drafter_accuracy
 
     cats = {json.loads(line).get("cat") for line in open(args.dev) if line.strip()}
     if len(cats) < CATEGORIES and not args.dry_run:  # a drafter better on a few kinds of text can be slower overall

@@ -38,7 +38,7 @@ from speculant import SpeculativeDecoder, tune_allocator
 from speculant.api import DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS
 from speculant.backends.base import HiddenNeed
 from speculant.tuning.sizing import TreeSizer
-from speculant.bench.harness import load_questions
+from speculant.specbench import load_questions
 from speculant.drafters.lookup import LookupDrafter
 from speculant.drafters.medusa import DynamicTree, MedusaDrafter
 

@@ -40,7 +40,8 @@ from typing import Any, Callable, Hashable
 
 from .backends.base import Backend, ForwardRequest, forward_batch
 from .decoding import SequenceRun, Step
-from .drafters.base import Draft, Job, PassPlan
+from .drafters.base import Job, PassPlan
+from .trees.draft import Draft
 from .tuning.pacing import Pacer
 
 __all__ = ["Batch", "Member"]

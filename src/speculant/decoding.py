@@ -22,11 +22,12 @@ import torch
 from .acceptance import accept_tree
 from .backends.base import Backend, ForwardOut, ForwardRequest
 from .config import AcceptanceConfig, SamplingConfig
-from .drafters.base import Draft, Drafter, HiddenNeed, PassPlan, first_nodes, within_depth
+from .drafters.base import Drafter, HiddenNeed, PassPlan
 from .tuning.pacing import Pacer
 from .errors import ConfigError, ModelLoadError
 from .penalties import penalise
 from .trees.buffers import chain
+from .trees.draft import Draft, first_nodes, within_depth
 
 if TYPE_CHECKING:
     from .constraints import Constraint
@@ -287,7 +288,7 @@ class SequenceRun:
         ``seconds``) and commit; returns the step (the state is in ``self.state``)."""
         self.state.stats.verify_s += seconds
         raw = out.logits[:, :self.V]
-        _check_finite(raw, self.target, self.state.stats.new_tokens)
+        _check_finite(raw, self.target.name, self.state.stats.new_tokens)
         logits = raw if self.penalties is None else penalise(raw, self.penalties, self.state.context,
                                                              self.state.prompt_len, draft.tree, draft.tokens)
         if self.constraint is not None:  # every node's row masked by the grammar after its own path
@@ -346,9 +347,10 @@ class _Verified:
     start: int
 
 
-def _check_finite(logits: torch.Tensor, target: Backend, done: int) -> None:
+def _check_finite(logits: torch.Tensor, name: str, done: int) -> None:
     """A broken model's logits (NaN, +inf, or a row of -inf) would be decoded as if they meant
-    something (argmax of NaN, a sample from nothing): stop with what went wrong instead."""
+    something (argmax of NaN, a sample from nothing): stop with what went wrong instead (``name``:
+    the target backend's)."""
     # the usual case: one sum (NaN and inf carry through it; a sum that overflows only sends
     # finite logits to the exact check below); isfinite(logits).all() costs ~1 ms at 4 rows of
     # 152k logits, the sum 0.03 ms
@@ -356,7 +358,7 @@ def _check_finite(logits: torch.Tensor, target: Backend, done: int) -> None:
         return
     if bool(torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(-1).any()):
         raise ModelLoadError(
-            f"the target model ({getattr(target, 'name', 'target')}) produced non-finite logits (NaN or inf) after "
+            f"the target model ({name}) produced non-finite logits (NaN or inf) after "
             f"{done} generated tokens: its weights are broken or its activations overflow; check the model file, "
             "or try --dtype float32")
 

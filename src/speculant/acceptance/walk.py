@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 
 from ..config import AcceptanceConfig, SamplingConfig
-from ..drafters.base import Draft
 from ..errors import ConfigError
 from ..sampling import logits_to_probs, sample
 from ..trees.buffers import TreeBuffers
+from ..trees.draft import Draft
 from .approx import best_path, distance_accept, topk_accept, typical_accept
 from .exact import mcss
 

@@ -53,7 +53,7 @@ class KVCacheLike(Protocol):
 
 class CacheBacked:
     """The cache half of the protocol for a backend whose ``self.cache`` (``runtime.kv_cache.KVCache`` or
-    ``native_cache.StaticKVCache``) has ``length``, ``rollback`` and ``compact``."""
+    ``runtime.native_cache.StaticKVCache``) has ``length``, ``rollback`` and ``compact``."""
 
     cache: KVCacheLike
     shares_passes = False  # True: forward_many runs several sequences' rows through one pass

@@ -43,7 +43,7 @@ from ..kernels import cpu_kernels, x86_kernels
 from ..runtime.block_linear import BlockLinear
 from ..runtime.quant import Int4Linear
 from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed, check_layers
-from .native_cache import StaticKVCache
+from ..runtime.native_cache import StaticKVCache
 from .native_model import SUPPORTED, NativeBlock, NativeModel, _rms_norm, _rotate  # noqa: F401 (re-exported)
 
 INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _attention_plan)

@@ -21,15 +21,14 @@ files, so a changed source is another file. It is never confused with an int4 mo
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from .native_model import _PROJ
-from .native_store import NORMS, assemble, norm_tensors, source_digest, write_atomically
+from .native_store import NORMS, assemble, norm_tensors, read_saved, source_digest, write_atomically
 
 __all__ = ["gguf_store_path", "load_gguf_store", "save_gguf_store", "storable"]
 
@@ -115,7 +114,7 @@ def _make_layer(kind: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
     from ..runtime.block_quant import BlockQuantLinear
     from ..runtime.kquant import KINDS, KQuantLinear
     from ..runtime.quant import Int4Linear
-    from ..store.gguf_blocks import LEGACY
+    from ..runtime.gguf_blocks import LEGACY
 
     bias = tensors.pop("bias", None)
     if kind == "int4":
@@ -137,54 +136,45 @@ def load_gguf_store(path: Path, cfg, generation_config, dtype: torch.dtype, quie
     """(the NativeModel saved at ``path``, the report saved with it), or None if the file is
     missing or not of this format and version. A file that cannot be read (e.g. truncated) is
     named on standard error, unless ``quiet``."""
-    from safetensors import safe_open
+    parts = read_saved(path, FORMAT, VERSION, "gguf-block model", lambda *a: _read_blocks(*a, cfg, dtype), quiet)
+    if parts is None:
+        return None
+    *model_parts, report = parts
+    return assemble(path, cfg, generation_config, *model_parts, "gguf"), report
 
+
+def _read_blocks(meta: dict, keys: set, get: Callable, cfg, dtype: torch.dtype) -> tuple:
+    """A gguf-block file's blocks, final norm, output layer (None: dense or tied), dense output
+    weight and report."""
     from .native_model import NativeBlock
 
-    if not path.is_file():
-        return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-                return None
-            group = int(meta["group"])
-            keys = set(f.keys())
-            get = f.get_tensor
+    group = int(meta["group"])
 
-            def layer(prefix: str, kind: str) -> nn.Module:
-                mine = {k[len(prefix) + 1:]: get(k) for k in keys if k.startswith(prefix + ".")}
-                return _make_layer(kind, mine, dtype, group)
+    def layer(prefix: str, kind: str) -> nn.Module:
+        mine = {k[len(prefix) + 1:]: get(k) for k in keys if k.startswith(prefix + ".")}
+        return _make_layer(kind, mine, dtype, group)
 
-            layers, widths = json.loads(meta["layers"]), json.loads(meta["widths"])
-            if len(layers) != cfg.num_hidden_layers:
-                raise ValueError(f"{len(layers)} layers saved, the model has {cfg.num_hidden_layers}")
-            blocks = []
-            for i, (kinds, (wq, wk, wv)) in enumerate(zip(layers, widths)):
-                p = f"layers.{i}."
-                proj = {name: layer(p + name, k) for name, k in kinds.items() if name not in _JOINED}
-                joined = {name: layer(p + name, kinds[name]) if name in kinds else None for name in _JOINED}
-                if joined["qkv"] is not None:
-                    proj.update(q_proj=joined["qkv"].rows(0, wq), k_proj=joined["qkv"].rows(wq, wq + wk),
-                                v_proj=joined["qkv"].rows(wq + wk, wq + wk + wv))
-                if joined["gate_up"] is not None:
-                    half = joined["gate_up"].out_features // 2
-                    proj.update(gate_proj=joined["gate_up"].rows(0, half),
-                                up_proj=joined["gate_up"].rows(half, 2 * half))
-                missing = [n for n in _PROJ if n not in proj]
-                if missing:
-                    raise ValueError(f"layer {i} lacks {', '.join(missing)}")
-                extra = {n: get(p + n) if p + n in keys else None for n in NORMS}
-                blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=joined["qkv"],
-                                          gate_up=joined["gate_up"], **extra))
-            norm = get("norm")
-            head_kind = meta["head"]
-            head = None if head_kind in ("tied", "dense") else layer("lm_head", head_kind)
-            head_w = get("lm_head.weight") if head_kind == "dense" else None
-            report = json.loads(meta["report"])
-    except Exception as e:  # noqa: BLE001 - a damaged or foreign file: rebuild it
-        if not quiet:
-            print(f"speculant: ignoring the saved gguf-block model {path} ({type(e).__name__}: {e}); rebuilding it",
-                  file=sys.stderr, flush=True)
-        return None
-    return assemble(path, cfg, generation_config, blocks, norm, head, head_w, "gguf"), report
+    layers, widths = json.loads(meta["layers"]), json.loads(meta["widths"])
+    if len(layers) != cfg.num_hidden_layers:
+        raise ValueError(f"{len(layers)} layers saved, the model has {cfg.num_hidden_layers}")
+    blocks = []
+    for i, (kinds, (wq, wk, wv)) in enumerate(zip(layers, widths)):
+        p = f"layers.{i}."
+        proj = {name: layer(p + name, k) for name, k in kinds.items() if name not in _JOINED}
+        joined = {name: layer(p + name, kinds[name]) if name in kinds else None for name in _JOINED}
+        if joined["qkv"] is not None:
+            proj.update(q_proj=joined["qkv"].rows(0, wq), k_proj=joined["qkv"].rows(wq, wq + wk),
+                        v_proj=joined["qkv"].rows(wq + wk, wq + wk + wv))
+        if joined["gate_up"] is not None:
+            half = joined["gate_up"].out_features // 2
+            proj.update(gate_proj=joined["gate_up"].rows(0, half), up_proj=joined["gate_up"].rows(half, 2 * half))
+        missing = [n for n in _PROJ if n not in proj]
+        if missing:
+            raise ValueError(f"layer {i} lacks {', '.join(missing)}")
+        extra = {n: get(p + n) if p + n in keys else None for n in NORMS}
+        blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=joined["qkv"],
+                                  gate_up=joined["gate_up"], **extra))
+    head_kind = meta["head"]
+    head = None if head_kind in ("tied", "dense") else layer("lm_head", head_kind)
+    head_w = get("lm_head.weight") if head_kind == "dense" else None
+    return blocks, get("norm"), head, head_w, json.loads(meta["report"])

@@ -26,15 +26,17 @@ import mmap
 import os
 import sys
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
 
-__all__ = ["store_path", "save_store", "load_store", "remove_partial_saves", "write_atomically"]
+__all__ = ["store_path", "save_store", "load_store", "read_saved", "remove_partial_saves", "write_atomically"]
 
 FORMAT, VERSION = "speculant-native-int4", "1"
 _DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "U8": torch.uint8, "F16": torch.float16, "I8": torch.int8}
 
+T = TypeVar("T")  # what a saved file is read into
 
 NORMS = ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")  # a block's norms that some families have
 
@@ -141,52 +143,61 @@ def _mapped(path: Path, name: str) -> torch.Tensor:
     return torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + a).view(entry["shape"])
 
 
-def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bool = False):
-    """The NativeModel saved at ``path``, or None if the file is missing or not one of ours. A file
-    that cannot be read (e.g. truncated) is named on standard error, unless ``quiet``."""
+def read_saved(path: Path, fmt: str, version: str, what: str, read: Callable[[dict, set, Callable], T],
+               quiet: bool = False) -> T | None:
+    """``read(metadata, tensor names, get_tensor)`` over the safetensors file saved at ``path``, or
+    None if the file is missing or its metadata names another format than ``fmt`` at ``version``.
+    A file ``read`` fails on (e.g. truncated) gives None too, and is named on standard error as the
+    saved ``what`` ("int4 model") that is rebuilt, unless ``quiet``."""
     from safetensors import safe_open
-
-    from ..runtime.quant import Int4Linear
-    from .native_model import NativeBlock
 
     if not path.is_file():
         return None
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            if meta.get("format") != fmt or meta.get("version") != version:
                 return None
-            kind, group = meta["kind"], int(meta["group"])
-            keys = set(f.keys())
-            get = f.get_tensor
-
-            def layer(prefix: str, k: int) -> Int4Linear:
-                bias = get(prefix + ".bias") if prefix + ".bias" in keys else None
-                return Int4Linear.from_packed(get(prefix + ".qweight"), get(prefix + ".scales"), bias, kind, k, dtype,
-                                              group)
-
-            H, F = cfg.hidden_size, cfg.intermediate_size
-            blocks = []
-            for i, widths in enumerate(json.loads(meta["widths"])):
-                p = f"layers.{i}."
-                qkv, gate_up = layer(p + "qkv", H), layer(p + "gate_up", H)
-                a, b = widths[0], widths[0] + widths[1]
-                proj = {"q_proj": qkv.rows(0, a), "k_proj": qkv.rows(a, b), "v_proj": qkv.rows(b, b + widths[2]),
-                        "o_proj": layer(p + "o_proj", widths[0]), "gate_proj": gate_up.rows(0, F),
-                        "up_proj": gate_up.rows(F, 2 * F), "down_proj": layer(p + "down_proj", F)}
-                extra = {n: get(p + n) if p + n in keys else None for n in NORMS}
-                blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=qkv, gate_up=gate_up,
-                                          **extra))
-            norm = get("norm")
-            head_q = "lm_head.qweight" in keys
-            head_w = get("lm_head.weight") if "lm_head.weight" in keys else None
-            head = layer("lm_head", H) if head_q else None
+            return read(meta, set(f.keys()), f.get_tensor)
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: rebuild it
         if not quiet:
-            print(f"speculant: ignoring the saved int4 model {path} ({type(e).__name__}: {e}); rebuilding it",
+            print(f"speculant: ignoring the saved {what} {path} ({type(e).__name__}: {e}); rebuilding it",
                   file=sys.stderr, flush=True)
         return None
-    return assemble(path, cfg, generation_config, blocks, norm, head, head_w, "int4")
+
+
+def load_store(path: Path, cfg, generation_config, dtype: torch.dtype, quiet: bool = False):
+    """The NativeModel saved at ``path``, or None if the file is missing or not one of ours. A file
+    that cannot be read (e.g. truncated) is named on standard error, unless ``quiet``."""
+    parts = read_saved(path, FORMAT, VERSION, "int4 model", lambda *a: _read_int4(*a, cfg, dtype), quiet)
+    return None if parts is None else assemble(path, cfg, generation_config, *parts, "int4")
+
+
+def _read_int4(meta: dict, keys: set, get: Callable, cfg, dtype: torch.dtype) -> tuple:
+    """An int4 file's blocks, final norm, output layer (None: dense or tied) and dense output weight."""
+    from ..runtime.quant import Int4Linear
+    from .native_model import NativeBlock
+
+    kind, group = meta["kind"], int(meta["group"])
+
+    def layer(prefix: str, k: int) -> Int4Linear:
+        bias = get(prefix + ".bias") if prefix + ".bias" in keys else None
+        return Int4Linear.from_packed(get(prefix + ".qweight"), get(prefix + ".scales"), bias, kind, k, dtype, group)
+
+    H, F = cfg.hidden_size, cfg.intermediate_size
+    blocks = []
+    for i, widths in enumerate(json.loads(meta["widths"])):
+        p = f"layers.{i}."
+        qkv, gate_up = layer(p + "qkv", H), layer(p + "gate_up", H)
+        a, b = widths[0], widths[0] + widths[1]
+        proj = {"q_proj": qkv.rows(0, a), "k_proj": qkv.rows(a, b), "v_proj": qkv.rows(b, b + widths[2]),
+                "o_proj": layer(p + "o_proj", widths[0]), "gate_proj": gate_up.rows(0, F),
+                "up_proj": gate_up.rows(F, 2 * F), "down_proj": layer(p + "down_proj", F)}
+        extra = {n: get(p + n) if p + n in keys else None for n in NORMS}
+        blocks.append(NativeBlock(get(p + "in_norm"), get(p + "post_norm"), proj, qkv=qkv, gate_up=gate_up, **extra))
+    head_w = get("lm_head.weight") if "lm_head.weight" in keys else None
+    head = layer("lm_head", H) if "lm_head.qweight" in keys else None
+    return blocks, get("norm"), head, head_w
 
 
 def assemble(path: Path, cfg, generation_config, blocks: list, norm: torch.Tensor, head: nn.Module | None,

@@ -47,7 +47,6 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -58,6 +57,7 @@ from ..defaults import choose_runtime
 from ..eagle.checkpoint import is_eagle_dir
 from ..errors import ConfigError
 from ..store.loading import load_adapted
+from ..specbench import load_questions
 from ..provenance import (CAPPING_ENV, CPU_FLAGS, command_line, git_info, machine_info,  # noqa: F401 (re-exported)
                           provenance, provenance_warning)
 from ..store.lora import check_adapter_dir
@@ -130,32 +130,6 @@ class BenchConfig:
             load_questions(self.questions)  # a file that cannot be read fails here, not after the models load
         if self.json_out:
             check_output_file(self.json_out, "--json-out")  # before the run, not after it
-
-
-def load_questions(path: str | None = None) -> list[dict]:
-    """Spec-Bench questions; MT-bench's eight categories (ids 81-160) are grouped as mt_bench. A
-    ``path`` that cannot be read, or a line that is no such question, is a ConfigError."""
-    try:
-        text = Path(path).read_text(encoding="utf-8") if path else \
-            resources.files("speculant").joinpath("data/spec_bench_questions.jsonl").read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or "it is not UTF-8 text"
-        raise ConfigError(f"cannot read --questions {path}: {why}") from None
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        try:
-            r = json.loads(line) if line.strip() else None
-        except ValueError:
-            r = False
-        if r is not None and not (isinstance(r, dict) and isinstance(r.get("question_id"), int)
-                                  and isinstance(r.get("category"), str) and r.get("turns")
-                                  and isinstance(r["turns"], list) and isinstance(r["turns"][0], str)):
-            raise ConfigError(f'--questions {path} line {n} is not a question: write one JSON object per line, '
-                              '{"question_id": 1, "category": "qa", "turns": ["the prompt"]}')
-        if r is not None:
-            r["group"] = "mt_bench" if 81 <= r["question_id"] <= 160 else r["category"]
-            rows.append(r)
-    return rows
 
 
 def select(rows: list[dict], per_category: int, categories: tuple[str, ...] | None) -> list[dict]:

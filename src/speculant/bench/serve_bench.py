@@ -39,7 +39,8 @@ from typing import Any
 
 from ..errors import ConfigError, SpeculantError
 from ..output_paths import check_output_file
-from .harness import git_info, load_questions, machine_info, select
+from ..specbench import load_questions
+from .harness import git_info, machine_info, select
 from .llama_server import LlamaServer, _free_port, llama_server_unavailable
 
 ROWS = ("speculant", "speculant-ar", "llama-server", "llama-server+draft", "llama-server+ngram")

@@ -1,6 +1,6 @@
 """``speculant train-drafter``: an EAGLE drafter for your own model from real conversations, in
 one resumable command (:mod:`speculant.training.drafter_recipe`); ``speculant drafter-accuracy``:
-how often drafters guess the target's tokens, by depth, on a corpus (:mod:`speculant.drafters.accuracy`)."""
+how often drafters guess the target's tokens, by depth, on a corpus (:mod:`speculant.training.drafter_accuracy`)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def cmd_train_drafter(args) -> int:
 
 def cmd_drafter_accuracy(args) -> int:
     from ..api import SpeculativeDecoder
-    from ..drafters.accuracy import drafter_accuracy
+    from ..training.drafter_accuracy import drafter_accuracy
     from ..errors import ConfigError
 
     for name in ("held_out", "per_record", "depth"):

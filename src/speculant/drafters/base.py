@@ -12,41 +12,15 @@ and ``observe`` through their ``hidden`` argument (None when the drafter needs n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Generator, Hashable, NamedTuple, Protocol, Sequence
 
 import torch
 
 from ..backends.base import Backend, ForwardOut, ForwardRequest, HiddenNeed, forward_batch
-from ..trees.buffers import TreeBuffers, chain
+from ..trees.buffers import chain
+from ..trees.draft import Draft
 
-__all__ = ["Draft", "Drafter", "HiddenNeed", "Job", "ModelPass", "NoDrafter", "PassPlan", "ProposesAlone", "drive"]
-
-
-@dataclass(frozen=True)
-class Draft:
-    tree: TreeBuffers
-    tokens: torch.Tensor  # (N,) long; tokens[0] = root; -1 marks an invalid (unfilled) node
-    q: torch.Tensor | None = None  # (N, V) float32 draft distribution at each node, or None
-
-
-def within_depth(draft: Draft, depth: int) -> Draft:
-    """``draft`` without its nodes deeper than ``depth`` (>= 0)."""
-    if draft.tree.depth <= depth:
-        return draft
-    return first_nodes(draft, int((draft.tree.depths <= depth).sum()))
-
-
-def first_nodes(draft: Draft, kept: int) -> Draft:
-    """``draft``'s first ``kept`` (>= 1) nodes. The nodes are in breadth-first order, so every
-    node's parent comes before it: the first M are a tree, and keep their indices (a drafter's
-    per-node state stays valid for the cut tree)."""
-    if kept >= draft.tree.size:
-        return draft
-    from ..trees.buffers import compile_paths
-
-    tree = compile_paths(draft.tree.paths[1:kept])
-    return Draft(tree, draft.tokens[:kept], None if draft.q is None else draft.q[:kept])
+__all__ = ["Drafter", "HiddenNeed", "Job", "ModelPass", "NoDrafter", "PassPlan", "ProposesAlone", "drive"]
 
 
 class Job(Protocol):

@@ -22,7 +22,8 @@ from ..backends.base import Backend, ForwardRequest
 from ..config import SamplingConfig
 from ..sampling import logits_to_probs, sample_candidates, topk_candidates
 from ..trees.buffers import TreeBuffers
-from .base import Draft, HiddenNeed, ModelPass, PassPlan, drive
+from ..trees.draft import Draft
+from .base import HiddenNeed, ModelPass, PassPlan, drive
 
 if TYPE_CHECKING:
     from ..constraints import Constraint

@@ -20,7 +20,8 @@ import torch
 
 from ..errors import ConfigError
 from ..trees.buffers import MAX_TREE_NODES, chain, compile_paths
-from .base import Draft, HiddenNeed, PassPlan, drive
+from ..trees.draft import Draft
+from .base import HiddenNeed, PassPlan, drive
 from .lookup import LookupDrafter
 from .lookup_branch import follow_heads, merge_chain
 from .proposers import DepthBudget, TreeProposer, check_tree

@@ -13,7 +13,8 @@ import torch
 
 from ..errors import ConfigError
 from ..trees.buffers import chain
-from .base import Draft, HiddenNeed, ProposesAlone
+from ..trees.draft import Draft
+from .base import HiddenNeed, ProposesAlone
 
 
 class LookupDrafter(ProposesAlone):

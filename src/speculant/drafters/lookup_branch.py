@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..trees.buffers import TreeBuffers, compile_paths
-from .base import Draft
+from ..trees.draft import Draft
 from .lookup import LookupDrafter
 
 __all__ = ["LookupBranch", "follow_heads", "merge_chain"]

@@ -18,7 +18,8 @@ import torch
 
 from ..errors import ConfigError
 from ..trees.buffers import TreeBuffers, chain
-from .base import Draft, HiddenNeed, PassPlan, drive
+from ..trees.draft import Draft
+from .base import HiddenNeed, PassPlan, drive
 from .lookup import LookupDrafter
 from .lookup_branch import LookupBranch
 from .proposers import TreeProposer, check_tree, proposer_for

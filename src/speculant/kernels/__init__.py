@@ -255,7 +255,7 @@ def _by_block(pair: torch.Tensor) -> torch.Tensor:
 
 def pack_kquant_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
                     m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A GGUF Q4_K tensor's parts as they are (``store.gguf_blocks.q4_k_blocks``): codes q (N, K) in
+    """A GGUF Q4_K tensor's parts as they are (``runtime.gguf_blocks.q4_k_blocks``): codes q (N, K) in
     [0, 15], each 256-input block's d and dmin (N, K/256), each 32-input group's 6-bit scale and min
     (N, K/32) -> (qpack (N/16, K/8, 64) uint8, kd (N/16, K/256, 2, 16) float32 holding d and -dmin,
     km (N/16, K/32, 2, 16) uint8 holding scale and min): the arguments of ``int4_gemm_kquant``, whose
@@ -273,7 +273,7 @@ def pack_kquant_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: to
 
 def pack_q5k_x86(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
                  m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A GGUF Q5_K tensor's parts as they are (``store.gguf_blocks.q5_k_blocks``: pack_kquant_x86's
+    """A GGUF Q5_K tensor's parts as they are (``runtime.gguf_blocks.q5_k_blocks``: pack_kquant_x86's
     with codes q in [0, 31]) -> (qpack, qh, kd, km): pack_kquant_x86's qpack of the codes' low 4 bits,
     kd and km, and qh (N/16, K/32, 64) uint8 their fifth bits, byte 4 c + i of input chunk P holding
     that of input 32 P + 4 j + i in bit j: the arguments of ``int4_gemm_q5k``."""
@@ -320,7 +320,7 @@ def unpack_q5k_x86(qpack: torch.Tensor, qh: torch.Tensor) -> torch.Tensor:
 
 def pack_q6k_x86(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A GGUF Q6_K tensor's parts as they are (``store.gguf_blocks.q6_k_blocks``): codes q (N, K)
+    """A GGUF Q6_K tensor's parts as they are (``runtime.gguf_blocks.q6_k_blocks``): codes q (N, K)
     in [-32, 31], each 256-input block's d (N, K/256), each 16-input group's int8 scale (N, K/16)
     -> (qpack (N/16, K/8, 64) uint8: the low 4 bits of u = q + 32 in pack_int4_x86's layout,
     qh (N/16, K/16, 64) uint8: u's high 2 bits, byte 4 c + i of input chunk P holding those of

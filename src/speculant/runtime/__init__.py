@@ -1,1 +1,2 @@
-"""Running a model fast on a CPU: the KV cache, low-bit weights and their packing, process settings."""
+"""Running a model fast on a CPU: the KV caches, low-bit weights (GGUF's blocks among them) and their
+packing, process settings."""

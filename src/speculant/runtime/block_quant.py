@@ -5,7 +5,7 @@ layer of speculant's (a tree's rows get bit for bit what one-row passes get), an
 path gives the same bits.
 
 Each group of 32 inputs has ``w = u * scale + offset`` with an unsigned code u
-(``store.gguf_blocks.legacy_blocks``): 4-bit codes (Q4_0, Q4_1) run in one call; 5-bit codes (Q5_0,
+(``runtime.gguf_blocks.legacy_blocks``): 4-bit codes (Q4_0, Q4_1) run in one call; 5-bit codes (Q5_0,
 Q5_1) in one call with a plane of fifth bits; Q8_0's 8-bit codes u = q + 128 as two 4-bit planes,
 ``u = lo + 16 hi``, two calls whose fp32 results are added:
 ``y = x @ (lo * d - 128 d).T + x @ (hi * 16 d).T`` (16 d is exact). The sum is taken in the same
@@ -23,6 +23,7 @@ import torch
 
 from ..kernels import INT4_ISAS, pack_f32scales_x86, unpack_int4_x86, unpack_q5k_x86, x86_kernels
 from .block_linear import BlockLinear
+from .gguf_blocks import LEGACY, legacy_blocks
 
 __all__ = ["BlockQuantLinear"]
 
@@ -47,8 +48,6 @@ class BlockQuantLinear(BlockLinear):
         """The layer of a ``kind`` tensor's raw bytes (N, K / 32 * block bytes) (``GGUFReader``'s
         ``data``); ``rows``: the order of the output channels (a permutation of N), None for the
         file's own; ``bias`` (N,)."""
-        from ..store.gguf_blocks import LEGACY, legacy_blocks
-
         codes, scale, offset = legacy_blocks(raw, kind)
         if rows is not None:
             codes, scale, offset = codes[rows], scale[rows], offset[rows]

@@ -21,6 +21,7 @@ import torch
 from ..kernels import (INT4_ISAS, pack_kquant_x86, pack_q5k_x86, pack_q6k_x86, unpack_int4_x86, unpack_q5k_x86,
                        unpack_q6k_x86, x86_kernels)
 from .block_linear import BlockLinear
+from .gguf_blocks import q4_k_blocks, q5_k_blocks, q6_k_blocks
 
 __all__ = ["KQuantLinear"]
 
@@ -47,8 +48,6 @@ class KQuantLinear(BlockLinear):
         (``GGUFReader``'s ``data``); ``rows``: the order of the output channels (a permutation of
         N, e.g. the inverse of the q/k permutation llama.cpp's converter applies), None for the
         file's own; ``bias`` (N,)."""
-        from ..store.gguf_blocks import q4_k_blocks, q5_k_blocks, q6_k_blocks
-
         if kind not in KINDS:
             raise ValueError(f"KQuantLinear runs {', '.join(KINDS)} blocks, not {kind}")
         parts = {"Q4_K": q4_k_blocks, "Q5_K": q5_k_blocks, "Q6_K": q6_k_blocks}[kind](raw)

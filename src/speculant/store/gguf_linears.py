@@ -23,7 +23,7 @@ import torch
 from ..backends.native_model import _PROJ
 from ..errors import ModelLoadError
 from ..runtime.kquant import KINDS
-from .gguf_blocks import LEGACY
+from ..runtime.gguf_blocks import LEGACY
 
 __all__ = ["RUNS", "apply_gguf_blocks", "permuted_rows", "source_gguf"]
 
@@ -134,7 +134,7 @@ def _layer_class(kind: str):
 
 def _dequantize(raw: np.ndarray, kind: str) -> np.ndarray:
     """The float32 weights (N, K) of a ``kind`` tensor's raw bytes."""
-    from .gguf_blocks import dequantize_legacy, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
+    from ..runtime.gguf_blocks import dequantize_legacy, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
 
     if kind not in KINDS:
         return dequantize_legacy(raw, kind)

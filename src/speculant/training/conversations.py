@@ -115,7 +115,7 @@ def _grams(words: Sequence[str], n: int) -> Iterator[int]:
 def eval_ngrams(n: int, questions: Iterable[dict] | None = None) -> set[int]:
     """The word ``n``-grams (hashed) of every Spec-Bench question turn and reference answer."""
     if questions is None:
-        from ..bench.harness import load_questions
+        from ..specbench import load_questions
 
         questions = load_questions()
     out: set[int] = set()

@@ -267,7 +267,7 @@ def _manifest(records: list[dict], family: dict[str, str], goal: int, started: s
         "answer_tokens": _answer_tokens(records),
         "records": len(records),
         "by_family": {f: {"records": n, "answer_tokens": t} for f, (n, t) in sorted(by.items())},
-        "target": getattr(decoder.target, "name", ""),
+        "target": decoder.target.name,
         "greedy": True,
         **describe,
         "python": platform.python_version(),

@@ -47,7 +47,7 @@ __all__ = ["drafter_accuracy", "heads_accuracy"]
 @torch.no_grad()
 def heads_accuracy(heads, records, hidden, starts, depth: int, per_record: int, seed: int = 0) -> list[float]:
     """depth_accuracy's measure for sequential heads: s_0 = h_i, s_d = step(s_{d-1}, x_{i+d})."""
-    from ..training.eagle_train import answer_positions
+    from .eagle_train import answer_positions
 
     hits, total = [0] * depth, 0
     for r, (rec, sampled) in enumerate(zip(records, answer_positions(records, per_record, seed))):
@@ -75,13 +75,13 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
     file to forecast which method is faster)."""
     from ..eagle import EagleDrafter
     from ..eagle.checkpoint import load_eagle
-    from ..training.eagle_train import answer_positions, compute_features, depth_accuracy, load_features, split_records
-    from ..training.eagle_features import FirstColumns
+    from ..drafters.dynamic_tree import DynamicTree, DynamicTreeDrafter
+    from ..drafters.proposers import proposer_for
     from ..heads.checkpoint import load_heads
-    from ..training.data import load_records
     from ..tuning.choice import tree_accepts
-    from .dynamic_tree import DynamicTree, DynamicTreeDrafter
-    from .proposers import proposer_for
+    from .data import load_records
+    from .eagle_features import FirstColumns
+    from .eagle_train import answer_positions, compute_features, depth_accuracy, load_features, split_records
 
     if all_records and (train_records or features):
         raise ConfigError("--all-records measures a text no drafter trained on: without --train-records or --features")
