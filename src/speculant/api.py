@@ -107,7 +107,7 @@ class SpeculativeDecoder:
     replacement = property(lambda self: self.config.replacement)
     chat = property(lambda self: self.config.chat)
     acceptance = property(lambda self: self.config.acceptance)
-    pacing = property(lambda self: self.config.pacing and self.config.method != "ar")
+    pacing = property(lambda self: self.config.pacing and self.config.spec.drafts)
 
     def encode(self, prompt: str | Sequence[int] | Sequence[dict] | torch.Tensor) -> torch.Tensor:
         """The prompt's token ids (T,): a string (in the chat template as one user turn when

@@ -1,6 +1,8 @@
 """Frozen configuration dataclasses. Validation happens at construction, with messages that
 say what was wrong and how to fix it (raised as ConfigError).
 
+Method             what one decoding method runs and needs: a row of METHOD_TABLE, read by the
+                   drafter factory, the loaders and the planner
 SamplingConfig     how logits become a distribution (temperature, top-k, top-p, seed)
 AcceptanceConfig   which acceptance rule the loop runs (exact by default)
 DecoderConfig      everything a ``SpeculativeDecoder`` is built from (method, models, tree, runtime)
@@ -17,12 +19,9 @@ from typing import Any, Sequence
 from .errors import ConfigError
 from .penalties import Penalties
 
-METHODS = ("auto", "ar", "sd", "mcsd", "lookup", "medusa", "hydra", "eagle", "bpd")
 BACKENDS = ("auto", "hf", "native")
 TREE_BUDGETS = ("auto", "fixed")
-NEEDS_DRAFT = frozenset({"sd", "mcsd"})
-NEEDS_HEADS = frozenset({"medusa", "hydra", "eagle", "bpd"})
-TREE_METHODS = frozenset({"medusa", "hydra", "eagle"})  # heads (or the EAGLE drafter) verified as a token tree
+AUTO = "auto"  # the method chosen per target and machine by ``planning.plan``: no row of METHOD_TABLE
 
 # Why 8 tokens: docs/design-notes.md#lookup-branch-length
 DEFAULT_LOOKUP_BRANCH = 8  # the prompt-lookup chain of medusa+lookup / hydra+lookup (--lookup-branch)
@@ -42,8 +41,87 @@ MAX_GAMMA = 64  # the longest draft chain (sd, lookup, bpd) a step may verify
 # most DEFAULT_MAX_ROWS - 1 - lookup_branch nodes; "fixed" keeps the static tree shipped with the heads.
 # Why: docs/design-notes.md#medusa-tree-sized-per-step
 DEFAULT_MEDUSA_TREE = "dynamic"
+DEFAULT_MCSD_TREE = "2x1x1x1"  # mcsd's k-config, and any tree method's last resort
 # sampling temperatures outside these bounds would overflow (or flatten) logits / temperature in float32
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
+
+
+@dataclass(frozen=True)
+class Method:
+    """What one value of ``DecoderConfig.method`` runs and needs: a row of :data:`METHOD_TABLE`,
+    the one place that says it (the factory, the loaders and the planner read it).
+
+    label: what drafts, in the words "auto" explains itself with ("the heads", "prompt lookup").
+    drafter: the drafter ``drafters.factory`` builds: "none" (plain decoding), "lookup", "heads tree"
+    (``MedusaDrafter``), "eagle" (``EagleDrafter``), "blockwise" (``BlockwiseDrafter``) or "draft
+    model" (``DraftModelDrafter``).
+    verifies: what a step verifies: "chain" (gamma tokens), "k-config" (a draft model's tree),
+    "heads tree" (a static tree or one grown per step from heads, optionally with a prompt-lookup
+    branch) or "grown" (only a tree grown per step, optionally with the branch).
+    needs_draft: a draft model (``draft=``). heads: the kind of drafter it reads beside the target,
+    None for none: "medusa" or "sequential" heads (``HeadsConfig.kind``), "eagle" an EAGLE drafter.
+    missing_heads: what a ConfigError says after "method NAME needs " when none is given and none
+    ships (``{target}``: the target's name).
+    default_tree: the tree verified when none is given ("dynamic...": grown per step; None: the
+    chain, or the static tree shipped next to the heads); ``default_tree_sized_only``: only while
+    trees are sized per step (tree_budget "auto"), else that static tree.
+    sized_chain: its chain sized per step against the pass cost (tree_budget "auto").
+    """
+
+    name: str
+    label: str
+    drafter: str
+    verifies: str = "chain"
+    needs_draft: bool = False
+    heads: str | None = None
+    missing_heads: str = ""
+    default_tree: str | None = None
+    default_tree_sized_only: bool = False
+    sized_chain: bool = False
+
+    @property
+    def drafts(self) -> bool:
+        """Whether it drafts at all (plain decoding does not: nothing to pace, nothing accepted)."""
+        return self.drafter != "none"
+
+    @property
+    def tree_from_heads(self) -> bool:
+        """Whether its heads' proposals are verified as a token tree (a dynamic tree and a
+        prompt-lookup branch are its options)."""
+        return self.verifies in ("heads tree", "grown")
+
+
+def _heads_missing(kind: str) -> str:
+    return (f"{kind} heads and none ship for {{target!r}}: pass heads=DIR (--heads DIR), a heads directory "
+            f"(train some with `speculant train-heads --head-kind {kind}`)")
+
+
+METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
+    Method("ar", "plain decoding", "none"),
+    Method("sd", "the draft model", "draft model", needs_draft=True),
+    Method("mcsd", "the draft model", "draft model", "k-config", needs_draft=True, default_tree=DEFAULT_MCSD_TREE),
+    Method("lookup", "prompt lookup", "lookup", sized_chain=True),
+    Method("medusa", "the heads", "heads tree", "heads tree", heads="medusa", missing_heads=_heads_missing("medusa"),
+           default_tree=DEFAULT_MEDUSA_TREE, default_tree_sized_only=True),
+    Method("hydra", "the heads", "heads tree", "heads tree", heads="sequential",
+           missing_heads=_heads_missing("sequential"), default_tree=DEFAULT_HYDRA_TREE),
+    Method("eagle", "the EAGLE drafter", "eagle", "grown", heads="eagle",
+           missing_heads="an EAGLE drafter and none ships for {target!r}: pass heads=DIR (--heads DIR), a directory "
+                         "written by speculant's EAGLE training (speculant train-eagle)",
+           default_tree=DEFAULT_EAGLE_TREE),
+    Method("bpd", "the heads", "blockwise", heads="medusa", missing_heads=_heads_missing("medusa")),
+)}
+METHODS = (AUTO, *METHOD_TABLE)
+
+
+def method_reading(kind: str) -> str:
+    """The first method of :data:`METHOD_TABLE` that reads heads of ``kind`` (what to suggest for them)."""
+    return next(m.name for m in METHOD_TABLE.values() if m.heads == kind)
+
+
+def is_dynamic(tree: Any) -> bool:
+    """Whether a tree spec asks for a tree grown per step ("dynamic...")."""
+    return isinstance(tree, str) and tree.strip().lower().startswith("dynamic")
 
 
 
@@ -191,7 +269,8 @@ class DecoderConfig:
     k-config ``tree`` like "4x2x2x1", candidates sampled with or without ``replacement``),
     "lookup" (n-gram prompt lookup, a chain of up to ``gamma`` tokens), "medusa" / "hydra" (heads
     on the target's hidden state propose a tree; hydra's heads are sequential), "bpd" (blockwise
-    parallel decoding: the heads' top-1 tokens as a chain of ``gamma`` <= K).
+    parallel decoding: the heads' top-1 tokens as a chain of ``gamma`` <= K). What each needs and
+    runs: its row of :data:`METHOD_TABLE` (``spec``).
     gamma: draft length (default 4; 8 for an automatically chosen, sized lookup chain).
     tree: a k-config, a list of paths, or for medusa/hydra "dynamic", "dynamic:N", "dynamic:N:D"
     (a tree of N nodes and depth D grown per step, ``drafters.medusa.DynamicTree``).
@@ -257,11 +336,13 @@ class DecoderConfig:
         if not isinstance(self.tree_budget, PassCost) and self.tree_budget not in TREE_BUDGETS:
             raise ConfigError(f"unknown tree budget {self.tree_budget!r}: choose 'auto' (size each step's tree "
                               "against this machine's measured pass cost) or 'fixed' (always the tree's full size)")
+        spec = self.spec  # None: "auto", whose choice takes any of these options
         if not _is_int(self.lookup_branch) or self.lookup_branch < 0 or (
-                self.lookup_branch and self.method not in (*TREE_METHODS, "auto")):
+                self.lookup_branch and spec is not None and not spec.tree_from_heads):
+            *most, last = [repr(m.name) for m in METHOD_TABLE.values() if m.tree_from_heads]
             raise ConfigError(f"lookup_branch={self.lookup_branch}: a prompt-lookup branch of N >= 1 tokens is an "
-                              "option of methods 'medusa', 'hydra' and 'eagle' only (0 = none)")
-        if self.method in NEEDS_DRAFT and self.draft is None:
+                              f"option of methods {', '.join(most)} and {last} only (0 = none)")
+        if spec is not None and spec.needs_draft and self.draft is None:
             raise ConfigError(f"method {self.method!r} needs a draft model: pass draft=... (--draft SPEC), "
                               "or use --method lookup / ar, which need none")
         if self.gamma is not None and (not _is_int(self.gamma) or not 1 <= self.gamma <= MAX_GAMMA):
@@ -277,19 +358,26 @@ class DecoderConfig:
             check_adapter_dir(self.lora)  # a directory without a LoRA adapter fails before any model loads
 
     @property
+    def spec(self) -> Method | None:
+        """The method's row of :data:`METHOD_TABLE`; None while the method is "auto" (a config
+        ``planning.plan`` returns always has one)."""
+        return METHOD_TABLE.get(self.method)
+
+    @property
     def dynamic_tree(self) -> bool:
         """Whether ``tree`` asks for a tree grown per step ("dynamic...")."""
-        return isinstance(self.tree, str) and self.tree.strip().lower().startswith("dynamic")
+        return is_dynamic(self.tree)
 
     def _check_tree(self) -> None:
         """A bad tree spec fails here, before any model is loaded."""
         if self.tree is None:
             return
-        if self.method == "eagle" and not self.dynamic_tree:
-            raise ConfigError(f"method 'eagle' grows its tree at every step: use tree='dynamic', 'dynamic:N' or "
-                              f"'dynamic:N:D' (N nodes, depth <= D), not {self.tree!r}")
+        spec = self.spec
+        if spec is not None and spec.verifies == "grown" and not self.dynamic_tree:
+            raise ConfigError(f"method {self.method!r} grows its tree at every step: use tree='dynamic', 'dynamic:N' "
+                              f"or 'dynamic:N:D' (N nodes, depth <= D), not {self.tree!r}")
         if self.dynamic_tree:
-            if self.method not in (*TREE_METHODS, "auto"):
+            if spec is not None and not spec.tree_from_heads:
                 raise ConfigError(f"a dynamic tree ({self.tree!r}) is grown from heads: use --method hydra or "
                                   "medusa, or give a static tree (a k-config or a list of paths)")
             from .drafters.medusa import DynamicTree

@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from .config import DEFAULT_LOOKUP_BRANCH, NEEDS_HEADS, DecoderConfig
+from .config import AUTO, DEFAULT_LOOKUP_BRANCH, METHOD_TABLE, DecoderConfig
 from .tuning.costmodel import PassCost
 from .defaults import Runtime
 
@@ -32,6 +32,9 @@ __all__ = ["AUTO_LOOKUP_BRANCH", "AUTO_LOOKUP_GAMMA", "DEFAULT_GAMMA", "MethodCh
            "compare_shipped_drafters", "plan"]
 
 AUTO_LOOKUP_BRANCH = DEFAULT_LOOKUP_BRANCH  # hydra+lookup's chain
+# the heads methods "auto" takes where their drafters ship for the target: the first by default,
+# another where the cost model forecasts it faster (the held-out accuracies ship beside the last)
+AUTO_HEADS = ("hydra", "eagle")
 AUTO_LOOKUP_GAMMA = 8  # lookup's longest chain when sized per step
 DEFAULT_GAMMA = 4  # sd's chain, bpd's and a fixed lookup chain's length
 
@@ -70,48 +73,47 @@ class MethodChoice(NamedTuple):
 
 def _heads_why(method: str, lookup_branch: int) -> str:
     """What "auto" says of a heads method it took."""
-    what = {"hydra": "the heads", "eagle": "the EAGLE drafter"}[method]
     lookup = " plus prompt lookup" if lookup_branch else ""
-    return (f"{method}{'+lookup' if lookup_branch else ''} ({what} shipped for this model{lookup}; each step's tree "
-            "sized against this CPU's measured pass cost, drafting paused while it does not pay)")
+    return (f"{method}{'+lookup' if lookup_branch else ''} ({METHOD_TABLE[method].label} shipped for this "
+            f"model{lookup}; each step's tree sized against this CPU's measured pass cost, drafting paused while it "
+            "does not pay)")
 
 
 def choose_method(method: str, target_name: str, has_draft: bool, lookup_branch: int) -> MethodChoice:
     """The method for ``method`` "auto" from what ships for the target (anything else passes
     through with no reason)."""
-    from .heads import shipped_heads
+    from .store.loading import shipped_drafter
 
-    if method != "auto":
+    if method != AUTO:
         return MethodChoice(method, lookup_branch, "")
     if has_draft:
         return MethodChoice("sd", 0, "sd with the given draft model, drafting paused while it does not pay")
-    if shipped_heads(target_name, "sequential") is not None:
+    if shipped_drafter(target_name, AUTO_HEADS[0]) is not None:
         lookup_branch = lookup_branch or AUTO_LOOKUP_BRANCH
-        return MethodChoice("hydra", lookup_branch, _heads_why("hydra", lookup_branch))
+        return MethodChoice(AUTO_HEADS[0], lookup_branch, _heads_why(AUTO_HEADS[0], lookup_branch))
     return MethodChoice("lookup", 0, "prompt lookup (no heads ship for this model; the chain sized against this "
                                      "CPU's measured pass cost, drafting paused while it does not pay)")
 
 
 def compare_shipped_drafters(config: DecoderConfig, target, backend, price: Callable[[], PassCost]):
-    """For a config that took ``hydra`` because its heads ship for the target: where an EAGLE
-    drafter ships too, with held-out accuracies for both (``tuning.choice``), the drafter the
-    cost model forecasts faster here. ``target``: the LoadedModel; ``backend``: its Backend;
-    ``price()``: its PassCost, asked for only when there is a choice to make. Returns (method,
-    reason, that drafter loaded, the PassCost), or None when there is nothing to compare."""
+    """For a config "auto" gave ``AUTO_HEADS[0]`` (its heads ship for the target): where the
+    drafters of every method of AUTO_HEADS ship, with held-out accuracies for each (beside the
+    last, ``tuning.choice``), the one the cost model forecasts faster here. ``target``: the
+    LoadedModel; ``backend``: its Backend; ``price()``: its PassCost, asked for only when there is
+    a choice to make. Returns (method, reason, that drafter loaded, the PassCost), or None when
+    there is nothing to compare."""
     from .config import SamplingConfig
     from .tuning.choice import CacheSweep, Forecast, choose_drafter, held_out_accepts, time_drafting
     from .drafters.factory import DraftParts, build_drafter, plan_tree, warm_up_heads
     from .drafters.proposers import draft_depth
-    from .heads import shipped_heads
-    from .store.loading import load_decoder_heads
+    from .store.loading import load_decoder_heads, shipped_drafter
 
-    eagle = shipped_heads(target.name, "eagle")
-    if config.method != "hydra" or config.heads is not None or eagle is None or not (
-            config.tree is None or config.dynamic_tree):
+    sources = {m: shipped_drafter(target.name, m) for m in AUTO_HEADS}
+    if config.method != AUTO_HEADS[0] or config.heads is not None or not (config.tree is None or config.dynamic_tree) \
+            or any(source is None for source in sources.values()):
         return None
-    accepts = held_out_accepts(eagle)
-    sources = {"hydra": shipped_heads(target.name, "sequential"), "eagle": eagle}
-    if any(m not in accepts or sources[m] is None for m in sources):
+    accepts = held_out_accepts(sources[AUTO_HEADS[-1]])
+    if any(m not in accepts for m in sources):
         return None
     V = backend.vocab_size
     prompt = torch.arange(64, dtype=torch.long) % V  # any tokens: only the drafting time is read
@@ -140,13 +142,14 @@ def plan(config: DecoderConfig, runtime: Runtime, target, backend) -> Plan:
     from .drafters.proposers import draft_depth
     from .store.loading import find_heads, load_decoder_heads
 
+    auto = config.method == AUTO
     reasons = [runtime.why]
     if config.lora is not None:
         reasons.append(f"LoRA adapter {config.lora} merged into the target")
     choice = choose_method(config.method, target.name, config.draft is not None, config.lookup_branch)
     gamma = config.gamma
     if gamma is None:
-        sized_lookup = config.method == "auto" and choice.method == "lookup" and config.tree_budget != "fixed"
+        sized_lookup = auto and METHOD_TABLE[choice.method].sized_chain and config.tree_budget != "fixed"
         gamma = AUTO_LOOKUP_GAMMA if sized_lookup else DEFAULT_GAMMA
     c = dataclasses.replace(config, method=choice.method, lookup_branch=choice.lookup_branch, gamma=gamma)
 
@@ -154,7 +157,7 @@ def plan(config: DecoderConfig, runtime: Runtime, target, backend) -> Plan:
         return target_pass_cost(c, backend, target.name, target.dtype)
 
     heads, cost, method_why = None, None, [choice.why]
-    if config.method == "auto":
+    if auto:
         compared = compare_shipped_drafters(c, target, backend, price)
         if compared is not None:
             method, reason, heads, cost = compared
@@ -162,7 +165,7 @@ def plan(config: DecoderConfig, runtime: Runtime, target, backend) -> Plan:
             method_why = [_heads_why(method, c.lookup_branch), reason]
     reasons += method_why
     heads_source = find_heads(c, target.name)
-    if heads is None and c.method in NEEDS_HEADS:
+    if heads is None and c.spec.heads is not None:
         heads = load_decoder_heads(heads_source, target.model, c.method)
     tree, dynamic = plan_tree(c, heads_source, draft_depth(heads) if heads is not None else None)
     sizer = build_sizer(c, dynamic, backend, target.name, target.dtype, cost)

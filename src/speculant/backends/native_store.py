@@ -78,7 +78,7 @@ def save_store(model, path: Path, kind: str, group: int, quant_head: bool) -> No
             if layer.bias32.numel():
                 t[f"layers.{i}.{name}.bias"] = layer.bias32.contiguous()
     head = model.lm_head
-    tied = getattr(head, "weight", None) is not None and head.weight.data_ptr() == model.embed.data_ptr()
+    tied = head.weight is not None and head.weight.data_ptr() == model.embed.data_ptr()  # dense or LinearWeights
     if quant_head:
         t["lm_head.qweight"], t["lm_head.scales"] = head.qweight.contiguous(), head.scales_zeros.contiguous()
     elif not tied:

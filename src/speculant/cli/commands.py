@@ -304,7 +304,7 @@ def cmd_generate(args) -> int:
                   + ("" if s["lossless"] else f"; APPROXIMATE acceptance {s['acceptance']}: output may differ from the target's")
                   + (f"; {s['plain_steps']} of {s['target_calls']} steps without drafting (it did not pay there)"
                      if s["plain_steps"] else "")
-                  + ("; green = accepted draft tokens" if color and args.method != "ar" else "") + "]",
+                  + ("; green = accepted draft tokens" if color and dec.config.spec.drafts else "") + "]",
                   style="dim", markup=False)
     return 0
 

@@ -4,6 +4,8 @@ A decoder prepares once what its drafters share (:class:`DraftParts`: the verifi
 tree's settings, the tree sizer, the draft model's backend, the heads) and builds a fresh drafter
 for every generation with :func:`build_drafter`, since a drafter keeps per-sequence state.
 
+The method's row of ``config.METHOD_TABLE`` says which drafter (``Method.drafter``) and tree:
+
 method   drafter
 ar       NoDrafter (plain decoding)
 lookup   LookupDrafter, a chain of up to gamma tokens (sized per step with a sizer)
@@ -22,8 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backends.base import Backend
-from ..config import (DEFAULT_EAGLE_TREE, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, DEFAULT_MEDUSA_TREE, DEFAULT_TREE_ROWS, NEEDS_HEADS,
-                      TREE_METHODS, DecoderConfig, SamplingConfig)
+from ..config import DEFAULT_MAX_ROWS, DEFAULT_MCSD_TREE, DEFAULT_TREE_ROWS, DecoderConfig, SamplingConfig, is_dynamic
 from ..tuning.costmodel import PassCost, machine_key, pass_cost
 from ..heads import heads_tree
 from ..trees.buffers import TreeBuffers, build_tree, chain
@@ -60,33 +61,38 @@ class DraftParts:
 
 def plan_tree(config: DecoderConfig, heads_source=None, num_heads: int | None = None,
               ) -> tuple[TreeBuffers, DynamicTree | None]:
-    """The verified tree and, for a dynamic tree, its settings.
+    """The verified tree and, for a dynamic tree, its settings, as the method's row of
+    ``config.METHOD_TABLE`` says (``config`` resolved: no "auto").
 
-    A "dynamic..." spec gives a dynamic tree; hydra's default is DEFAULT_HYDRA_TREE, medusa's
-    (with tree_budget "auto") DEFAULT_MEDUSA_TREE; a lookup branch of N tokens leaves the heads
-    ``rows - N`` nodes (rows: DEFAULT_MAX_ROWS - 1 when sized per step, else DEFAULT_TREE_ROWS).
-    A tree method without a tree uses the one shipped next to its heads (``heads_source``), else
-    3x2x2x1 cut to the ``num_heads`` heads. mcsd's default is 2x1x1x1; chains have gamma tokens.
+    A "dynamic..." spec gives a dynamic tree; without a tree, the method's ``default_tree`` (hydra
+    DEFAULT_HYDRA_TREE, eagle DEFAULT_EAGLE_TREE, medusa with tree_budget "auto"
+    DEFAULT_MEDUSA_TREE, mcsd DEFAULT_MCSD_TREE); a default dynamic tree with a lookup branch of N
+    tokens leaves the heads ``rows - N`` nodes (rows: DEFAULT_MAX_ROWS - 1 when sized per step, else
+    DEFAULT_TREE_ROWS). A heads tree without one uses the tree shipped next to its heads
+    (``heads_source``), else 3x2x2x1 cut to the ``num_heads`` heads; a grown tree's static tree is
+    the widest its checks need (a chain of ``num_heads``); chains have gamma tokens.
     """
-    method, tree, sized = config.method, config.tree, config.tree_budget != "fixed"
+    spec, tree, sized = config.spec, config.tree, config.tree_budget != "fixed"
+    default = spec.default_tree if tree is None and (sized or not spec.default_tree_sized_only) else None
     dynamic = None
     if config.dynamic_tree:
         dynamic, tree = DynamicTree.parse(tree), None
-    elif tree is None and (method in ("hydra", "eagle") or (method == "medusa" and sized)):  # medusa "fixed": static
-        dynamic = DynamicTree.parse({"hydra": DEFAULT_HYDRA_TREE, "eagle": DEFAULT_EAGLE_TREE}.get(method,
-                                                                                                 DEFAULT_MEDUSA_TREE))
+    elif is_dynamic(default):
+        dynamic = DynamicTree.parse(default)
         rows = DEFAULT_MAX_ROWS - 1 if sized else DEFAULT_TREE_ROWS  # the most rows a sized tree may take
         if config.lookup_branch or sized:
             dynamic = dataclasses.replace(dynamic, nodes=max(rows - config.lookup_branch, MIN_DYNAMIC_NODES))
-    if method not in ("mcsd", *TREE_METHODS):
+    elif default is not None:
+        tree = default
+    if spec.verifies == "chain":
         return chain(config.gamma), dynamic
-    if method == "eagle":  # grown at every step; the widest static tree its checks need
+    if spec.verifies == "grown":  # grown at every step; the widest static tree its checks need
         return build_tree("x".join(["1"] * (num_heads or 1))), dynamic
-    if tree is None and method in TREE_METHODS:  # the tree built for the heads (tree.json next to them)
+    if tree is None and spec.verifies == "heads tree":  # the tree built for the heads (tree.json next to them)
         tree = heads_tree(heads_source) if not isinstance(heads_source, torch.nn.Module) else None
         if tree is None and num_heads is not None:  # none given or shipped: 3x2x2x1 cut to the heads
             tree = "x".join(map(str, ([3, 2, 2, 1] + [1] * 8)[:num_heads]))
-    return build_tree(tree or "2x1x1x1"), dynamic
+    return build_tree(tree or DEFAULT_MCSD_TREE), dynamic
 
 
 def target_pass_cost(config: DecoderConfig, target: Backend, target_name: str, target_dtype: torch.dtype) -> PassCost:
@@ -102,8 +108,8 @@ def build_sizer(config: DecoderConfig, dynamic: DynamicTree | None, target: Back
                 target_dtype: torch.dtype, cost: PassCost | None = None) -> TreeSizer | None:
     """A tree sizer against the target's pass cost by rows (``cost``, else :func:`target_pass_cost`),
     for a dynamic tree or a lookup chain with tree_budget "auto" or a given PassCost; None otherwise."""
-    sized = config.tree_budget != "fixed"
-    if not sized or not ((dynamic is not None and config.method in NEEDS_HEADS) or config.method == "lookup"):
+    spec = config.spec
+    if config.tree_budget == "fixed" or not ((dynamic is not None and spec.heads is not None) or spec.sized_chain):
         return None
     cost = cost if cost is not None else target_pass_cost(config, target, target_name, target_dtype)
     return TreeSizer(cost, max_rows=DEFAULT_MAX_ROWS)
@@ -121,23 +127,45 @@ def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingCo
         parts = dataclasses.replace(parts, sizer=parts.sizer.fork())
     if draft is not None:
         parts = dataclasses.replace(parts, draft=draft)
-    method = config.method
-    if method == "ar":
-        return NoDrafter()
-    if method == "lookup":
-        return LookupDrafter(config.gamma, sizer=parts.sizer)
-    if method in TREE_METHODS:
-        lookup = LookupDrafter(config.lookup_branch) if config.lookup_branch else None
-        if method == "eagle":
-            from ..eagle import EagleDrafter
+    return _BUILDERS[config.spec.drafter](config, parts, sampling, generator, constraint)
 
-            return EagleDrafter(parts.heads, parts.dynamic, parts.vocab_size, lookup, sizer=parts.sizer)
-        return MedusaDrafter(parts.heads, parts.tree, parts.vocab_size, lookup, dynamic=parts.dynamic,
-                             sizer=parts.sizer)
-    if method == "bpd":
-        return BlockwiseDrafter(parts.heads, parts.vocab_size, config.gamma)
-    return DraftModelDrafter(parts.draft, parts.tree, sampling, parts.vocab_size,
-                             replacement=config.replacement, generator=generator, constraint=constraint)
+
+# One builder per ``Method.drafter``: (config, parts, sampling, generator, constraint) -> a fresh drafter
+
+def _no_drafter(config, parts, sampling, generator, constraint) -> Drafter:
+    return NoDrafter()
+
+
+def _lookup(config, parts, sampling, generator, constraint) -> Drafter:
+    return LookupDrafter(config.gamma, sizer=parts.sizer)
+
+
+def _lookup_branch(config: DecoderConfig) -> LookupDrafter | None:
+    return LookupDrafter(config.lookup_branch) if config.lookup_branch else None
+
+
+def _heads_tree(config, parts, sampling, generator, constraint) -> Drafter:
+    return MedusaDrafter(parts.heads, parts.tree, parts.vocab_size, _lookup_branch(config), dynamic=parts.dynamic,
+                         sizer=parts.sizer)
+
+
+def _eagle(config, parts, sampling, generator, constraint) -> Drafter:
+    from ..eagle import EagleDrafter
+
+    return EagleDrafter(parts.heads, parts.dynamic, parts.vocab_size, _lookup_branch(config), sizer=parts.sizer)
+
+
+def _blockwise(config, parts, sampling, generator, constraint) -> Drafter:
+    return BlockwiseDrafter(parts.heads, parts.vocab_size, config.gamma)
+
+
+def _draft_model(config, parts, sampling, generator, constraint) -> Drafter:
+    return DraftModelDrafter(parts.draft, parts.tree, sampling, parts.vocab_size, replacement=config.replacement,
+                             generator=generator, constraint=constraint)
+
+
+_BUILDERS = {"none": _no_drafter, "lookup": _lookup, "heads tree": _heads_tree, "eagle": _eagle,
+             "blockwise": _blockwise, "draft model": _draft_model}
 
 
 @torch.inference_mode()

@@ -212,8 +212,8 @@ class EagleModel(DraftVocabulary, nn.Module):
             raise ModelLoadError(f"the EAGLE drafter is shaped for a (V, H) = ({config.vocab_size}, "
                                  f"{config.hidden_size}) output layer, the target's is {shape}: it was trained for "
                                  f"another model ({config.base_model or 'unknown'})")
-        weight = getattr(embed, "weight", None)
-        if weight is None or tuple(weight.shape[-1:]) != (config.hidden_size,):
+        embed_shape = layer_shape(embed)
+        if embed_shape is None or embed_shape[1] != config.hidden_size:
             raise ModelLoadError(f"the EAGLE drafter needs the target's input embeddings (V, {config.hidden_size})")
         self.config = config
         H = config.hidden_size
@@ -230,8 +230,7 @@ class EagleModel(DraftVocabulary, nn.Module):
             self.register_buffer("fuse_scale", torch.ones(k * H) if k else None)
         else:
             self.input_scale = self.fuse_scale = None
-        self._shared: tuple[nn.Module, ...] = (lm_head, embed)
-        self._draft_rows: tuple | None = None
+        self._share_target(lm_head, embed)
         self.coarse_ranking = True
         self.register_buffer("inv_freq", config.rope_frequencies(), persistent=False)
 
@@ -250,7 +249,7 @@ class EagleModel(DraftVocabulary, nn.Module):
             what = "drafted pairs' own features" if drafted else \
                 f"the target's states (the final one and those entering layers {list(self.config.fused_layers)})"
             raise ValueError(f"the EAGLE drafter reads {what} of width {want}, got {hidden.shape[-1]}")
-        e = F.embedding(tokens, self._shared[1].weight.detach()).to(self.dtype)
+        e = F.embedding(tokens, self.input_embeddings.weight.detach()).to(self.dtype)
         x = torch.cat([e, hidden[..., :H].to(self.dtype)], -1)
         u = self.fc(x if self.input_scale is None else x * self.input_scale.to(x.dtype))
         if self.fuse is not None and not drafted:
@@ -379,7 +378,7 @@ class EagleModel(DraftVocabulary, nn.Module):
         g = torch.Generator().manual_seed(seed)
         feats = features.detach().float()
         feature_rms = float(feats.pow(2).mean().sqrt())
-        embed = self._shared[1].weight.detach().float()
+        embed = self.input_embeddings.weight.detach().float()
         self.fc.weight.zero_()
         self.fc.bias.zero_()
         if self.input_scale is not None:

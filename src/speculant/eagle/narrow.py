@@ -60,7 +60,7 @@ def narrow_mlp(model: EagleModel, width: int, hidden: torch.Tensor, tokens: torc
     check_width(model, width)
     keep = unit_importance(model, hidden, tokens).topk(width).indices.sort().values
     config = dataclasses.replace(model.config, intermediate_size=width)
-    out = EagleModel(config, *model._shared).to(model.dtype)
+    out = EagleModel(config, model.output_layer, model.input_embeddings).to(model.dtype)
     state = model.state_dict()
     for name in ("gate_proj", "up_proj"):
         key = f"layers.0.mlp.{name}.weight"
@@ -76,7 +76,7 @@ def with_draft_vocab(model: EagleModel, ids: torch.Tensor) -> EagleModel:
     its own draft vocabulary (of any size); every weight is kept."""
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     config = dataclasses.replace(model.config, draft_vocab=int(ids.numel()))
-    out = EagleModel(config, *model._shared).to(model.dtype)
+    out = EagleModel(config, model.output_layer, model.input_embeddings).to(model.dtype)
     state = {k: v for k, v in model.state_dict().items() if k != "draft_vocab"}
     state["draft_vocab"] = out.draft_vocab
     out.load_weights(state)
@@ -95,7 +95,7 @@ def with_fused_layers(model: EagleModel, layers: tuple[int, ...], states: torch.
     if states.shape[-1] != config.state_width:
         raise ConfigError(f"states of width {states.shape[-1]} for a drafter reading {len(layers)} fused layers "
                           f"(width {config.state_width})")
-    out = EagleModel(config, *model._shared).to(model.dtype)
+    out = EagleModel(config, model.output_layer, model.input_embeddings).to(model.dtype)
     out.init_fusion(states)
     state = out.state_dict()
     state.update(model.state_dict())

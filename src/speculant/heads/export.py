@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 
 from ..errors import ConfigError
+from ..runtime.weights import weights_of
 from .medusa import MedusaHeads
 
 __all__ = ["EXPORT_FORMATS", "export_heads", "write_export_dir"]
@@ -44,14 +45,12 @@ EXPORT_FORMATS = ("medusa", "vllm")
 
 
 def _shared_projection(heads: MedusaHeads) -> torch.Tensor:
-    """The target's shared output layer as the (V, H) weights every head projects through."""
-    layer = heads._shared[0]
-    weight = getattr(layer, "weight", None)
-    if weight is not None:
-        return weight.detach()
-    if hasattr(layer, "dequantize"):  # a quantized output layer: the weights it stands for
-        return layer.dequantize()
-    raise ConfigError("the heads' shared output layer has no weights to write out")
+    """The target's shared output layer as the (V, H) weights every head projects through (a
+    quantized layer's: the weights it stands for)."""
+    weights = weights_of(heads.output_layer)
+    if weights is None:
+        raise ConfigError("the heads' shared output layer has no weights to write out")
+    return weights.weight_matrix()
 
 
 def export_heads(heads, out: str | Path, fmt: str, base_model: str, dtype: torch.dtype = torch.bfloat16) -> Path:

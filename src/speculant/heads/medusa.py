@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..runtime.weights import weights_of
 from .config import HeadsConfig
 from .layers import ResBlock
 from .projection import COARSE_EXTRA, check_lm_head, coarse_ranker, frozen_projection, layer_dtype, shortlist_topk
@@ -47,7 +48,7 @@ class MedusaHeads(nn.Module):
                 proj = nn.Linear(H, V, bias=False)
                 if lm_head is not None:
                     with torch.no_grad():
-                        proj.weight.copy_(lm_head.weight)
+                        proj.weight.copy_(weights_of(lm_head).weight_matrix())
                 layers.append(proj)
             heads.append(nn.Sequential(*layers))
         self.heads = nn.ModuleList(heads)
@@ -61,6 +62,12 @@ class MedusaHeads(nn.Module):
     @property
     def num_heads(self) -> int:
         return self.config.num_heads
+
+    @property
+    def output_layer(self) -> nn.Module | None:
+        """The target's frozen output layer every head projects through (V, H), or None when each
+        head has a projection of its own (``config.shared_lm_head`` False)."""
+        return self._shared[0] if self._shared else None
 
     def _project(self, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
         return frozen_projection(self._shared[0], x, vocab)
@@ -99,13 +106,13 @@ class MedusaHeads(nn.Module):
         single = hidden.dim() == 1
         x = hidden.reshape(-1, hidden.shape[-1]).to(self.dtype)  # (B, H)
         B = x.shape[0]
-        layer = self._shared[0] if self._shared else None
-        weight = getattr(layer, "weight", None)
+        weights = weights_of(self.output_layer)
+        weight = weights.dense_weight() if weights is not None else None
         idx = values = None
-        if self.coarse_ranking and weight is not None and getattr(layer, "bias", None) is None:
+        if self.coarse_ranking and weight is not None and weights.bias is None:
             key = (weight.data_ptr(), weight.dtype, limit)
             if self._coarse is None or self._coarse[0] != key:
-                rows = weight.detach()[:limit]
+                rows = weight[:limit]
                 self._coarse = (key, rows, coarse_ranker(rows))
             _, rows, coarse = self._coarse
             if coarse is not None and k + COARSE_EXTRA < rows.shape[0]:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, ModelLoadError
+from ..runtime.weights import weights_of
 from .config import HeadsConfig
 
 __all__ = ["COARSE_EXTRA", "DraftVocabulary", "check_lm_head", "coarse_ranker", "frozen_projection", "layer_dtype", "layer_shape",
@@ -76,32 +77,30 @@ class _FirstOutputs(nn.Module):
 
 def frozen_projection(layer: nn.Module, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
     """The target's output layer on x (..., H) -> (..., V), or (..., V') for the rows ``vocab``
-    (V',); gradients reach x, never the layer. A quantized output layer (the native backend's
-    ``--quant-head``) is called as it is (inference only)."""
-    if getattr(layer, "weight", None) is None:
+    (V',); gradients reach x, never the layer. A quantized output layer without a dense weight
+    (the native backend's ``--quant-head``) is called as it is (inference only)."""
+    weights = weights_of(layer)
+    weight = weights.dense_weight()
+    if weight is None:
         if vocab is not None:
             raise ValueError("vocab= needs a dense output layer (training runs on the transformers model)")
-        return layer(x.to(layer.dtype))
-    weight = layer.weight.detach()
-    bias = layer.bias.detach() if getattr(layer, "bias", None) is not None else None
+        return layer(x.to(weights.dtype))
+    bias = weights.bias.detach() if weights.bias is not None else None
     if vocab is not None:
         weight, bias = weight[vocab], (bias[vocab] if bias is not None else None)
     return F.linear(x.to(weight.dtype), weight, bias)
 
 
-def layer_shape(layer: nn.Module) -> tuple[int, int] | None:
-    """(V, H) of an output layer: a Linear's weight, or a quantized layer's (out, in) features."""
-    weight = getattr(layer, "weight", None)
-    if weight is not None and weight.dim() == 2:
-        return tuple(weight.shape)
-    if isinstance(getattr(layer, "out_features", None), int) and isinstance(getattr(layer, "in_features", None), int):
-        return layer.out_features, layer.in_features
-    return None
+def layer_shape(layer: nn.Module | None) -> tuple[int, int] | None:
+    """(V, H) of an output layer (``runtime.weights``: a dense layer's weight, a quantized one's
+    (out, in) features), or None for a module that is no linear layer."""
+    weights = weights_of(layer)
+    return tuple(weights.weight_shape) if weights is not None else None
 
 
 def layer_dtype(layer: nn.Module) -> torch.dtype:
-    weight = getattr(layer, "weight", None)
-    return weight.dtype if weight is not None else layer.dtype  # quantized layers: their activation dtype
+    """The dtype an output layer computes in: a dense layer's weight's, a quantized one's activations'."""
+    return weights_of(layer).dtype
 
 
 def check_lm_head(lm_head: nn.Module, config: HeadsConfig) -> None:
@@ -127,13 +126,29 @@ class DraftVocabulary:
     over an optional draft vocabulary (``config.draft_vocab`` = V' > 0 ids stored in the buffer
     ``draft_vocab``), through a low-bit shortlist of its rows where one applies
     (``coarse_ranking``). The class using it sets ``config`` (``vocab_size``, ``draft_vocab``),
-    ``_shared[0]`` (the output layer), ``draft_vocab`` (buffer or None), ``coarse_ranking`` and
-    ``_draft_rows = None``."""
+    ``draft_vocab`` (buffer or None) and ``coarse_ranking``, and hands it the target's layers
+    with :meth:`_share_target` (read back as :attr:`output_layer` and :attr:`input_embeddings`)."""
+
+    def _share_target(self, lm_head: nn.Module, embed: nn.Module) -> None:
+        """Hold the target's frozen output layer (V, H) and input embeddings (V, H): in a tuple, so
+        they are no parameters, never saved, untouched by ``.to()``."""
+        self._shared: tuple[nn.Module, nn.Module] = (lm_head, embed)
+        self._draft_rows: tuple | None = None  # (key, draft vocabulary < limit, its output-layer rows, int4 copy)
+
+    @property
+    def output_layer(self) -> nn.Module:
+        """The target's frozen output layer, H -> V (dense or quantized: ``runtime.weights``)."""
+        return self._shared[0]
+
+    @property
+    def input_embeddings(self) -> nn.Module:
+        """The target's frozen input embeddings (an ``nn.Embedding``, (V, H))."""
+        return self._shared[1]
 
     def project(self, state: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """state (..., H) -> logits (..., V) through the target's frozen output layer (only the
         columns ``vocab`` (V',), when given)."""
-        return frozen_projection(self._shared[0], state, vocab)
+        return frozen_projection(self.output_layer, state, vocab)
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
         """Store the draft vocabulary: ``config.draft_vocab`` distinct token ids < V."""
@@ -151,37 +166,31 @@ class DraftVocabulary:
         """state (n, H) -> (n, k) long: the k best-ranked tokens (< ``limit``) of each state's
         logits, over the draft vocabulary when there is one. Ties: ``topk`` order. ``logprobs``:
         also return their log-probabilities (n, k) under the softmax over those tokens."""
-        layer = self._shared[0]
         if self.draft_vocab is None:
             logits = self.project(state)[..., :limit].float()
             top = logits.topk(k, dim=-1, sorted=True)
             if logprobs:
                 return top.indices, top.values - logits.logsumexp(-1, keepdim=True)
             return top.indices
-        weight = getattr(layer, "weight", None)
-        # the draft vocabulary cut to `limit`, and (dense layer) its rows of the output layer: a cached
-        # copy, since slicing V' rows per call would cost as much as the product itself
+        layer = self.output_layer
+        weights = weights_of(layer)
+        weight = weights.dense_weight()
+        # the draft vocabulary cut to `limit` and its rows of the output layer (dense, or dequantized
+        # once, not all V per call): a cached copy, since slicing V' rows per call would cost as much
+        # as the product itself
         key = (limit, self.draft_vocab.data_ptr(), id(layer) if weight is None else (weight.data_ptr(), weight.dtype),
                self.coarse_ranking)
         if self._draft_rows is None or self._draft_rows[0] != key:
             vocab = self.draft_vocab if limit is None else self.draft_vocab[self.draft_vocab < limit]
-            if weight is not None:
-                rows = weight.detach()[vocab].contiguous()
-            elif hasattr(layer, "dequantize_rows"):  # a quantized output layer: its draft-vocabulary rows,
-                rows = layer.dequantize_rows(vocab).contiguous()  # dequantized once (not all V per call)
-            else:
-                rows = None
+            rows = weights.weight_rows(vocab).contiguous()
             self._draft_rows = (key, vocab, rows, coarse_ranker(rows) if self.coarse_ranking else None)
         _, vocab, rows, coarse = self._draft_rows
-        if rows is None:  # a quantized output layer: project everything, then keep the draft vocabulary
-            logits = self.project(state)[..., vocab].float()
-        elif coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
+        if coarse is not None and k + COARSE_EXTRA < rows.shape[0]:
             idx, values, rough = shortlist_topk(coarse, rows, state, k)
             if logprobs:  # normalised by the int4 logits' log-sum-exp
                 return vocab[idx], values - rough.logsumexp(-1, keepdim=True)
             return vocab[idx]
-        else:
-            logits = F.linear(state.to(rows.dtype), rows).float()
+        logits = F.linear(state.to(rows.dtype), rows).float()
         top = logits.topk(k, dim=-1, sorted=True)
         if logprobs:
             return vocab[top.indices], top.values - logits.logsumexp(-1, keepdim=True)

@@ -11,7 +11,7 @@ from torch import nn
 from ..errors import ConfigError, ModelLoadError
 from .config import HeadsConfig
 from .layers import ContextLayer, ResBlock
-from .projection import DraftVocabulary, check_lm_head
+from .projection import DraftVocabulary, check_lm_head, layer_shape
 
 __all__ = ["SequentialHeads"]
 
@@ -52,10 +52,9 @@ class SequentialHeads(DraftVocabulary, nn.Module):
             raise ConfigError(f"SequentialHeads needs a config of kind 'sequential', got {config.kind!r}")
         check_lm_head(lm_head, config)
         H = config.hidden_size
-        weight = getattr(embed, "weight", None)
-        if weight is None or weight.dim() != 2 or weight.shape[1] != H:
-            raise ModelLoadError(f"sequential heads need the target's input embeddings (V, {H}); got "
-                                 f"{None if weight is None else tuple(weight.shape)}")
+        shape = layer_shape(embed)
+        if shape is None or shape[1] != H:
+            raise ModelLoadError(f"sequential heads need the target's input embeddings (V, {H}); got {shape}")
         self.config = config
         self.fc = nn.Linear(2 * H, H)
         with torch.no_grad():
@@ -69,8 +68,7 @@ class SequentialHeads(DraftVocabulary, nn.Module):
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab, dtype=torch.long))
         else:
             self.draft_vocab = None
-        self._shared: tuple[nn.Module, ...] = (lm_head, embed)  # frozen, not parameters, never saved
-        self._draft_rows: tuple | None = None  # (key, draft vocabulary < limit, its output-layer rows, int4 copy)
+        self._share_target(lm_head, embed)  # frozen, not parameters, never saved
         # drafting shortlists candidates through a low-bit copy of those rows (int4 where an int4
         # path runs, see coarse_ranker); False: always the exact product
         self.coarse_ranking = True
@@ -85,7 +83,7 @@ class SequentialHeads(DraftVocabulary, nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (...,) long -> e(y) (..., H) in the heads' dtype (RMS-normalised, times α)."""
-        e = F.embedding(tokens, self._shared[1].weight.detach()).to(self.dtype)
+        e = F.embedding(tokens, self.input_embeddings.weight.detach()).to(self.dtype)
         return e * torch.rsqrt(e.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(self.dtype) * self.embed_scale
 
     def step(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -16,12 +16,15 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..kernels import int4_isa
+from .weights import LinearWeights
 
 __all__ = ["BlockLinear"]
 
 
-class BlockLinear(nn.Module):
-    """The base of the layers that run a GGUF file's blocks as they are (module docstring)."""
+class BlockLinear(LinearWeights, nn.Module):
+    """The base of the layers that run a GGUF file's blocks as they are (module docstring); their
+    weights are read through the :class:`~speculant.runtime.weights.LinearWeights` protocol (no
+    dense weight: de-quantized)."""
 
     kind: str  # the GGUF type, e.g. "Q4_K"
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..kernels import cpu_kernels, pack_bf16
+from .weights import LinearWeights
 
 # the batch size oneDNN picks its blocked layout for (a tree pass): docs/design-notes.md#packed-bf16-weights
 ROWS_HINT = 32
@@ -41,13 +42,17 @@ def available() -> bool:
         return False
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(LinearWeights, nn.Module):
     """``y = x @ W.T + b`` with W held in a blocked layout (bf16, CPU, inference only).
 
     Two layouts: speculant's own (``kernels/bf16_amx.cpp`` / ``bf16_avx512.cpp``) where its
     kernels run and the shape suits it (both sizes multiples of 32), else
-    oneDNN's (``mkldnn._reorder_linear_weight``).
+    oneDNN's (``mkldnn._reorder_linear_weight``). Its weight is read through the
+    :class:`~speculant.runtime.weights.LinearWeights` protocol (the kept plain weight, else the
+    blocked one read back).
     """
+
+    dtype = torch.bfloat16
 
     def __init__(self, linear: nn.Linear, keep_weight: bool = False):
         super().__init__()
@@ -70,6 +75,10 @@ class PackedLinear(nn.Module):
         bias = self.bias.detach() if self.bias is not None else _EMPTY
         y = self._kernels.bf16_mm(x.reshape(-1, shape[-1]).contiguous(), self.packed, bias)
         return y.view(*shape[:-1], self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The (N, K) weight, read back from the blocked layout where no plain copy is kept."""
+        return self.unpacked().weight.detach()
 
     def unpacked(self) -> nn.Linear:
         """The ``nn.Linear`` this layer computes (the kept weight, or the packed one read back exactly)."""

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .packing import unpack_linears
+from .weights import LinearWeights
 from ..kernels import GROUP, INT4_ISAS, cpu_kernels, dequantize_int4_x86, int4_isa, pack_int4_x86, x86_kernels
 
 QUANT_MODES = ("none", "int8", "int4")
@@ -34,8 +35,9 @@ _NO_BIAS = torch.empty(0)
 DENSE_ABOVE_ROWS = 4
 
 
-class _WeightOnly(nn.Module):
-    """Shared forward: quantized kernel for few rows, the dense weight for many."""
+class _WeightOnly(LinearWeights, nn.Module):
+    """Shared forward: quantized kernel for few rows, the dense weight for many. Its weights, dense
+    or quantized, are read through the :class:`~speculant.runtime.weights.LinearWeights` protocol."""
 
     max_kernel_rows = 32  # without a dense weight: above this many rows, dequantize for the call
     dense_above_rows = DENSE_ABOVE_ROWS  # with a dense weight: above this many rows, use it
@@ -49,10 +51,6 @@ class _WeightOnly(nn.Module):
         self.dtype = linear.weight.dtype  # of the activations it takes and returns
 
     def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def dequantize(self) -> torch.Tensor:
-        """The (N, K) dense matrix the quantized weight stands for, in the activation dtype."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..backends.native import NativeModel
-from ..config import NEEDS_DRAFT, NEEDS_HEADS, DecoderConfig
+from ..config import METHOD_TABLE, DecoderConfig, method_reading
 from ..errors import ConfigError
 from ..heads import MedusaHeads, SequentialHeads, load_heads, shipped_heads
 from ..heads.projection import check_lm_head
@@ -27,8 +27,10 @@ from .models import LoadedModel, load, parse_dtype, resolve
 from ..runtime.packing import pack_linears, unpack_linears
 from ..runtime.quant import QUANT_MODES, quantize_linears
 
-__all__ = ["auto_draft_quant", "find_heads", "heads_kind", "load_adapted", "load_decoder_heads",
-           "load_draft", "load_native", "load_target"]
+__all__ = ["auto_draft_quant", "find_heads", "load_adapted", "load_decoder_heads", "load_draft", "load_native",
+           "load_target", "shipped_drafter"]
+
+EAGLE = "eagle"  # Method.heads of an EAGLE drafter: a model of its own, loaded by eagle.checkpoint, not as heads
 
 
 def auto_draft_quant(dtype, backend: str = "hf") -> str:
@@ -218,36 +220,32 @@ def load_target(config: DecoderConfig) -> LoadedModel:
 
 def load_draft(config: DecoderConfig) -> LoadedModel | None:
     """The draft model of a draft-model method (None otherwise), quantized as ``draft_quant`` says."""
-    if config.method not in NEEDS_DRAFT:
+    if not config.spec.needs_draft:
         return None
     if config.backend == "native":
         return to_native(config.draft, config.dtype, config.draft_quant, False, keep_dense=False)
     return load_hf(config.draft, config.dtype, config.draft_quant)
 
 
-def heads_kind(method: str) -> str:
-    """The kind of heads a heads method reads: hydra sequential heads, eagle an EAGLE drafter,
-    medusa and bpd Medusa heads."""
-    return {"hydra": "sequential", "eagle": "eagle"}.get(method, "medusa")
+def shipped_drafter(target_name: str, method: str) -> Path | None:
+    """The drafter shipped for ``target_name`` of the kind ``method`` reads (its row's
+    ``Method.heads``: Medusa or sequential heads, an EAGLE drafter), or None (none ships, or the
+    method reads none). The one way the shipped heads and drafters are looked up."""
+    kind = METHOD_TABLE[method].heads
+    return shipped_heads(target_name, kind) if kind is not None else None
 
 
 def find_heads(config: DecoderConfig, target_name: str):
     """Where a heads method's heads come from: the config's directory or module, else the heads
     shipped for ``target_name`` (None for methods without heads)."""
-    if config.method not in NEEDS_HEADS:
+    spec = config.spec
+    if spec.heads is None:
         return None
     if config.heads is not None:
         return config.heads
-    kind = heads_kind(config.method)
-    found = shipped_heads(target_name, kind)
-    if found is None and kind == "eagle":
-        raise ConfigError(f"method 'eagle' needs an EAGLE drafter and none ships for {target_name!r}: pass "
-                          "heads=DIR (--heads DIR), a directory written by speculant's EAGLE training "
-                          "(speculant train-eagle)")
+    found = shipped_drafter(target_name, config.method)
     if found is None:
-        raise ConfigError(f"method {config.method!r} needs {kind} heads and none ship for {target_name!r}: pass "
-                          "heads=DIR (--heads DIR), a heads directory (train some with `speculant "
-                          f"train-heads --head-kind {kind}`)")
+        raise ConfigError(f"method {config.method!r} needs " + spec.missing_heads.format(target=target_name))
     return found
 
 
@@ -256,13 +254,14 @@ def int4_heads(heads: nn.Module, always: bool = False) -> bool:
     linear does not run, PyTorch's costs ~1 ms per row and layer) bf16 heads' linear layers become
     int4 through speculant's x86 kernel, in place (8-15x faster per call at 1-16 rows). Drafts
     only: the target verifies every token, so the output is the same. Returns whether it did.
+    ``heads``: Medusa or sequential heads or an EAGLE drafter (each says its ``dtype``).
     ``always``: on every CPU the kernel runs on (a drafter too big to be cheap in bf16 even packed:
     a drafting step reads all its weights for a handful of rows). Why: docs/design-notes.md#int4-heads-on-avx2"""
     from ..kernels import GROUP, x86_kernels
     from ..runtime.packing import available, swap_modules
     from ..runtime.quant import Int4Linear
 
-    if (available() and not always) or x86_kernels() is None or getattr(heads, "dtype", None) != torch.bfloat16:
+    if (available() and not always) or x86_kernels() is None or heads.dtype != torch.bfloat16:
         return False
     return swap_modules(heads, nn.Linear, lambda linear: Int4Linear(linear, keep_dense=False),
                         want=lambda linear: linear.in_features % GROUP == 0 and linear.out_features % 16 == 0) > 0
@@ -275,10 +274,11 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
     from ..eagle import EagleModel
     from ..eagle.checkpoint import is_eagle_dir, load_eagle
 
+    want = METHOD_TABLE[method].heads
     if isinstance(source, EagleModel) or (not isinstance(source, nn.Module) and is_eagle_dir(source)):
-        if method != "eagle":
+        if want != EAGLE:
             raise ConfigError(f"{source if not isinstance(source, nn.Module) else 'these heads'} is an EAGLE "
-                              "drafter: use --method eagle")
+                              f"drafter: use --method {method_reading(EAGLE)}")
         if isinstance(source, EagleModel):
             return source
         drafter = load_eagle(source, target_model)
@@ -291,8 +291,8 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
         else:
             pack_linears(drafter)
         return drafter
-    if method == "eagle":
-        raise ConfigError(f"method 'eagle' needs an EAGLE drafter; {source} holds heads (use --method "
+    if want == EAGLE:
+        raise ConfigError(f"method {method!r} needs an EAGLE drafter; {source} holds heads (use --method "
                           "hydra or medusa for them)")
     if isinstance(source, nn.Module):
         heads = source
@@ -301,9 +301,10 @@ def load_decoder_heads(source, target_model: nn.Module, method: str) -> MedusaHe
         heads = load_heads(source, target_model)
         if not int4_heads(heads):
             pack_linears(heads)
-    kind, have = heads_kind(method), heads.config.kind
-    if have != kind:
-        raise ConfigError(f"method {method!r} needs {kind} heads but these are {have} heads: "
-                          f"use --method {'hydra' if have == 'sequential' else 'medusa'}"
-                          f"{'' if method != 'bpd' else ' (bpd reads Medusa heads)'}")
+    have = heads.config.kind
+    if have != want:
+        # a method reading heads of another method's kind says so (bpd reads Medusa heads)
+        note = "" if method == method_reading(want) else f" ({method} reads {want.capitalize()} heads)"
+        raise ConfigError(f"method {method!r} needs {want} heads but these are {have} heads: "
+                          f"use --method {method_reading(have)}{note}")
     return heads

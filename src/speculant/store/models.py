@@ -48,6 +48,7 @@ from . import gguf_meta
 from ..errors import ConfigError, ModelLoadError, VocabMismatchError
 from .presets import PRESETS, Part, Preset  # noqa: F401 - re-exported: models.PRESETS is public
 from ..runtime.process import file_lock
+from ..runtime.weights import weights_of
 from ..text_check import check_text
 
 GGUF_MAGIC = b"GGUF"
@@ -413,8 +414,7 @@ class LoadedModel:
     @property
     def logits_dim(self) -> int:
         """Width of the logits (lm_head out_features); may exceed len(vocab) through padding."""
-        head = self.model.get_output_embeddings()  # nn.Linear, or a quantized one (maybe without weight)
-        return int(getattr(head, "out_features", None) or head.weight.shape[0])
+        return weights_of(self.model.get_output_embeddings()).weight_shape[0]  # dense or quantized (runtime.weights)
 
 
 def load(spec: str | os.PathLike, dtype: str | torch.dtype = "bfloat16") -> LoadedModel:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .eagle_features import FeatureRows, compute_features, features_cost, load_features
 from ..eagle.model import EagleCache, EagleModel
+from ..runtime.weights import weights_of
 
 __all__ = ["EagleTrainConfig", "answer_positions", "compute_features", "depth_accuracy", "features_cost",
            "load_features", "split_records", "train_eagle", "training_precision", "window_sample"]
@@ -204,11 +205,9 @@ def _loss(model: EagleModel, rows: torch.Tensor, batch, cfg: EagleTrainConfig) -
 def _drafted_rows(model: EagleModel) -> tuple[torch.Tensor, torch.Tensor]:
     """The output layer's rows the drafter proposes from (V', H) and each token's index among
     them (V,) (-1 outside)."""
-    layer = model._shared[0]
     V = model.config.vocab_size
     vocab = model.draft_vocab if model.draft_vocab is not None else torch.arange(V)
-    weight = getattr(layer, "weight", None)
-    rows = weight.detach()[vocab] if weight is not None else layer.dequantize_rows(vocab)
+    rows = weights_of(model.output_layer).weight_rows(vocab)
     index = torch.full((V,), -1, dtype=torch.long)
     index[vocab] = torch.arange(vocab.numel())
     return rows, index

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..heads import HeadsConfig, MedusaHeads, SequentialHeads, load_heads, make_heads
+from ..runtime.weights import weights_of
 from .data import Batches, load_records, windows
 from .features import FeatureTable, Trainable, feature_tables
 from .loop import TrainRun, lr_lambda
@@ -138,9 +139,9 @@ def build_heads(model: nn.Module, heads_cfg: HeadsConfig, cfg, data: TrainData,
 def teacher_projection(model: nn.Module, vocab: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
     """The target's frozen output layer as the teacher loss reads it: hidden states (m, H) -> logits
     (m, V'), cut to the trained vocabulary once (not every step)."""
-    out_layer = model.get_output_embeddings()
-    weight = out_layer.weight.detach()
-    bias = out_layer.bias.detach() if getattr(out_layer, "bias", None) is not None else None
+    out_layer = weights_of(model.get_output_embeddings())
+    weight = out_layer.dense_weight()
+    bias = out_layer.bias.detach() if out_layer.bias is not None else None
     if vocab is not None:
         weight, bias = weight[vocab], (bias[vocab] if bias is not None else None)
 
