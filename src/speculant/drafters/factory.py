@@ -12,6 +12,13 @@ hydra    likewise with sequential heads; both optionally with a prompt-lookup br
 eagle    EagleDrafter, the EAGLE drafter's dynamic tree (optionally with the lookup branch)
 bpd      BlockwiseDrafter, the heads' top-1 tokens as a chain of gamma
 sd/mcsd  DraftModelDrafter, a draft model's chain (gamma) or k-config tree
+
+A generation with a ``prediction`` (the token ids of the text its output is expected to be:
+OpenAI's Predicted Outputs) searches it with prompt lookup (``LookupDrafter``): the lookup
+method's chain, the lookup branch of medusa, hydra and eagle (one of PREDICTION_GAMMA tokens added
+where the decoder has none), and for ar, bpd, sd and mcsd a lookup chain of PREDICTION_GAMMA in
+place of their drafter for that generation. The target verifies every token: the output is the
+same with or without it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from ..tuning.sizing import TreeSizer
 __all__ = ["DraftParts", "build_drafter", "build_sizer", "target_pass_cost", "plan_tree", "warm_up_heads"]
 
 MIN_DYNAMIC_NODES = 4  # the heads' share of a default dynamic tree never drops below this
+PREDICTION_GAMMA = 8  # the lookup chain a prediction drafts where the decoder has no lookup of its own
 
 
 @dataclass(frozen=True)
@@ -111,9 +119,10 @@ def build_sizer(config: DecoderConfig, dynamic: DynamicTree | None, target: Back
 
 def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingConfig,
                   generator: torch.Generator | None = None, *, draft: Backend | None = None,
-                  own_sizer: bool = False, constraint=None) -> Drafter:
+                  own_sizer: bool = False, constraint=None, prediction: torch.Tensor | None = None) -> Drafter:
     """A fresh drafter for one generation (``sampling`` and ``generator``: a draft model's;
-    ``constraint``: the generation's grammar, which a draft model's q is masked with).
+    ``constraint``: the generation's grammar, which a draft model's q is masked with;
+    ``prediction``: token ids the output is expected to be, searched by prompt lookup (module doc)).
     For a sequence decoded beside others (``batching``): ``draft``, the draft model's backend of
     this sequence (its own KV cache; default ``parts.draft``), and ``own_sizer``, a fork of the
     shared tree sizer (each sequence sizes its own trees)."""
@@ -122,12 +131,17 @@ def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingCo
     if draft is not None:
         parts = dataclasses.replace(parts, draft=draft)
     method = config.method
+    if prediction is not None and not len(prediction):
+        prediction = None
+    if method == "lookup":
+        return LookupDrafter(config.gamma, sizer=parts.sizer, prediction=prediction)
+    if prediction is not None and method not in TREE_METHODS:  # ar, bpd, sd, mcsd
+        return LookupDrafter(PREDICTION_GAMMA, prediction=prediction)
     if method == "ar":
         return NoDrafter()
-    if method == "lookup":
-        return LookupDrafter(config.gamma, sizer=parts.sizer)
     if method in TREE_METHODS:
-        lookup = LookupDrafter(config.lookup_branch) if config.lookup_branch else None
+        gamma = config.lookup_branch or (PREDICTION_GAMMA if prediction is not None else 0)
+        lookup = LookupDrafter(gamma, prediction=prediction) if gamma else None
         if method == "eagle":
             from ..eagle import EagleDrafter
 
