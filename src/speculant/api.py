@@ -370,6 +370,8 @@ class SpeculativeDecoder:
         """``ids`` as a list of token ids of the vocabulary, or a ConfigError naming ``what``."""
         if isinstance(ids, torch.Tensor):
             ids = ids.flatten().tolist()
+        elif isinstance(ids, (set, frozenset)):
+            ids = sorted(ids)
         if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ConfigError(f"{what} must be a list of token ids, got {type(ids).__name__}")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
