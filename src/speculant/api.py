@@ -151,22 +151,26 @@ class SpeculativeDecoder:
     def _drafter(self, sampling: SamplingConfig, generator) -> Drafter:
         return build_drafter(self.config, self._parts, sampling, generator)
 
-    def _loop_options(self, max_new_tokens: int, sampling: SamplingConfig, generator) -> dict:
-        """The decoding loop's keywords for one generation (``decoding.SequenceRun``)."""
-        return dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=self.eos_token_ids,
+    def _loop_options(self, max_new_tokens: int, sampling: SamplingConfig, generator,
+                      end_tokens: frozenset[int] = frozenset()) -> dict:
+        """The decoding loop's keywords for one generation (``decoding.SequenceRun``); ``end_tokens``
+        end it too, beside the model's end-of-sequence tokens."""
+        return dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=self.eos_token_ids | end_tokens,
                     max_length=self.max_length, replacement=self.replacement, generator=generator,
                     vocab_size=self.vocab_size, acceptance=self.acceptance, embedding=self._embedding(),
                     pacer=Pacer() if self.pacing else None)
 
-    def _run(self, ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, logprobs: int | None = None,
-             grammar: CompiledGrammar | None = None, max_draft_depth: int | None = None):
-        """The decoding loop's (state, step) after every step, for prompt ids ``ids`` (T,)."""
+    def _run(self, gen: Generation):
+        """The decoding loop's (state, step) after every step, for the generation ``gen`` (alone)."""
+        sampling = gen.sampling
         generator = make_generator(sampling.seed)
-        constraint = self._constraint(grammar)
-        drafter = build_drafter(self.config, self._parts, sampling, generator, constraint=constraint)
+        constraint = self._constraint(gen.grammar)
+        drafter = build_drafter(self.config, self._parts, sampling, generator, constraint=constraint,
+                                prediction=gen.prediction)
         with torch.inference_mode():
-            yield from decode(self.target_backend, drafter, ids, logprobs=logprobs, constraint=constraint,
-                              max_draft_depth=max_draft_depth, **self._loop_options(max_new_tokens, sampling, generator))
+            yield from decode(self.target_backend, drafter, gen.ids, logprobs=gen.logprobs_top, constraint=constraint,
+                              max_draft_depth=gen.max_draft_depth,
+                              **self._loop_options(gen.max_new_tokens, sampling, generator, gen.end_tokens))
 
     # ---- constrained decoding (constraints.py, grammars.py) --------------------------------
     MAX_CACHED_GRAMMARS = 64
@@ -206,10 +210,10 @@ class SpeculativeDecoder:
         generator = make_generator(gen.sampling.seed)
         constraint = self._constraint(gen.grammar)
         drafter = build_drafter(self.config, self._parts, gen.sampling, generator, draft=draft, own_sizer=True,
-                                constraint=constraint)
+                                constraint=constraint, prediction=gen.prediction)
         run = SequenceRun(target, drafter, gen.ids, logprobs=gen.logprobs_top, constraint=constraint,
                           max_draft_depth=gen.max_draft_depth,
-                          **self._loop_options(gen.max_new_tokens, gen.sampling, generator))
+                          **self._loop_options(gen.max_new_tokens, gen.sampling, generator, gen.end_tokens))
 
         def on_step(member: Member, step) -> bool:
             events, done = gen.take(member.run.state, step)
@@ -297,7 +301,8 @@ class SpeculativeDecoder:
               cancel: Callable[[], bool] | None = None, min_p: float = 0.0, presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
               logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-              response_format: dict | None = None, max_draft_depth: int | None = None) -> Generation:
+              response_format: dict | None = None, max_draft_depth: int | None = None,
+              prediction: str | Sequence[int] | None = None, end_tokens: Sequence[int] = ()) -> Generation:
         """A generation that has not run yet: iterate it for its tokens (``TokenEvent``), or call
         ``result()``. The prompt is encoded and every option checked here, before any pass.
         ``max_new_tokens`` None: up to the model's context (4,096 tokens where it states none).
@@ -317,7 +322,14 @@ class SpeculativeDecoder:
         with ``finish_reason`` "stop" where the grammar allows nothing more, "eos" where the model
         ends a text the grammar may end. ``max_draft_depth``: None, or k >= 0: this generation's
         drafts are cut to k tokens deep (0: plain decoding, one token per target pass); the output
-        is the same for every k (the verification is unchanged), only the speed differs."""
+        is the same for every k (the verification is unchanged), only the speed differs.
+        ``prediction``: text (or token ids) the output is expected to be, mostly (OpenAI's Predicted
+        Outputs: a file being edited, an answer being revised); prompt lookup searches it for
+        drafts (``drafters.factory``), which the target verifies like any other, so the output is
+        unchanged; ``Stats.prediction_accepted`` / ``prediction_rejected`` count its draft tokens
+        the target accepted / refused. ``end_tokens``: token ids that end this generation too
+        (``finish_reason`` "eos"), beside the model's end-of-sequence tokens (a fill-in-the-middle
+        prompt's markers)."""
         bias = tuple(sorted(_logit_bias(logit_bias).items()))
         penalties = Penalties(presence_penalty, frequency_penalty, repetition_penalty, bias)
         penalties.check_vocab(self.vocab_size)
@@ -336,10 +348,36 @@ class SpeculativeDecoder:
                               "tokens the grammar forbids")
         grammar = self.compile_grammar(spec) if spec is not None else None
         ids = self.encode(prompt)
+        predicted = self._prediction_ids(prediction)
+        ends = frozenset(self._token_ids(end_tokens, "end_tokens"))
         if max_new_tokens is None:  # a prompt that fills the context is refused when the generation runs
             max_new_tokens = max(1, self.max_length - int(ids.shape[0])) if self.max_length else 4096
         return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel, logprobs,
-                          grammar, max_draft_depth)
+                          grammar, max_draft_depth, prediction=predicted, end_tokens=ends)
+
+    def _prediction_ids(self, prediction) -> torch.Tensor | None:
+        """``start``'s ``prediction`` as token ids (None: none, or empty)."""
+        if prediction is None:
+            return None
+        if isinstance(prediction, str):
+            check_text(prediction, "the prediction")
+            ids = self.tokenizer(prediction, add_special_tokens=False).input_ids if prediction else []
+        else:
+            ids = self._token_ids(prediction, "prediction")
+        return torch.tensor(ids, dtype=torch.long) if ids else None
+
+    def _token_ids(self, ids, what: str) -> list[int]:
+        """``ids`` as a list of token ids of the vocabulary, or a ConfigError naming ``what``."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.flatten().tolist()
+        elif isinstance(ids, (set, frozenset)):
+            ids = sorted(ids)
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ConfigError(f"{what} must be a list of token ids, got {type(ids).__name__}")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ConfigError(f"{what} has the token id {bad[0]}, outside the vocabulary (ids 0 to {self.vocab_size - 1})")
+        return list(ids)
 
     def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationResult | list[GenerationResult]:
         """Generate up to ``max_new_tokens`` tokens; returns text, token ids and stats. ``prompt``:
@@ -390,7 +428,7 @@ def generate(prompt: str, target: str | LoadedModel, draft: str | LoadedModel | 
     """One-shot convenience: build a decoder and generate."""
     sampling_keys = {"temperature", "top_k", "top_p", "seed", "stop", "min_p", "presence_penalty",
                      "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "response_format",
-                     "max_draft_depth"}
+                     "max_draft_depth", "prediction", "end_tokens"}
     gen_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_keys}
     return SpeculativeDecoder(target, draft, method=method, **kwargs).generate(
         prompt, max_new_tokens, **gen_kwargs)

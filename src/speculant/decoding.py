@@ -49,6 +49,8 @@ class Stats:
     wall_s: float = 0.0
     plain_steps: int = 0  # steps verified as the root alone because drafting did not pay (drafters.pacing)
     acceptance: str = "exact"  # the rule that ran; anything but "exact" may change the output
+    prediction_accepted: int = 0  # draft tokens from the request's prediction that the target accepted
+    prediction_rejected: int = 0  # draft tokens from the prediction the target verified and refused
 
     @property
     def tokens_per_call(self) -> float:
@@ -76,6 +78,8 @@ class Stats:
             "other_s": max(self.wall_s - self.draft_s - self.verify_s, 0.0),
             "wall_s": self.wall_s,
             "plain_steps": self.plain_steps,
+            "prediction_accepted": self.prediction_accepted,
+            "prediction_rejected": self.prediction_rejected,
             "tokens_per_s": self.new_tokens / self.wall_s if self.wall_s else 0.0,
         }
 
@@ -386,6 +390,10 @@ def _commit(target: Backend, drafter: Drafter, state: DecodeState, draft: Draft,
     state.stats.new_tokens += len(new)
     state.context = torch.cat([state.context, torch.tensor(new, dtype=torch.long)])
     n_draft = min(len(accepted), len(new))  # the block may have been cut short
+    if draft.predicted is not None:  # nodes from the request's prediction: accepted, or verified and refused
+        on_path = draft.predicted[path[1:]]
+        state.stats.prediction_accepted += int(on_path[:n_draft].sum())
+        state.stats.prediction_rejected += int(draft.predicted.sum()) - int(on_path.sum())
     return Step(new[:n_draft], new[n_draft] if len(new) > n_draft else -1)
 
 

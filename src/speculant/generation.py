@@ -55,9 +55,12 @@ class Generation:
     def __init__(self, decoder: SpeculativeDecoder, ids: torch.Tensor, max_new_tokens: int,
                  sampling: SamplingConfig, stops: StopStrings, cancel: Callable[[], bool] | None,
                  logprobs: int | None = None, grammar: CompiledGrammar | None = None,
-                 max_draft_depth: int | None = None):
+                 max_draft_depth: int | None = None, prediction: torch.Tensor | None = None,
+                 end_tokens: frozenset[int] = frozenset()):
         self.decoder, self.ids, self.max_new_tokens, self.sampling = decoder, ids, max_new_tokens, sampling
         self.max_draft_depth = max_draft_depth  # None: the decoder's drafts; 0: plain decoding
+        self.prediction = prediction  # token ids the output is expected to be (drafted from), or None
+        self.end_tokens = end_tokens  # token ids that end it beside the model's end-of-sequence ones
         self.grammar = grammar  # the compiled response_format, or None (free text)
         self.stops, self.cancel = stops, cancel
         self.logprobs_top = logprobs  # None: no logprobs; k: each token's and the top k
@@ -71,8 +74,7 @@ class Generation:
         self._shown, self._checked = "", 0  # text shown by events so far; text scanned for stops so far
 
     def __iter__(self) -> Iterator[TokenEvent]:
-        steps = self.decoder._run(self.ids, self.max_new_tokens, self.sampling, self.logprobs_top, self.grammar,
-                                  self.max_draft_depth)
+        steps = self.decoder._run(self)
         try:
             for state, step in steps:
                 events, done = self.take(state, step)

@@ -118,6 +118,8 @@ class DynamicTreeDrafter:
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """New sequence. ``hidden``: the target's state(s) the proposer asks for (``hidden_need``)."""
         self.proposer.begin(prompt, hidden)
+        if self.lookup is not None:
+            self.lookup.begin(prompt)
 
     @torch.no_grad()
     def grow(self, hidden: torch.Tensor, root: torch.Tensor,
@@ -151,16 +153,17 @@ class DynamicTreeDrafter:
         budget = self.dynamic.nodes + (self.lookup.gamma if self.lookup is not None else 0)
         paths, heads_tokens, scores = yield from self._grow(self.proposer.state, root, budget)
         toks = heads_tokens.tolist()
-        cont = self.lookup.find(context).tolist() if self.lookup is not None else []
+        cont, predicted = self.lookup.match(context) if self.lookup is not None else (context[:0], False)
+        cont = cont.tolist()
         walk = follow_heads(cont, paths, toks) if cont else []
         if self.sizer is not None:
             m, c = self.sizer.choose(scores, walk, len(cont), context=int(context.shape[0]))
         else:
             m, c = fixed_split(budget, len(paths), len(cont), walk)
-        tree, tokens, matched = merge_chain(root, paths, toks, m, cont, walk, c)
+        tree, tokens, matched, chain_nodes = merge_chain(root, paths, toks, m, cont, walk, c)
         if self.sizer is not None:
             self.sizer.drafted(tokens, cont[:matched + c], scores[:m])
-        return Draft(tree, tokens)
+        return Draft(tree, tokens, predicted=chain_nodes if predicted else None)
 
     def propose(self, context: torch.Tensor) -> Draft:
         return drive(self.propose_passes(context))

@@ -14,6 +14,13 @@ hydra    likewise with sequential heads; both optionally with a prompt-lookup br
 eagle    EagleDrafter, the EAGLE drafter's dynamic tree (optionally with the lookup branch)
 bpd      BlockwiseDrafter, the heads' top-1 tokens as a chain of gamma
 sd/mcsd  DraftModelDrafter, a draft model's chain (gamma) or k-config tree
+
+A generation with a ``prediction`` (the token ids of the text its output is expected to be:
+OpenAI's Predicted Outputs) searches it with prompt lookup (``LookupDrafter``): the lookup
+method's chain, the lookup branch of medusa, hydra and eagle (one of PREDICTION_GAMMA tokens added
+where the decoder has none), and for ar, bpd, sd and mcsd a lookup chain of PREDICTION_GAMMA in
+place of their drafter for that generation. The target verifies every token: the output is the
+same with or without it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from ..tuning.sizing import TreeSizer
 __all__ = ["DraftParts", "build_drafter", "build_sizer", "target_pass_cost", "plan_tree", "warm_up_heads"]
 
 MIN_DYNAMIC_NODES = 4  # the heads' share of a default dynamic tree never drops below this
+PREDICTION_GAMMA = 8  # the lookup chain a prediction drafts where the decoder has no lookup of its own
 
 
 @dataclass(frozen=True)
@@ -117,9 +125,10 @@ def build_sizer(config: DecoderConfig, dynamic: DynamicTree | None, target: Back
 
 def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingConfig,
                   generator: torch.Generator | None = None, *, draft: Backend | None = None,
-                  own_sizer: bool = False, constraint=None) -> Drafter:
+                  own_sizer: bool = False, constraint=None, prediction: torch.Tensor | None = None) -> Drafter:
     """A fresh drafter for one generation (``sampling`` and ``generator``: a draft model's;
-    ``constraint``: the generation's grammar, which a draft model's q is masked with).
+    ``constraint``: the generation's grammar, which a draft model's q is masked with;
+    ``prediction``: token ids the output is expected to be, searched by prompt lookup (module doc)).
     For a sequence decoded beside others (``batching``): ``draft``, the draft model's backend of
     this sequence (its own KV cache; default ``parts.draft``), and ``own_sizer``, a fork of the
     shared tree sizer (each sequence sizes its own trees)."""
@@ -127,39 +136,48 @@ def build_drafter(config: DecoderConfig, parts: DraftParts, sampling: SamplingCo
         parts = dataclasses.replace(parts, sizer=parts.sizer.fork())
     if draft is not None:
         parts = dataclasses.replace(parts, draft=draft)
-    return _BUILDERS[config.spec.drafter](config, parts, sampling, generator, constraint)
+    if prediction is not None and not len(prediction):
+        prediction = None
+    kind = config.spec.drafter
+    if prediction is not None and kind in ("none", "blockwise", "draft model"):  # ar, bpd, sd, mcsd
+        return LookupDrafter(PREDICTION_GAMMA, prediction=prediction)
+    return _BUILDERS[kind](config, parts, sampling, generator, constraint, prediction)
 
 
-# One builder per ``Method.drafter``: (config, parts, sampling, generator, constraint) -> a fresh drafter
+# One builder per ``Method.drafter``: (config, parts, sampling, generator, constraint, prediction) -> a
+# fresh drafter (``prediction``: token ids searched by prompt lookup, or None)
 
-def _no_drafter(config, parts, sampling, generator, constraint) -> Drafter:
+def _no_drafter(config, parts, sampling, generator, constraint, prediction) -> Drafter:
     return NoDrafter()
 
 
-def _lookup(config, parts, sampling, generator, constraint) -> Drafter:
-    return LookupDrafter(config.gamma, sizer=parts.sizer)
+def _lookup(config, parts, sampling, generator, constraint, prediction) -> Drafter:
+    return LookupDrafter(config.gamma, sizer=parts.sizer, prediction=prediction)
 
 
-def _lookup_branch(config: DecoderConfig) -> LookupDrafter | None:
-    return LookupDrafter(config.lookup_branch) if config.lookup_branch else None
+def _lookup_branch(config: DecoderConfig, prediction: torch.Tensor | None) -> LookupDrafter | None:
+    """The tree's lookup branch: the configured one, or one of PREDICTION_GAMMA tokens for a prediction."""
+    gamma = config.lookup_branch or (PREDICTION_GAMMA if prediction is not None else 0)
+    return LookupDrafter(gamma, prediction=prediction) if gamma else None
 
 
-def _heads_tree(config, parts, sampling, generator, constraint) -> Drafter:
-    return MedusaDrafter(parts.heads, parts.tree, parts.vocab_size, _lookup_branch(config), dynamic=parts.dynamic,
-                         sizer=parts.sizer)
+def _heads_tree(config, parts, sampling, generator, constraint, prediction) -> Drafter:
+    return MedusaDrafter(parts.heads, parts.tree, parts.vocab_size, _lookup_branch(config, prediction),
+                         dynamic=parts.dynamic, sizer=parts.sizer)
 
 
-def _eagle(config, parts, sampling, generator, constraint) -> Drafter:
+def _eagle(config, parts, sampling, generator, constraint, prediction) -> Drafter:
     from ..eagle import EagleDrafter
 
-    return EagleDrafter(parts.heads, parts.dynamic, parts.vocab_size, _lookup_branch(config), sizer=parts.sizer)
+    return EagleDrafter(parts.heads, parts.dynamic, parts.vocab_size, _lookup_branch(config, prediction),
+                        sizer=parts.sizer)
 
 
-def _blockwise(config, parts, sampling, generator, constraint) -> Drafter:
+def _blockwise(config, parts, sampling, generator, constraint, prediction) -> Drafter:
     return BlockwiseDrafter(parts.heads, parts.vocab_size, config.gamma)
 
 
-def _draft_model(config, parts, sampling, generator, constraint) -> Drafter:
+def _draft_model(config, parts, sampling, generator, constraint, prediction) -> Drafter:
     return DraftModelDrafter(parts.draft, parts.tree, sampling, parts.vocab_size, replacement=config.replacement,
                              generator=generator, constraint=constraint)
 

@@ -42,9 +42,13 @@ class LookupBranch:
         tokens = torch.full((self.tree.size,), -1, dtype=torch.long)
         tokens[0] = root[0]
         tokens[self.heads_nodes] = heads_tokens
-        cont = self.lookup.find(context)
+        cont, predicted = self.lookup.match(context)
         tokens[self.branch_nodes[: cont.shape[0]]] = cont
-        return Draft(self.tree, tokens)
+        marks = None
+        if predicted:  # the chain's nodes came from the request's prediction
+            marks = torch.zeros(self.tree.size, dtype=torch.bool)
+            marks[self.branch_nodes[: cont.shape[0]]] = True
+        return Draft(self.tree, tokens, predicted=marks)
 
 
 def follow_heads(cont: list[int], paths: list[tuple[int, ...]], tokens: list[int]) -> list[int]:
@@ -64,10 +68,11 @@ def follow_heads(cont: list[int], paths: list[tuple[int, ...]], tokens: list[int
 
 
 def merge_chain(root: torch.Tensor, paths: list[tuple[int, ...]], tokens: list[int], m: int, cont: list[int],
-                walk: list[int], c: int) -> tuple[TreeBuffers, torch.Tensor, int]:
+                walk: list[int], c: int) -> tuple[TreeBuffers, torch.Tensor, int, torch.Tensor]:
     """The tree of the heads' first ``m`` best-first nodes plus ``c`` rows of the chain ``cont``
     that they do not hold (``walk``: :func:`follow_heads`), hung below the deepest of its tokens the
-    m nodes hold. root (1,) long -> (tree, its tokens (N,) long, chain tokens the m nodes hold)."""
+    m nodes hold. root (1,) long -> (tree, its tokens (N,) long, chain tokens the m nodes hold,
+    (N,) bool: the nodes holding the chain's tokens, the heads' ones among them)."""
     matched = sum(i < m for i in walk)
     parent = paths[walk[matched - 1]] if matched else ()
     rank = sum(1 for p in paths[:m] if p[:-1] == parent)  # first free rank under the parent
@@ -75,4 +80,6 @@ def merge_chain(root: torch.Tensor, paths: list[tuple[int, ...]], tokens: list[i
     by_path = dict(zip(paths[:m], tokens[:m]))
     by_path.update(branch)
     tree = compile_paths(list(by_path))
-    return tree, torch.tensor([int(root[0])] + [by_path[p] for p in tree.paths[1:]], dtype=torch.long), matched
+    held = {paths[i] for i in walk[:matched]} | {p for p, _ in branch}
+    marks = torch.tensor([False] + [p in held for p in tree.paths[1:]], dtype=torch.bool)
+    return tree, torch.tensor([int(root[0])] + [by_path[p] for p in tree.paths[1:]], dtype=torch.long), matched, marks

@@ -58,6 +58,8 @@ class StaticTreeDrafter:
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """New sequence. ``hidden``: the target's state(s) the proposer asks for (``hidden_need``)."""
         self.proposer.begin(prompt, hidden)
+        if self.lookup is not None:
+            self.lookup.begin(prompt)
 
     def observe(self, path: list[int], next_token: int, hidden: torch.Tensor | None = None) -> None:
         self.proposer.observe(path, next_token, hidden, self._drafted)

@@ -1,10 +1,13 @@
-"""The FastAPI application: OpenAI's chat and text completions over one SpeculativeDecoder.
+"""The FastAPI application: OpenAI's chat and text completions over one SpeculativeDecoder, and
+llama-server's ``/infill`` (``infill``) for editors.
 
 ``create_app(decoder, ServeConfig(...))`` builds it. Requests are checked (``schema``), queued
 (``scheduler``) and answered as OpenAI answers: a JSON body, or with ``"stream": true`` server-sent
-events in OpenAI's chunk format ending with ``data: [DONE]``; with logprobs asked for, every
-token's log-probabilities are in the body's ``logprobs``, or in the chunk sent for that token
-(``logprobs`` module). With ``tools``, the messages are rendered here with the tools through the
+events in OpenAI's chunk format ending with ``data: [DONE]``. A completions request with several
+prompts runs them as generations of the batch, ``n`` choices each (``inputs``); one with a
+``suffix`` has its prompt built from the model's fill-in-the-middle tokens (``fim``). With
+logprobs asked for, every token's log-probabilities are in the body's ``logprobs``, or in the
+chunk sent for that token (``logprobs`` module). With ``tools``, the messages are rendered here with the tools through the
 model's chat template, and the calls the model writes come back as ``message.tool_calls`` (streamed:
 ``delta.tool_calls``) with ``finish_reason`` "tool_calls" (``tools`` module). Every error has OpenAI's shape,
 including a fault after a stream has begun (an error event, then the stream ends). A client that
@@ -37,6 +40,9 @@ from starlette.requests import ClientDisconnect
 from ..errors import ConfigError
 from ..store.models import chat_messages_prompt
 from .errors import APIError, bad_request
+from .fim import fim_prompt, fim_tokens
+from .infill import infill_reply, parse_infill
+from .inputs import check_vocabulary
 from .logprobs import Logprobs, token_strings
 from .responses import ClientGone, Response as Reply, error_of, merged, next_event, stream, stopped
 from .metrics import Metrics
@@ -71,6 +77,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     metrics = Metrics(decoder.method)
     string = token_strings(decoder.tokenizer)  # a token id's string, for logprobs
     calls_format = tool_format(decoder.tokenizer)  # how the chat template has the model write tool calls
+    fim = fim_tokens(decoder.tokenizer, decoder.vocab_size)  # the model's fill-in-the-middle tokens, or None
 
     def tool_prompt(req: CompletionRequest) -> list[int] | None:
         """The token ids of a chat with tools or tool messages, rendered here (the decoder renders
@@ -95,6 +102,24 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             raise bad_request(f"the model's chat template refused the messages and tools: {type(e).__name__}: "
                               f"{e}", param="messages") from None
         return decoder.tokenizer(text, add_special_tokens=False).input_ids
+
+    def job_prompts(req: CompletionRequest, infill: bool = False) -> list:
+        """Every prompt of a completions request as a Job takes it: its text or token ids, or with
+        a suffix (fill in the middle; ``infill``: /infill's) the token ids built from the model's
+        FIM tokens."""
+        if req.suffix is None:
+            return [p if isinstance(p, str) else list(p) for p in req.prompts]
+        if fim is None:
+            what = "/infill needs" if infill else "'suffix' needs"
+            raise bad_request(f"{what} fill-in-the-middle tokens and this model has none (its vocabulary has none "
+                              "of <|fim_prefix|>, <fim_prefix>, <PRE> and their kin), so it cannot fill the text "
+                              "between a prefix and a suffix; send a plain prompt to /v1/completions to continue "
+                              "it instead", param=None if infill else "suffix", code="unsupported_parameter")
+        return [fim_prompt(decoder.tokenizer, fim, p, req.suffix, req.middle, req.repository) for p in req.prompts]
+
+    def echoed(prompt) -> str:
+        """A prompt's text as echo gives it back (token ids decoded)."""
+        return prompt if isinstance(prompt, str) else decoder.tokenizer.decode(list(prompt))
 
     def forced_format(req: CompletionRequest) -> dict | None:
         """The request's response_format, or with tool_choice "required" or a named function the
@@ -136,7 +161,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     async def _http_error(request: Request, e: StarletteHTTPException):
         what = "no such endpoint" if e.status_code == 404 else str(e.detail)
         return APIError(e.status_code, f"{what}: {request.method} {request.url.path} (see GET /v1/models, "
-                                       "POST /v1/chat/completions, POST /v1/completions)",
+                                       "POST /v1/chat/completions, POST /v1/completions, POST /infill)",
                         code="not_found" if e.status_code == 404 else None).response()
 
     def authorize(request: Request) -> None:
@@ -180,7 +205,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         tickets: list[Ticket] = []
         try:
             authorize(request)
-            req = parse_request(await read_json(request), kind)
+            body = await read_json(request)
+            req, infill_options = parse_infill(body) if kind == "infill" else (parse_request(body, kind), None)
             if req.model not in (model_id, "default"):
                 raise APIError(404, f"the model {show(req.model)} is not served here; use {model_id!r} "
                                     "(GET /v1/models lists it)", param="model", code="model_not_found")
@@ -192,20 +218,30 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             if outside:
                 raise bad_request(f"'logit_bias' names token id {outside[0]}, outside the model's vocabulary (ids 0 "
                                   f"to {decoder.vocab_size - 1})", param="logit_bias")
-            ids = None
+            check_vocabulary(req.prompts, decoder.vocab_size)
+            if len(req.prompts) > 1 and len(req.prompts) * req.n > config.max_queue:
+                raise bad_request(f"the request asks for {len(req.prompts) * req.n} generations ({len(req.prompts)} "
+                                  f"prompts, n {req.n}) but the server queues at most {config.max_queue} "
+                                  "(--max-queue): send fewer prompts", param="prompt")
+            prompts: list = [req.prompt]
             if kind == "chat" and (req.tools is not None or any("tool_calls" in m or m["role"] == "tool"
                                                                  for m in req.prompt)):
-                ids = await asyncio.get_running_loop().run_in_executor(None, tool_prompt, req)
-            base = Job(req.prompt if ids is None else ids, req.max_tokens, req.temperature, req.top_p, req.top_k,
+                prompts = [await asyncio.get_running_loop().run_in_executor(None, tool_prompt, req)]
+            elif kind != "chat":
+                prompts = await asyncio.get_running_loop().run_in_executor(None, job_prompts, req,
+                                                                           infill_options is not None)
+            base = Job(prompts[0], req.max_tokens, req.temperature, req.top_p, req.top_k,
                        req.seed, req.stop,
                        min_p=req.min_p, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                        repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs,
                        response_format=forced_format(req), max_draft_depth=req.max_draft_depth,
-                       prompt_logprobs=req.logprobs if req.echo else None)
+                       prompt_logprobs=req.logprobs if req.echo else None, prediction=req.prediction,
+                       end_tokens=tuple(sorted(fim.ends)) if req.suffix is not None else ())
             try:
-                for i in range(req.n):  # n choices: n generations of the batch, seeds seed, seed + 1, ...
-                    tickets.append(scheduler.submit(dataclasses.replace(base, seed=choice_seed(req.seed, i)),
-                                                    asyncio.get_running_loop()))
+                for prompt in prompts:  # n choices a prompt: n generations of the batch, seeds seed, seed + 1, ...
+                    for i in range(req.n):
+                        job = dataclasses.replace(base, prompt=prompt, seed=choice_seed(req.seed, i))
+                        tickets.append(scheduler.submit(job, asyncio.get_running_loop()))
             except QueueFull:
                 for ticket in tickets:
                     ticket.cancel()
@@ -239,10 +275,26 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 ticket.cancel()
             metrics.request(endpoint, 500)
             return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
-        reply = Reply(kind, model_id, decoder.method, arrived, metrics, req.n,
+        if infill_options is not None:
+            try:
+                return await infill_reply(tickets[0], req, infill_options, model=model_id, method=decoder.method,
+                                          tokenizer=decoder.tokenizer, problem=problem, gone=request.is_disconnected,
+                                          done=lambda status: metrics.request(endpoint, status))
+            except ClientGone:
+                tickets[0].cancel()
+                metrics.request(endpoint, 499)
+                return Response(status_code=499)
+            except Exception as e:  # noqa: BLE001
+                log.exception("request failed")
+                tickets[0].cancel()
+                metrics.request(endpoint, 500)
+                return APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error").response()
+        reply = Reply(kind, model_id, decoder.method, arrived, metrics, len(tickets),
                       None if req.logprobs is None else (lambda: Logprobs(kind, string)),
-                      calls_format if req.tools is not None else None, echo=req.prompt if req.echo else None,
-                      bare=bare_call_names(req.tools, req.tool_choice))
+                      calls_format if req.tools is not None else None,
+                      echo=[echoed(p) for p in req.prompts for _ in range(req.n)] if req.echo else None,
+                      bare=bare_call_names(req.tools, req.tool_choice), per_prompt=req.n,
+                      prediction=req.prediction is not None)
         for index, first in enumerate(starts):
             reply.started(index, first)
         if req.stream:
@@ -264,7 +316,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                         events[index] = event
                     elif not isinstance(event, Started):
                         reply.token(index, event)
-            answer = JSONResponse(reply.body([events[i] for i in range(len(tickets))], tickets[0].prompt_tokens))
+            answer = JSONResponse(reply.body([events[i] for i in range(len(tickets))], reply.prompt_tokens(tickets)))
         except ClientGone:
             for ticket in tickets:
                 ticket.cancel()
@@ -286,6 +338,11 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await complete(request, "completion")
+
+    @app.post("/infill")
+    async def infill(request: Request):
+        """llama-server's code infill (``infill``): what editor plugins call for autocomplete."""
+        return await complete(request, "infill")
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -28,3 +28,23 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: error messages do not echo huge values."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        return "a very large integer"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_int(v: Any) -> bool:
+    """An integer, and not a boolean (JSON's true is no number)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def kind_of(v: Any) -> str:
+    """What a JSON value is, for a message: "an object", "a list", "a string", ..."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)

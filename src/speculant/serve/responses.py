@@ -6,8 +6,10 @@ time, the model) and each choice's own parsing state (``Choice``: its tool-call 
 logprobs). A whole body lists the choices by index; a stream interleaves their chunks as their
 tokens come (``stream``), each chunk naming its choice's ``index``, each choice ending with its own
 chunk carrying ``finish_reason``, and the usage chunk, if asked for, after all of them. Usage
-counts the prompt once and every choice's tokens; ``usage.speculative`` adds up the choices' target
-passes, tokens and accepted drafts.
+counts each prompt once and every choice's tokens; ``usage.speculative`` adds up the choices' target
+passes, tokens and accepted drafts. A completions request with several prompts has ``n`` choices
+per prompt, prompt i's at indices ``i * n`` to ``i * n + n - 1``. With a ``prediction``,
+``usage.completion_tokens_details`` counts its draft tokens the target accepted and refused.
 """
 
 from __future__ import annotations
@@ -55,14 +57,19 @@ class Choice:
 class Response:
     """One response's identity and its ``n`` choices. ``logprobs`` makes a choice's Logprobs
     (None: not asked for); ``tools`` is the template's tool-call format (None: no tools), ``bare``
-    the tools whose calls may come without tags (``Choice``)."""
+    the tools whose calls may come without tags (``Choice``); ``echo``: each choice's prompt text
+    (completions with echo), or one for all; ``per_prompt``: choices per prompt (the request's n);
+    ``prediction``: the request has one (usage then counts its tokens)."""
 
     def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics, n: int = 1,
-                 logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None, echo: str | None = None,
-                 bare: tuple[str, ...] = ()):
+                 logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None,
+                 echo: str | Sequence[str] | None = None, bare: tuple[str, ...] = (), per_prompt: int = 1,
+                 prediction: bool = False):
         self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
         self.choices = [Choice(i, None if logprobs is None else logprobs(), tools, bare) for i in range(n)]
-        self.echo = echo  # completions with echo: the prompt, which each choice's text starts with
+        # completions with echo: each choice's prompt, which its text starts with
+        self.echo = None if echo is None else [echo] * n if isinstance(echo, str) else list(echo)
+        self.per_prompt, self.prediction = per_prompt, prediction
         self.echoed: list[dict | None] = [None] * n  # each choice's prompt logprobs object, once started
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
@@ -72,7 +79,7 @@ class Response:
         """Take choice ``index``'s Started event: with echo and logprobs, the prompt's tokens come first."""
         lp = self.choices[index].logprobs
         if self.echo is not None and lp is not None:
-            self.echoed[index] = lp.add_prompt(event.prompt_ids, event.prompt_logprobs, self.echo)
+            self.echoed[index] = lp.add_prompt(event.prompt_ids, event.prompt_logprobs, self.echo[index])
 
     def token(self, index: int, event: Token) -> dict | None:
         """Take choice ``index``'s token event; returns its logprobs object (None: not asked for)."""
@@ -82,16 +89,21 @@ class Response:
         lp = self.choices[index].logprobs
         return None if lp is None else lp.add(event)
 
+    def prompt_tokens(self, tickets: Sequence[Ticket]) -> int:
+        """The request's prompt tokens: each prompt's once (its first choice's ticket)."""
+        return sum(t.prompt_tokens for t in tickets[::self.per_prompt])
+
     def usage(self, events: Sequence[Finished], prompt_tokens: int) -> dict[str, Any]:
         stats = [e.stats for e in events if e.stats is not None]
         n = sum(len(e.token_ids) for e in events)
-        calls = sum(s.target_calls for s in stats)
-        proposed = sum(sum(s.drafted_per_call) for s in stats)
-        accepted = sum(sum(s.accepted_per_call) for s in stats)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
-                "speculative": {"method": self.method, "target_calls": calls,
-                                "tokens_per_call": sum(s.new_tokens for s in stats) / calls if calls else 0.0,
-                                "acceptance_rate": accepted / proposed if proposed else 0.0}}
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                                 "total_tokens": prompt_tokens + n}
+        if self.prediction:
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": sum(s.prediction_accepted for s in stats),
+                "rejected_prediction_tokens": sum(s.prediction_rejected for s in stats)}
+        usage["speculative"] = speculative_usage(self.method, stats)
+        return usage
 
     def body(self, events: Sequence[Finished], prompt_tokens: int) -> dict[str, Any]:
         """The whole response: ``events[i]`` is choice i's Finished."""
@@ -109,7 +121,8 @@ class Response:
                 choices.append({"index": choice.index, "message": message, "logprobs": logprobs,
                                 "finish_reason": reason})
             else:
-                choices.append({"index": choice.index, "text": (self.echo or "") + event.text, "logprobs": logprobs,
+                echoed = self.echo[choice.index] if self.echo is not None else ""
+                choices.append({"index": choice.index, "text": echoed + event.text, "logprobs": logprobs,
                                 "finish_reason": reason})
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices,
@@ -133,6 +146,17 @@ class Response:
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
+
+
+def speculative_usage(method: str, stats: Sequence) -> dict[str, Any]:
+    """``usage.speculative``: the method and the generations' (``decoding.Stats``) target passes,
+    tokens per pass and acceptance, added up."""
+    calls = sum(s.target_calls for s in stats)
+    proposed = sum(sum(s.drafted_per_call) for s in stats)
+    accepted = sum(sum(s.accepted_per_call) for s in stats)
+    return {"method": method, "target_calls": calls,
+            "tokens_per_call": sum(s.new_tokens for s in stats) / calls if calls else 0.0,
+            "acceptance_rate": accepted / proposed if proposed else 0.0}
 
 
 def calls_finish(reason: str) -> str:
@@ -209,7 +233,8 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
                 yield response.chunk(role=True, index=choice.index)
         elif response.echo is not None:  # the prompt first, in a chunk of its own per choice
             for choice in response.choices:
-                yield response.chunk(response.echo, logprobs=response.echoed[choice.index], index=choice.index)
+                yield response.chunk(response.echo[choice.index], logprobs=response.echoed[choice.index],
+                                     index=choice.index)
         async with aclosing(merged(tickets, problem)) as events:  # a break ends its forwarding tasks at once
             async for index, event in events:
                 choice = response.choices[index]
@@ -239,7 +264,7 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
                     continue
         if include_usage and len(finished) == len(tickets):
             yield response.chunk(usage=response.usage([finished[i] for i in range(len(tickets))],
-                                                      tickets[0].prompt_tokens))
+                                                      response.prompt_tokens(tickets)))
     except Exception as e:  # noqa: BLE001 -- the headers are sent: the fault goes in the stream
         log.exception("stream failed")
         error = APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error")

@@ -59,6 +59,8 @@ class Job:
     response_format: dict | None = None  # SpeculativeDecoder.start's (a grammar the output must match)
     max_draft_depth: int | None = None  # SpeculativeDecoder.start's (0: plain decoding)
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's too (Started.prompt_logprobs)
+    prediction: str | None = None  # SpeculativeDecoder.start's (text the output is expected to be)
+    end_tokens: tuple[int, ...] = ()  # SpeculativeDecoder.start's (token ids that end it, beside the model's)
 
 
 @dataclass(frozen=True)
@@ -324,7 +326,8 @@ class Scheduler:
                             min_p=job.min_p, presence_penalty=job.presence_penalty,
                             frequency_penalty=job.frequency_penalty, repetition_penalty=job.repetition_penalty,
                             logit_bias=dict(job.logit_bias), logprobs=job.logprobs,
-                            response_format=job.response_format, max_draft_depth=job.max_draft_depth)
+                            response_format=job.response_format, max_draft_depth=job.max_draft_depth,
+                            prediction=job.prediction, end_tokens=job.end_tokens)
         except Exception as e:  # noqa: BLE001 -- encoding the prompt failed: this job alone
             return _failure(e)
         context = dec.max_length

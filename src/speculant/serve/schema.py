@@ -10,8 +10,10 @@ extensions ``top_k``, ``min_p`` ([0, 1)), ``repetition_penalty`` (> 0, 1 off) an
 tokens deep; the output is the same either way; ``"sources": true``: each streamed token's chunk
 names its source, "draft" or "target"). ``echo`` (completions): the prompt comes back before
 the completion, with ``logprobs`` its tokens' too (the first one's null), and ``max_tokens`` 0 then
-only scores the prompt. A field that
-would change the result and that speculant does not support (``best_of``, ``suffix``, ...) is
+only scores the prompt. The completions ``prompt`` in every form OpenAI takes (one string, a list
+of strings, token ids, lists of token ids), its ``suffix`` (fill in the middle) and the
+``prediction`` of both endpoints (Predicted Outputs) are checked by ``inputs``. A field that
+would change the result and that speculant does not support (``best_of``, ``audio``, ...) is
 refused, never ignored; so is a field this server does not know (a typo must not silently change
 nothing). Fields that do not change the result (``user``, ``metadata``, ``store``) are accepted
 and ignored. ``response_format`` (OpenAI's ``text``, ``json_object``, ``json_schema``, and the
@@ -41,7 +43,8 @@ from ..errors import ConfigError
 from ..penalties import MAX_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY
 from ..stopping import MAX_STOP_STRINGS
 from ..text_check import text_problem
-from .errors import bad_request
+from .errors import bad_request, is_int as _is_int, kind_of as _type, show
+from .inputs import completion_prompts, prediction_of, suffix_of
 from .tools import check_tool_choice, check_tools, tool_calls_in
 
 ROLES = ("system", "user", "assistant", "developer", "tool")  # "developer": OpenAI's newer name for system
@@ -50,14 +53,14 @@ _IGNORED = {"user", "metadata", "store", "service_tier"}
 # fields that would change the result, and the value that means "off"
 _OFF: dict[str, tuple] = {"functions": (None, []),
                           "function_call": (None, "none", "auto"), "echo": (None, False), "best_of": (None, 1),
-                          "suffix": (None, ""), "modalities": (None, ["text"]), "audio": (None,),
-                          "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
+                          "modalities": (None, ["text"]), "audio": (None,),
+                          "reasoning_effort": (None,), "web_search_options": (None,)}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
-           "repetition_penalty", "min_p", "response_format", "speculative"}
+           "repetition_penalty", "min_p", "response_format", "speculative", "prediction"}
 FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                              "parallel_tool_calls"},
-          "completion": _COMMON | {"prompt", "top_logprobs", "echo"}}  # top_logprobs: refused with a hint (_logprobs)
+          "completion": _COMMON | {"prompt", "top_logprobs", "echo", "suffix"}}  # top_logprobs: refused with a hint (_logprobs)
 _TOOL_KEYS = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}  # beyond role, content, name
 _EMPTY_OK = {"refusal", "function_call", "audio", "annotations"}  # an assistant message the client gave back
 MAX_DEPTH = 64  # JSON nesting levels a body may have (a chat request with text parts needs 5)
@@ -73,10 +76,11 @@ _TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key: a token id, as a str
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """One checked request. ``prompt``: a string (completions) or chat messages (chat)."""
+    """One checked request. ``prompt``: a string or token ids (completions: its first prompt,
+    ``prompts`` has them all) or chat messages (chat)."""
     kind: str  # "chat" | "completion"
     model: str
-    prompt: str | tuple[dict, ...]
+    prompt: str | tuple[int, ...] | tuple[dict, ...]
     max_tokens: int | None  # None: up to the context
     temperature: float
     top_p: float
@@ -100,6 +104,11 @@ class CompletionRequest:
     max_draft_depth: int | None = None  # the extension "speculative": None: the server's drafts; 0: plain decoding
     token_sources: bool = False  # the extension speculative.sources: each streamed token says where it came from
     echo: bool = False  # completions: the prompt comes back before the completion (with logprobs: its tokens' too)
+    prompts: tuple = ()  # completions: every prompt (a string or token ids), one choice (or n) each, in order
+    suffix: str | None = None  # fill in the middle between each prompt and this (None: a plain continuation)
+    middle: str = ""  # fill in the middle: the start of the middle, already written (/infill's prompt)
+    repository: tuple[tuple[str, str], ...] = ()  # fill in the middle: other files (name, text), as context
+    prediction: str | None = None  # the text the output is expected to be (Predicted Outputs), drafted from
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -130,7 +139,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     tools, choice, tool_name, parallel = None, "none", None, True
     fmt = _response_format(body.get("response_format"))
     if kind == "chat":
-        prompt: str | tuple[dict, ...] = _messages(body.get("messages"))
+        prompt: str | tuple[int, ...] | tuple[dict, ...] = _messages(body.get("messages"))
         tools = check_tools(body.get("tools"))
         choice, tool_name = check_tool_choice(body.get("tool_choice"), tools)
         if choice == "none":
@@ -143,13 +152,17 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         if choice in ("required", "function") and fmt is not None:
             raise bad_request(f"'response_format' cannot be combined with 'tool_choice' {show(body['tool_choice'])}: "
                               "the output is then a tool call; send one of them", param="response_format")
-    else:
-        prompt = _prompt(body.get("prompt"))
     echo = body.get("echo", False) if kind == "completion" else False
     if echo is None:
         echo = False
     if not isinstance(echo, bool):
         raise bad_request(f"'echo' must be true or false, got {show(echo)}", param="echo")
+    prompts, suffix = (), None
+    if kind == "completion":
+        prompts = completion_prompts(body.get("prompt"))
+        prompt = prompts[0]
+        suffix = suffix_of(body, prompts, echo)
+    prediction = prediction_of(body.get("prediction"))
     max_tokens = _max_tokens(body, kind, zero_ok=echo)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0, "between 0 and 2 (0 = greedy)")
     if 0 < temperature < MIN_TEMPERATURE:
@@ -195,7 +208,8 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                              _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
                              _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
-                             *_speculative(body.get("speculative")), echo=echo)
+                             *_speculative(body.get("speculative")), echo=echo, prompts=prompts, suffix=suffix,
+                             prediction=prediction)
 
 
 def _speculative(value: Any) -> tuple[int | None, bool]:
@@ -330,16 +344,6 @@ def _content(content: Any, param: str) -> str:
     raise bad_request(f"{param}.content must be a string, got {_type(content)}", param=f"{param}.content")
 
 
-def _prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad_request(f"'prompt' must be a string (one prompt per request), got {_type(prompt)}", param="prompt")
-    if not prompt.strip():
-        raise bad_request("'prompt' is empty: give some text to continue", param="prompt")
-    return prompt
-
-
 def _max_tokens(body: dict, kind: str, zero_ok: bool = False) -> int | None:
     """The request's token limit; 0 only with ``zero_ok`` (echo: the prompt scored, nothing generated)."""
     name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
@@ -414,21 +418,3 @@ def where_is(path: tuple) -> str:
     for p in path:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out
-
-
-def show(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters: error messages do not echo huge values."""
-    try:
-        text = repr(value)
-    except ValueError:  # an integer too long to print
-        return "a very large integer"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _type(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)

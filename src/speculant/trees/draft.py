@@ -22,6 +22,7 @@ class Draft:
     tree: TreeBuffers
     tokens: torch.Tensor  # (N,) long; tokens[0] = root; -1 marks an invalid (unfilled) node
     q: torch.Tensor | None = None  # (N, V) float32 draft distribution at each node, or None
+    predicted: torch.Tensor | None = None  # (N,) bool: nodes the request's prediction proposed (lookup), or None
 
 
 def within_depth(draft: Draft, depth: int) -> Draft:
@@ -38,4 +39,5 @@ def first_nodes(draft: Draft, kept: int) -> Draft:
     if kept >= draft.tree.size:
         return draft
     tree = compile_paths(draft.tree.paths[1:kept])
-    return Draft(tree, draft.tokens[:kept], None if draft.q is None else draft.q[:kept])
+    return Draft(tree, draft.tokens[:kept], None if draft.q is None else draft.q[:kept],
+                 None if draft.predicted is None else draft.predicted[:kept])
