@@ -9,42 +9,10 @@ from __future__ import annotations
 import openai
 import pytest
 
-from speculant import SpeculativeDecoder
-
-from serve_helpers import CHAT_TEMPLATE, RunningServer
-from tiny import tiny_pair
+from serve_helpers import client, dirs, reference, server  # noqa: F401 (the fixtures)
 
 N = 16
 MESSAGES = [{"role": "user", "content": "w1 w2 w3 w4 w1 w2"}]
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return tiny_pair(tmp_path_factory.mktemp("models"))
-
-
-def _decoder(dirs, method: str, **extra):
-    dec = SpeculativeDecoder(dirs["target"], dirs["draft"] if method == "sd" else None, method=method,
-                             dtype="float32", pacing=False, **extra)
-    dec.tokenizer.chat_template = CHAT_TEMPLATE
-    return dec
-
-
-@pytest.fixture(scope="module")
-def reference(dirs):
-    return _decoder(dirs, "ar")
-
-
-@pytest.fixture(scope="module")
-def server(dirs):
-    s = RunningServer(_decoder(dirs, "sd", gamma=3), max_queue=16)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _complete(client, **fields):
