@@ -3,7 +3,7 @@ PY ?= python3
 PIP := $(PY) -m pip
 
 .PHONY: install demo test test-fast bench install-peers install-openvino install-llama-server docs drafter \
-	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix drafter-fused drafter-more install-browser
+	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix drafter-fused drafter-more drafter-next install-browser
 
 install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
@@ -191,3 +191,22 @@ drafter-more: drafter-human-corpus
 	test -s $(MORE_RUN)-dev.jsonl || $(PY) tools/teacher_forced_tau.py gen $(MORE_RUN)-dev.jsonl \
 		--questions 2,3,4,5 --max-new-tokens 128
 	$(PY) tools/ship_drafter.py $(MORE_RUN) --dev $(MORE_RUN)-dev.jsonl
+
+# The shipped EAGLE drafter fine-tuned on ShareGPT conversations it has not seen: those after the
+# first 628 that drafter-more trained on, up to NEXT_TOKENS answer tokens counted from the first
+# conversation (make-conversations is deterministic, so the first 628 are the same ones and the slice
+# FILE@628:END holds only new ones), with 200 of the target's answers to real requests and 100 records
+# of its own corpus so that it keeps what it guesses well; the target's distribution as the token
+# target, as drafter-more. Every stage resumes; the gate as above.
+NEXT_RUN ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/eagle-next
+NEXT_CONV ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/conversations-830k
+NEXT_TOKENS ?= 830000
+NEXT_STEPS ?= 400
+drafter-next: drafter-human-corpus
+	test -s $(NEXT_CONV)/corpus.jsonl || $(PY) -m speculant.cli make-conversations --out $(NEXT_CONV) --tokens $(NEXT_TOKENS)
+	$(PY) -m speculant.cli train-eagle --init $(EAGLE_SHIPPED) --data $(HUMAN_CORPUS)/corpus.jsonl@200 \
+		$(EAGLE_CORPUS)@100 $(NEXT_CONV)/corpus.jsonl@628:$$(wc -l < $(NEXT_CONV)/corpus.jsonl) \
+		--token-target target --token-weight 0.5 --out $(NEXT_RUN) --steps $(NEXT_STEPS) --lr 5e-4 --batch-size 4
+	test -s $(NEXT_RUN)-dev.jsonl || $(PY) tools/teacher_forced_tau.py gen $(NEXT_RUN)-dev.jsonl \
+		--questions 2,3,4,5 --max-new-tokens 128
+	$(PY) tools/ship_drafter.py $(NEXT_RUN) --dev $(NEXT_RUN)-dev.jsonl

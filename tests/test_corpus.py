@@ -266,6 +266,7 @@ def test_train_eagle_init_takes_a_draft_vocabulary_ranked_on_other_data(tmp_path
     other.write_text(json.dumps({"prompt": "q", "prompt_len": 1, "ids": [1] + [40 + j % 20 for j in range(60)]}) + "\n")
     assert [r["prompt"] for r in _corpus_records([f"{data}@3"])] == ["p1", "p5", "p8"]
     assert len(_corpus_records([f"{data}@99", str(other)])) == 11
+    assert [r["prompt"] for r in _corpus_records([f"{data}@7:10"])] == ["p7", "p8", "p9"]  # a slice, in order
     first, tuned = tmp_path / "eagle", tmp_path / "tuned"
     common = ["--target", target, "--steps", "1", "--batch-size", "2", "--seq-len", "16", "--held-out", "2"]
     assert main(["train-eagle", *common, "--data", str(data), "--out", str(first), "--depth", "2",
@@ -277,7 +278,8 @@ def test_train_eagle_init_takes_a_draft_vocabulary_ranked_on_other_data(tmp_path
     assert json.loads((tuned / "config.json").read_text())["speculant_eagle"]["draft_vocab"] == 20
     torch.testing.assert_close(after["fc.weight"], before["fc.weight"])  # lr ~0: the weights as they were
     assert json.loads((tuned / "training_report.json").read_text())["train_windows"] > 0
-    for spec, said in ((str(tmp_path / "nope.jsonl"), "no file"), (f"{data}@0", "FILE@N takes N >= 1")):
+    for spec, said in ((str(tmp_path / "nope.jsonl"), "no file"), (f"{data}@0", "FILE@N takes N >= 1"),
+                       (f"{data}@4:11", "START < END <= 10"), (f"{data}@5:5", "START < END")):
         assert main(["train-eagle", "--target", target, "--data", spec, "--out", str(tmp_path / "x")]) == 2
         assert said in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["train-eagle", "--target", target, "--data", str(data), "--out", str(tmp_path / "x"),

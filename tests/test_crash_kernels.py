@@ -8,7 +8,6 @@ test builds through the same path)."""
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 
 import pytest
@@ -31,6 +30,16 @@ print("kernels ok")
 """
 
 
+def _build_directory_in(ext, name: str):
+    """Where speculant's ``_build`` compiles ``name`` with ``TORCH_EXTENSIONS_DIR=ext`` (its own
+    answer, so the test follows the directory's naming)."""
+    from speculant.kernels import _build_directory
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+        return _build_directory(name)
+
+
 def _toolchain() -> bool:
     from torch.utils.cpp_extension import is_ninja_available
 
@@ -43,8 +52,8 @@ def test_kernel_build_killed_midway_is_rebuilt_and_works(tmp_path):
     source = tmp_path / "probe.cpp"
     source.write_text(PROBE)
     ext = tmp_path / "torch_extensions"
-    build = ext / f"speculant_probe_kernels-py{sys.version_info.major}{sys.version_info.minor}"
     env = {"TORCH_EXTENSIONS_DIR": str(ext)}
+    build = _build_directory_in(ext, "speculant_probe_kernels")
     first = Child(BUILD_AND_CHECK, source, log=tmp_path / "first", env=env)
     first.wait_until((build / "build.ninja").exists, 120, "the start of the compilation")
     time.sleep(3)  # the compiler is running now (PyTorch's headers alone take it longer than this)

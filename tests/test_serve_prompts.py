@@ -59,9 +59,10 @@ def test_bad_prompts_are_a_400_naming_the_prompt(client, prompt, param):
     assert e.value.body["param"] == param, e.value.body
 
 
-def test_more_generations_than_the_queue_holds_is_a_400(client):
+def test_more_generations_than_the_queue_holds_is_a_400(client, server):
+    prompts = server.config.max_queue // 4 + 1  # x n=4: more generations than the server's queue holds
     with pytest.raises(openai.BadRequestError) as e:
-        _complete(client, prompt=["w1"] * 9, n=2)
+        _complete(client, prompt=["w1"] * prompts, n=4)
     assert e.value.body["param"] == "prompt" and "--max-queue" in e.value.body["message"]
 
 

@@ -231,7 +231,8 @@ def add_training_parsers(sub) -> None:
 def _corpus_records(paths: list[str]) -> list[dict]:
     """The records of the corpus JSONL files ``paths`` (make-corpus's corpus.jsonl), or a clear error.
     A path written ``FILE@N`` gives N of FILE's records, evenly spread over it (a corpus is written
-    family by family, so its first N records would all be of one kind)."""
+    family by family, so its first N records would all be of one kind); ``FILE@START:END`` gives its
+    records START to END - 1 in order (e.g. the conversations after those an earlier run used)."""
     from pathlib import Path
 
     from ..training.eagle_train import spread
@@ -241,13 +242,19 @@ def _corpus_records(paths: list[str]) -> list[dict]:
     records = []
     for spec in paths:
         path, at, take = spec.rpartition("@")
-        if not at or not take.isdigit():
-            path, take = spec, ""
+        start, colon, end = take.partition(":")
+        if not at or not (take.isdigit() or (colon and start.isdigit() and end.isdigit())):
+            path, take, colon = spec, "", ""
         if not Path(path).is_file():
             raise ConfigError(f"--data {spec}: no file {path} (a corpus.jsonl written by speculant make-corpus; "
-                              "FILE@N takes N of its records)")
+                              "FILE@N takes N of its records, FILE@START:END its records START to END - 1)")
         got = load_records(path)
-        if take:
+        if colon:
+            if not int(start) < int(end) <= len(got):
+                raise ConfigError(f"--data {spec}: FILE@START:END needs START < END <= {len(got)} (the records in "
+                                  f"{path}), got {start}:{end}")
+            got = got[int(start):int(end)]
+        elif take:
             if int(take) < 1:
                 raise ConfigError(f"--data {spec}: FILE@N takes N >= 1 records, got {take}")
             got = [got[i] for i in spread(len(got), min(int(take), len(got)))]
