@@ -1,13 +1,20 @@
 """A speculant server on a free loopback port, in a thread of the test process (for tests/test_serve*.py),
 and the fixtures of the tests that serve the tiny model pair (``tiny.tiny_pair``): ``dirs``,
 ``reference`` (plain decoding), ``server`` (speculative decoding with the draft) and ``client``
-(the ``openai`` client of that server). A test module uses them by importing them."""
+(the ``openai`` client of that server). A test module uses them by importing them.
+
+The tool-calling tests serve the real Qwen2.5 tokenizer and chat template (``qwen_preset``): with a
+scripted scheduler that answers every request with a given completion and records the jobs
+(``scripted_server``: tiny random models write no tool calls), or with a tiny random Qwen2 behind
+the real tokenizer (``tiny_qwen_server``: every call it writes under a grammar is the grammar's doing)."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -15,9 +22,11 @@ import pytest
 import uvicorn
 
 from speculant import SpeculativeDecoder
+from speculant.serve import app as app_module
 from speculant.serve.app import ServeConfig, create_app
+from speculant.serve.scheduler import Finished, Started, Ticket, Token
 
-from tiny import tiny_pair
+from tiny import tiny_pair, tiny_qwen2
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
@@ -103,3 +112,72 @@ def server(dirs):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def qwen_preset():
+    """The directory of the Qwen2.5-Coder-1.5B-Instruct preset (its tokenizer and chat template);
+    the test is skipped where it is not installed."""
+    from speculant.store.models import resolve
+    try:
+        return resolve("qwen2.5-coder-1.5b-instruct")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"the Qwen2.5 preset is not available here (make install): {e}")
+
+
+class ScriptedScheduler:
+    """A scheduler that answers every job with ``script["text"]`` (the tokenizer's tokens, one
+    Token event each) and finish reason ``script.get("reason", "eos")``, and records the jobs."""
+
+    def __init__(self, tokenizer, script: dict):
+        self.tokenizer, self.script, self.jobs = tokenizer, script, []
+        self.waiting = self.running = 0
+        self.problem = None
+
+    def submit(self, job, loop):
+        self.jobs.append(job)
+        ticket = Ticket(job, loop)
+        ids = self.tokenizer(self.script["text"], add_special_tokens=False).input_ids
+        ticket.prompt_tokens = len(job.prompt)
+        ticket.send(Started(len(job.prompt)))
+        before = ""
+        for k in range(len(ids)):
+            text = self.tokenizer.decode(ids[:k + 1])
+            ticket.send(Token(ids[k], text[len(before):]))
+            before = text
+        ticket.send(Finished(ids, self.script["text"], self.script.get("reason", "eos"), None))
+        return ticket
+
+    def close(self):
+        pass
+
+
+def scripted_server(tokenizer) -> SimpleNamespace:
+    """A server of ``tokenizer`` whose scheduler is a ScriptedScheduler: ``server``, ``client``
+    (openai), ``script`` (set its "text" and "reason" before a request) and ``scheduler`` (its
+    ``jobs``). Stop it with ``.server.stop()``."""
+    script = {"text": ""}
+    decoder = SimpleNamespace(tokenizer=tokenizer, target=SimpleNamespace(name="qwen"), method="ar",
+                              max_length=32768, vocab_size=len(tokenizer), batch_pacer=None)
+    real = app_module.Scheduler
+    app_module.Scheduler = lambda dec, *a, **k: ScriptedScheduler(tokenizer, script)
+    try:
+        server = RunningServer(decoder)
+    finally:
+        app_module.Scheduler = real
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return SimpleNamespace(server=server, client=client, script=script, scheduler=server.app.state.scheduler)
+
+
+def tiny_qwen_server(path, qwen_dir, tokenizer, cache) -> RunningServer:
+    """A server of a tiny random Qwen2 (the real vocabulary, hidden size 64) saved at ``path`` with
+    the preset's tokenizer and chat template, decoding by prompt lookup; what it caches goes to
+    ``cache``."""
+    model = tiny_qwen2(seed=0, vocab=151936, hidden=64, scale=4.0)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (qwen_dir / name).is_file():
+            shutil.copy(qwen_dir / name, path / name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECULANT_CACHE", str(cache))
+        return RunningServer(SpeculativeDecoder(str(path), method="lookup", dtype="float32", pacing=False))

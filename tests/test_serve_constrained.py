@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import jsonschema
 import openai
@@ -19,8 +18,7 @@ from speculant.serve.errors import APIError
 from speculant.serve.schema import parse_request
 from speculant.serve.tools import call_grammar, parse
 
-from serve_helpers import RunningServer
-from tiny import tiny_qwen2
+from serve_helpers import qwen_preset, tiny_qwen_server
 
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
         "additionalProperties": False}
@@ -37,11 +35,7 @@ ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"typ
 
 @pytest.fixture(scope="module")
 def qwen_dir():
-    from speculant.store.models import resolve
-    try:
-        return resolve("qwen2.5-coder-1.5b-instruct")
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"the Qwen2.5 preset is not available here (make install): {e}")
+    return qwen_preset()
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +47,8 @@ def tokenizer(qwen_dir):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, qwen_dir, tokenizer):
-    from speculant import SpeculativeDecoder
-
-    path = tmp_path_factory.mktemp("constrained-serve") / "target"
-    model = tiny_qwen2(seed=0, vocab=151936, hidden=64, scale=4.0)
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (qwen_dir / name).is_file():
-            shutil.copy(qwen_dir / name, path / name)
-    with pytest.MonkeyPatch.context() as mp:  # what the tiny model caches goes to a private cache
-        mp.setenv("SPECULANT_CACHE", str(tmp_path_factory.mktemp("cache")))
-        server = RunningServer(SpeculativeDecoder(str(path), method="lookup", dtype="float32", pacing=False))
+    server = tiny_qwen_server(tmp_path_factory.mktemp("constrained-serve") / "target", qwen_dir, tokenizer,
+                              tmp_path_factory.mktemp("cache"))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     yield client
     server.stop()

@@ -15,14 +15,12 @@ from types import SimpleNamespace
 import openai
 import pytest
 
-from speculant.serve import app as app_module
 from speculant.serve.errors import APIError
-from speculant.serve.scheduler import Finished, Started, Ticket, Token
 from speculant.serve.schema import parse_request
 from speculant.serve.tools import ToolStream, join, parse, tool_format
 from speculant.store.models import chat_messages_prompt
 
-from serve_helpers import CHAT_TEMPLATE, RunningServer
+from serve_helpers import CHAT_TEMPLATE, RunningServer, qwen_preset, scripted_server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now",
@@ -185,7 +183,6 @@ def _request(**fields):
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name", "not in 'tools'"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "must be"),
-    ({"functions": [{"name": "f"}]}, "functions", "use 'tools'"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, "messages[0].tool_calls",
      "non-empty list"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}]},
@@ -226,12 +223,7 @@ def test_a_conversation_with_calls_and_results():
 def qwen_tokenizer():
     from transformers import AutoTokenizer
 
-    from speculant.store.models import resolve
-    try:
-        path = resolve("qwen2.5-coder-1.5b-instruct")
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"the Qwen2.5 preset is not available here: {e}")
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(qwen_preset()))
 
 
 def test_the_qwen_template_renders_the_tools_and_earlier_calls(qwen_tokenizer):
@@ -253,47 +245,11 @@ def test_the_qwen_template_renders_the_tools_and_earlier_calls(qwen_tokenizer):
 
 # --- end to end, through the openai client -----------------------------------------------------
 
-class _Scripted:
-    """A scheduler that answers every job with ``script`` (the Qwen tokenizer's tokens, one Token
-    event each) and records the jobs."""
-
-    def __init__(self, tokenizer, script: dict):
-        self.tokenizer, self.script, self.jobs = tokenizer, script, []
-        self.waiting = self.running = 0
-        self.problem = None
-
-    def submit(self, job, loop):
-        self.jobs.append(job)
-        ticket = Ticket(job, loop)
-        ids = self.tokenizer(self.script["text"], add_special_tokens=False).input_ids
-        ticket.prompt_tokens = len(job.prompt)
-        ticket.send(Started(len(job.prompt)))
-        before = ""
-        for k in range(len(ids)):
-            text = self.tokenizer.decode(ids[:k + 1])
-            ticket.send(Token(ids[k], text[len(before):]))
-            before = text
-        ticket.send(Finished(ids, self.script["text"], self.script.get("reason", "eos"), None))
-        return ticket
-
-    def close(self):
-        pass
-
-
 @pytest.fixture(scope="module")
 def served(qwen_tokenizer):
-    script = {"text": CALL}
-    decoder = SimpleNamespace(tokenizer=qwen_tokenizer, target=SimpleNamespace(name="qwen"), method="ar",
-                              max_length=32768, vocab_size=len(qwen_tokenizer), batch_pacer=None)
-    real = app_module.Scheduler
-    app_module.Scheduler = lambda dec, *a, **k: _Scripted(qwen_tokenizer, script)
-    try:
-        server = RunningServer(decoder)
-    finally:
-        app_module.Scheduler = real
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    yield SimpleNamespace(server=server, client=client, script=script, scheduler=server.app.state.scheduler)
-    server.stop()
+    served = scripted_server(qwen_tokenizer)
+    yield served
+    served.server.stop()
 
 
 def test_a_call_comes_back_as_tool_calls(served, qwen_tokenizer):

@@ -9,7 +9,8 @@ prompts runs them as generations of the batch, ``n`` choices each (``inputs``); 
 logprobs asked for, every token's log-probabilities are in the body's ``logprobs``, or in the
 chunk sent for that token (``logprobs`` module). With ``tools``, the messages are rendered here with the tools through the
 model's chat template, and the calls the model writes come back as ``message.tool_calls`` (streamed:
-``delta.tool_calls``) with ``finish_reason`` "tool_calls" (``tools`` module). Every error has OpenAI's shape,
+``delta.tool_calls``) with ``finish_reason`` "tool_calls" (``tools`` module), or, for the deprecated
+``functions``, as ``message.function_call`` (``functions`` module). Every error has OpenAI's shape,
 including a fault after a stream has begun (an error event, then the stream ends). A client that
 goes away has its generation cancelled within one decoding step. If the scheduler's worker stops
 for good, ``/health`` answers 503 with the reason, new requests get 503, and
@@ -294,7 +295,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                       calls_format if req.tools is not None else None,
                       echo=[echoed(p) for p in req.prompts for _ in range(req.n)] if req.echo else None,
                       bare=bare_call_names(req.tools, req.tool_choice), per_prompt=req.n,
-                      prediction=req.prediction is not None)
+                      prediction=req.prediction is not None, functions=req.functions)
         for index, first in enumerate(starts):
             reply.started(index, first)
         if req.stream:

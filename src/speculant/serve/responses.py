@@ -10,6 +10,8 @@ counts each prompt once and every choice's tokens; ``usage.speculative`` adds up
 passes, tokens and accepted drafts. A completions request with several prompts has ``n`` choices
 per prompt, prompt i's at indices ``i * n`` to ``i * n + n - 1``. With a ``prediction``,
 ``usage.completion_tokens_details`` counts its draft tokens the target accepted and refused.
+A request whose tools came as the deprecated ``functions`` gets its call as ``function_call``
+(``functions`` module).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from contextlib import aclosing
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from .errors import APIError
+from .functions import as_function_call, calls_finish, function_call_message
 from .logprobs import Logprobs
 from .metrics import Metrics
 from .scheduler import Failed, Finished, Started, Ticket, Token
@@ -59,17 +62,18 @@ class Response:
     (None: not asked for); ``tools`` is the template's tool-call format (None: no tools), ``bare``
     the tools whose calls may come without tags (``Choice``); ``echo``: each choice's prompt text
     (completions with echo), or one for all; ``per_prompt``: choices per prompt (the request's n);
-    ``prediction``: the request has one (usage then counts its tokens)."""
+    ``prediction``: the request has one (usage then counts its tokens); ``functions``: a call
+    comes back in the deprecated shape, ``function_call``."""
 
     def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics, n: int = 1,
                  logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None,
                  echo: str | Sequence[str] | None = None, bare: tuple[str, ...] = (), per_prompt: int = 1,
-                 prediction: bool = False):
+                 prediction: bool = False, functions: bool = False):
         self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
         self.choices = [Choice(i, None if logprobs is None else logprobs(), tools, bare) for i in range(n)]
         # completions with echo: each choice's prompt, which its text starts with
         self.echo = None if echo is None else [echo] * n if isinstance(echo, str) else list(echo)
-        self.per_prompt, self.prediction = per_prompt, prediction
+        self.per_prompt, self.prediction, self.functions = per_prompt, prediction, functions
         self.echoed: list[dict | None] = [None] * n  # each choice's prompt logprobs object, once started
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
@@ -115,9 +119,11 @@ class Response:
                 message: dict[str, Any] = {"role": "assistant", "content": event.text}
                 if choice.tools is not None:
                     message["content"], calls = join(choice.tools.feed(event.text) + choice.tools.finish())
-                    if calls:
+                    if calls and self.functions:
+                        function_call_message(message, calls)
+                    elif calls:
                         message["tool_calls"] = calls
-                        reason = calls_finish(reason)
+                    reason = calls_finish(reason, self.functions) if calls else reason
                 choices.append({"index": choice.index, "message": message, "logprobs": logprobs,
                                 "finish_reason": reason})
             else:
@@ -127,6 +133,11 @@ class Response:
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices,
                 "usage": self.usage(events, prompt_tokens)}
+
+    def deltas(self, choice: Choice, text: str | None) -> list[dict]:
+        """The deltas of choice's next ``text`` (None: its end), its calls in the request's shape."""
+        deltas = choice.tools.finish() if text is None else choice.tools.feed(text)
+        return as_function_call(deltas) if self.functions else deltas
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
               usage: dict | None = None, logprobs: dict | None = None, delta: dict | None = None,
@@ -157,11 +168,6 @@ def speculative_usage(method: str, stats: Sequence) -> dict[str, Any]:
     return {"method": method, "target_calls": calls,
             "tokens_per_call": sum(s.new_tokens for s in stats) / calls if calls else 0.0,
             "acceptance_rate": accepted / proposed if proposed else 0.0}
-
-
-def calls_finish(reason: str) -> str:
-    """The finish reason of a choice with tool calls: "tool_calls", unless it was cut short."""
-    return reason if reason == "length" else "tool_calls"
 
 
 POLL_S = 0.25  # how often a waiting request looks at the worker and at its client
@@ -243,7 +249,7 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
                     source = event.source if sources else None
                     every = logprobs is not None or sources  # then every token has its chunk
                     if choice.tools is not None:
-                        deltas = choice.tools.feed(event.text) or ([{}] if every else [])
+                        deltas = response.deltas(choice, event.text) or ([{}] if every else [])
                         for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
                             yield response.chunk(delta=delta, logprobs=logprobs if i == 0 else None, index=index,
                                                  source=source if i == 0 else None)
@@ -252,9 +258,9 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
                 elif isinstance(event, Finished):
                     finish = FINISH[event.finish_reason]
                     if choice.tools is not None:
-                        for delta in choice.tools.finish():
+                        for delta in response.deltas(choice, None):
                             yield response.chunk(delta=delta, index=index)
-                        finish = calls_finish(finish) if choice.tools.calls else finish
+                        finish = calls_finish(finish, response.functions) if choice.tools.calls else finish
                     yield response.chunk(None, finish=finish, index=index)
                     finished[index] = event
                 elif isinstance(event, Failed):

@@ -21,8 +21,9 @@ extensions ``regex`` and ``grammar``, on both endpoints) is checked by
 ``constraints.parse_response_format``; a grammar that does not compile is refused when the
 request starts. ``tools``, ``tool_choice`` ("auto", "none", "required", a named function) and
 ``parallel_tool_calls``, and messages carrying tool calls and their results (an assistant's
-``tool_calls``, the ``tool`` role), are checked by ``tools``; whether the model's chat template can
-render them is checked by the app. Whether ``logit_bias``'s token ids are in the
+``tool_calls``, the ``tool`` role), are checked by ``tools``; OpenAI's deprecated ``functions``,
+``function_call`` and ``function`` role are mapped onto them by ``functions``. Whether the model's
+chat template can render them is checked by the app. Whether ``logit_bias``'s token ids are in the
 model's vocabulary is checked by the app, which knows the model.
 
 Before any field is read, the whole body is checked (``check_body``): it may be nested at most
@@ -45,24 +46,26 @@ from ..stopping import MAX_STOP_STRINGS
 from ..text_check import text_problem
 from .errors import bad_request, is_int as _is_int, kind_of as _type, show
 from .inputs import completion_prompts, prediction_of, suffix_of
-from .tools import check_tool_choice, check_tools, tool_calls_in
+from .functions import assistant_calls, function_result, legacy_tools
+from .tools import check_tool_choice, check_tools
 
-ROLES = ("system", "user", "assistant", "developer", "tool")  # "developer": OpenAI's newer name for system
+# "developer": OpenAI's newer name for system; "function": a function's result (deprecated: "tool")
+ROLES = ("system", "user", "assistant", "developer", "tool", "function")
 # fields that do not change what is generated
 _IGNORED = {"user", "metadata", "store", "service_tier"}
 # fields that would change the result, and the value that means "off"
-_OFF: dict[str, tuple] = {"functions": (None, []),
-                          "function_call": (None, "none", "auto"), "echo": (None, False), "best_of": (None, 1),
+_OFF: dict[str, tuple] = {"echo": (None, False), "best_of": (None, 1),
                           "modalities": (None, ["text"]), "audio": (None,),
                           "reasoning_effort": (None,), "web_search_options": (None,)}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
            "repetition_penalty", "min_p", "response_format", "speculative", "prediction"}
 FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                             "parallel_tool_calls"},
+                             "parallel_tool_calls", "functions", "function_call"},
           "completion": _COMMON | {"prompt", "top_logprobs", "echo", "suffix"}}  # top_logprobs: refused with a hint (_logprobs)
-_TOOL_KEYS = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}  # beyond role, content, name
-_EMPTY_OK = {"refusal", "function_call", "audio", "annotations"}  # an assistant message the client gave back
+# beyond role, content, name
+_TOOL_KEYS = {"assistant": {"tool_calls", "function_call"}, "tool": {"tool_call_id"}}
+_EMPTY_OK = {"refusal", "audio", "annotations"}  # an assistant message the client gave back
 MAX_DEPTH = 64  # JSON nesting levels a body may have (a chat request with text parts needs 5)
 MAX_INT32 = 2**31 - 1  # max_tokens and top_k: beyond any context or vocabulary
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as OpenAI documents it
@@ -109,6 +112,7 @@ class CompletionRequest:
     middle: str = ""  # fill in the middle: the start of the middle, already written (/infill's prompt)
     repository: tuple[tuple[str, str], ...] = ()  # fill in the middle: other files (name, text), as context
     prediction: str | None = None  # the text the output is expected to be (Predicted Outputs), drafted from
+    functions: bool = False  # the tools came as the deprecated functions: a call comes back as function_call
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -124,8 +128,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         if name in FIELDS[kind]:  # echo: a field of the completions endpoint only
             continue
         if name in body and not any(body[name] == v and type(body[name]) is type(v) or body[name] is v for v in off):
-            hint = "; use 'tools' and 'tool_choice'" if name in ("functions", "function_call") else \
-                "; it is a field of /v1/completions" if name == "echo" else ""
+            hint = "; it is a field of /v1/completions" if name == "echo" else ""
             raise bad_request(f"{name!r} is not supported by speculant serve (it would change the result); "
                               f"remove it or set it to {off[-1]!r}{hint}", param=name, code="unsupported_parameter")
     model = body.get("model")
@@ -136,12 +139,17 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     if not _is_int(n) or not 1 <= n <= MAX_N:
         raise bad_request(f"'n' must be an integer from 1 to {MAX_N} (the choices to generate), got {show(n)}",
                           param="n")
-    tools, choice, tool_name, parallel = None, "none", None, True
+    tools, choice, tool_name, parallel, functions = None, "none", None, True, False
     fmt = _response_format(body.get("response_format"))
     if kind == "chat":
         prompt: str | tuple[int, ...] | tuple[dict, ...] = _messages(body.get("messages"))
-        tools = check_tools(body.get("tools"))
-        choice, tool_name = check_tool_choice(body.get("tool_choice"), tools)
+        legacy = legacy_tools(body)  # the deprecated functions / function_call, as tools
+        if legacy is None:
+            tools = check_tools(body.get("tools"))
+            choice, tool_name = check_tool_choice(body.get("tool_choice"), tools)
+        else:
+            tools, choice, tool_name = legacy
+            functions = tools is not None
         if choice == "none":
             tools = None
         parallel = body.get("parallel_tool_calls")
@@ -150,7 +158,8 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
             raise bad_request(f"'parallel_tool_calls' must be true or false, got {show(parallel)}",
                               param="parallel_tool_calls")
         if choice in ("required", "function") and fmt is not None:
-            raise bad_request(f"'response_format' cannot be combined with 'tool_choice' {show(body['tool_choice'])}: "
+            field = "tool_choice" if legacy is None else "function_call"
+            raise bad_request(f"'response_format' cannot be combined with {field!r} {show(body[field])}: "
                               "the output is then a tool call; send one of them", param="response_format")
     echo = body.get("echo", False) if kind == "completion" else False
     if echo is None:
@@ -209,7 +218,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
                              _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
                              *_speculative(body.get("speculative")), echo=echo, prompts=prompts, suffix=suffix,
-                             prediction=prediction)
+                             prediction=prediction, functions=functions)
 
 
 def _speculative(value: Any) -> tuple[int | None, bool]:
@@ -313,8 +322,12 @@ def _messages(messages: Any) -> tuple[dict, ...]:
         if m.get("name") is not None and not isinstance(m["name"], str):
             raise bad_request(f"{param}.name must be a string, got {_type(m['name'])}", param=f"{param}.name")
         message: dict = {"role": "system" if role == "developer" else role}
-        if role == "assistant" and m.get("tool_calls") is not None:  # content may be null beside calls
-            message["tool_calls"] = tool_calls_in(m["tool_calls"], f"{param}.tool_calls")
+        calls = assistant_calls(m, param, i) if role == "assistant" else None
+        if calls is not None:  # content may be null beside calls
+            message["tool_calls"] = calls
+            message["content"] = "" if m.get("content") is None else _content(m["content"], param)
+        elif role == "function":  # a function's result, as a tool message; its content may be null
+            message.update(function_result(m, param, i, out))
             message["content"] = "" if m.get("content") is None else _content(m["content"], param)
         else:
             message["content"] = _content(m.get("content"), param)

@@ -11,7 +11,10 @@ grammar of the calls the template teaches (the tags, the function's name, its ``
 JSON schema, written as the template writes JSON: ``", "`` and ``": "``), which the decoder
 enforces at every verified node like any ``response_format``.
 An assistant message's ``tool_calls`` come back with their ``arguments`` (OpenAI's JSON string)
-decoded into an object, which is what chat templates render (``tojson``).
+decoded into an object, which is what chat templates render (``tojson``). A function's definition
+(``check_function``) and a call given back (``function_in``) are checked at a path the caller
+names, so OpenAI's deprecated ``functions`` and ``function_call`` (``functions`` module) share
+these checks.
 
 Response side: a template's tool-call format is recognised from its text (``tool_format``):
 "hermes" is the ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` form of
@@ -74,34 +77,40 @@ def check_tools(tools: Any) -> tuple[dict, ...] | None:
         if tool.get("type") != "function":
             raise bad_request(f"{where}.type must be \"function\" (the only kind of tool), got "
                               f"{tool.get('type')!r}"[:200], param=f"{where}.type")
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise bad_request(f"{where}.function must be an object with \"name\" (and \"description\", "
-                              f"\"parameters\"), got {_kind(fn)}", param=f"{where}.function")
-        extra = sorted(set(fn) - _FUNCTION_KEYS)
-        if extra:
-            raise bad_request(f"{where}.function has {extra[0]!r}: use \"name\", \"description\", \"parameters\", "
-                              "\"strict\"", param=f"{where}.function")
-        name = fn.get("name")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise bad_request(f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-', got "
-                              f"{name!r}"[:200], param=f"{where}.function.name")
-        if name in names:
-            raise bad_request(f"{where}.function.name {name!r} is used by another tool: names must be distinct",
-                              param=f"{where}.function.name")
-        names.add(name)
-        if fn.get("description") is not None and not isinstance(fn["description"], str):
-            raise bad_request(f"{where}.function.description must be a string, got {_kind(fn['description'])}",
-                              param=f"{where}.function.description")
-        params = fn.get("parameters")
-        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
-            raise bad_request(f"{where}.function.parameters must be a JSON schema object with \"type\": \"object\" "
-                              f"(e.g. {{\"type\": \"object\", \"properties\": {{...}}}}), got {_kind(params)}",
-                              param=f"{where}.function.parameters")
-        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
-            raise bad_request(f"{where}.function.strict must be true or false", param=f"{where}.function.strict")
-        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
+        out.append({"type": "function", "function": check_function(tool.get("function"), f"{where}.function", names)})
     return tuple(out)
+
+
+def check_function(fn: Any, where: str, names: set[str]) -> dict:
+    """One function definition, ``{"name", "description"?, "parameters"?, "strict"?}``, at ``where``
+    (``tools[0].function``, or ``functions[0]`` in the deprecated API), its name added to ``names``
+    (which must not have it yet); without its null fields, or a 400 naming the field at fault."""
+    if not isinstance(fn, dict):
+        raise bad_request(f"{where} must be an object with \"name\" (and \"description\", \"parameters\"), got "
+                          f"{_kind(fn)}", param=where)
+    extra = sorted(set(fn) - _FUNCTION_KEYS)
+    if extra:
+        raise bad_request(f"{where} has {extra[0]!r}: use \"name\", \"description\", \"parameters\", \"strict\"",
+                          param=where)
+    name = fn.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise bad_request(f"{where}.name must be 1 to 64 letters, digits, '_' or '-', got {name!r}"[:200],
+                          param=f"{where}.name")
+    if name in names:
+        raise bad_request(f"{where}.name {name!r} is used by another function: names must be distinct",
+                          param=f"{where}.name")
+    names.add(name)
+    if fn.get("description") is not None and not isinstance(fn["description"], str):
+        raise bad_request(f"{where}.description must be a string, got {_kind(fn['description'])}",
+                          param=f"{where}.description")
+    params = fn.get("parameters")
+    if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+        raise bad_request(f"{where}.parameters must be a JSON schema object with \"type\": \"object\" (e.g. "
+                          f"{{\"type\": \"object\", \"properties\": {{...}}}}), got {_kind(params)}",
+                          param=f"{where}.parameters")
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        raise bad_request(f"{where}.strict must be true or false", param=f"{where}.strict")
+    return {k: v for k, v in fn.items() if v is not None}
 
 
 def bare_call_names(tools: tuple[dict, ...] | None, choice: str) -> tuple[str, ...]:
@@ -180,20 +189,26 @@ def tool_calls_in(calls: Any, where: str) -> list[dict]:
                               "\"arguments\"}}", param=at)
         if not isinstance(call.get("id"), str):
             raise bad_request(f"{at}.id must be a string", param=f"{at}.id")
-        fn = call.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad_request(f"{at}.function must be {{\"name\": string, \"arguments\": JSON string}}",
-                              param=f"{at}.function")
-        args = fn.get("arguments", "{}")
-        try:
-            decoded = json.loads(args) if isinstance(args, str) else None
-        except json.JSONDecodeError:
-            decoded = None
-        if not isinstance(decoded, dict):
-            raise bad_request(f"{at}.function.arguments must be a JSON object written as a string, e.g. "
-                              "'{\"city\": \"Paris\"}'", param=f"{at}.function.arguments")
-        out.append({"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": decoded}})
+        out.append({"id": call["id"], "type": "function", "function": function_in(call.get("function"),
+                                                                                 f"{at}.function")})
     return out
+
+
+def function_in(fn: Any, where: str) -> dict:
+    """A call's ``{"name", "arguments"}`` given back (at ``where``) for the chat template:
+    ``arguments`` (a JSON string of an object, "{}" when absent) decoded; a 400 naming the field
+    if it is not that shape."""
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request(f"{where} must be {{\"name\": string, \"arguments\": JSON string}}", param=where)
+    args = fn.get("arguments", "{}")
+    try:
+        decoded = json.loads(args) if isinstance(args, str) else None
+    except json.JSONDecodeError:
+        decoded = None
+    if not isinstance(decoded, dict):
+        raise bad_request(f"{where}.arguments must be a JSON object written as a string, e.g. "
+                          "'{\"city\": \"Paris\"}'", param=f"{where}.arguments")
+    return {"name": fn["name"], "arguments": decoded}
 
 
 def tool_format(tokenizer: Any) -> str | None:
