@@ -35,7 +35,8 @@ from .store.loading import auto_draft_quant, load_native  # noqa: F401 (re-expor
 from .store.loading import load_draft, load_target
 from .store.lora import adapter_note
 from .planning import Plan, plan  # noqa: F401 (Plan re-exported)
-from .store.models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
+from .store.chat import chat_messages_prompt, chat_prompt
+from .store.models import LoadedModel, check_vocab_compatible
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
 from .text_check import check_text

@@ -39,7 +39,7 @@ _JOINED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_p
 def gguf_store_path(source: Path, files: list[Path], gguf: Path, quant_head: bool, kind: str, group: int) -> Path:
     """Where the model converted to ``source`` (its weight ``files``) with the layers of ``gguf``'s
     own blocks is kept."""
-    from ..store.models import cache_dir
+    from ..runtime.process import cache_dir
 
     name = (f"{source.name}-{source_digest(source, files, (gguf,))}-gguf-{kind}-g{group}"
             f"{'-head' if quant_head else ''}-v{VERSION}.safetensors")
