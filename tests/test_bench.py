@@ -616,7 +616,8 @@ def test_bench_at_a_temperature(tiny, tmp_path, capsys):
     # recompute one run's NLL with transformers from the prompt the bench encoded
     from speculant.bench.harness import select
     from speculant.specbench import load_questions
-    from speculant.store.models import chat_prompt, load
+    from speculant.store.chat import chat_prompt
+    from speculant.store.models import load
     tok = load(tiny["target"], "float32").tokenizer
     q = select(load_questions(tiny["questions"]), 2, ("qa",))[0]
     ids = tok(chat_prompt(tok, q["turns"][0]), add_special_tokens=False, return_tensors="pt").input_ids[0]

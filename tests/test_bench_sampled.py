@@ -16,7 +16,7 @@ from speculant.bench import quality
 from speculant.bench.harness import BenchConfig, run_bench, select
 from speculant.specbench import load_questions
 from speculant.bench.report import load_result, markdown_table
-from speculant.store.models import chat_prompt
+from speculant.store.chat import chat_prompt
 
 from tiny import tiny_llama, tiny_model_dir
 

@@ -289,14 +289,14 @@ def test_ctrl_c_during_generate_prints_what_was_generated_and_exits_130(dirs, ca
     from speculant.api import SpeculativeDecoder as Dec
 
     full = SpeculativeDecoder(dirs["target"], method="ar", dtype="float32").generate(PROMPT, 12)
-    run = Dec._run
+    run = Dec.steps
 
     def interrupted(self, *a, **k):  # Ctrl-C arrives after the third step
         for i, item in enumerate(run(self, *a, **k)):
             if i == 3:
                 raise KeyboardInterrupt
             yield item
-    monkeypatch.setattr(Dec, "_run", interrupted)
+    monkeypatch.setattr(Dec, "steps", interrupted)
     args = ["generate", "--dtype", "float32", "--target", dirs["target"], "--method", "ar", "--max-new-tokens", "12"]
     code = main(args + (["--json"] if json_out else []) + [PROMPT])
     out, err = capsys.readouterr()

@@ -38,7 +38,7 @@ def server():
 
 
 def _ids(tokenizer, text: str) -> torch.Tensor:
-    from speculant.store.models import chat_prompt
+    from speculant.store.chat import chat_prompt
 
     return torch.tensor(tokenizer(chat_prompt(tokenizer, text), add_special_tokens=False).input_ids)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from speculant.store import models
+from speculant.store import chat, models
 from speculant.errors import ConfigError, ModelLoadError, VocabMismatchError
 
 from tiny import llama_gguf_writer
@@ -151,10 +151,10 @@ def test_hf_directory_resolves_as_is_and_loads(tmp_path):
 
 def test_chat_prompt_without_and_with_template(tmp_path):
     tok = _word_tokenizer(["hello"])
-    assert models.chat_prompt(tok, "hello") == "hello"
+    assert chat.chat_prompt(tok, "hello") == "hello"
     tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}" \
                         "{% if add_generation_prompt %}<assistant>{% endif %}"
-    assert models.chat_prompt(tok, "hello") == "<user>hello<assistant>"
+    assert chat.chat_prompt(tok, "hello") == "<user>hello<assistant>"
 
 
 def test_missing_path_lists_presets():
@@ -340,7 +340,7 @@ def test_vocab_eos_mismatch_and_wider_logits_allowed(tmp_path):
 def test_real_smollm2_preset_generates_and_loads_warm():
     lm = models.load("smollm2-135m-instruct")  # first run: assembly + conversion (~20-90 s)
     assert lm.dtype == torch.bfloat16 and lm.logits_dim == 49152
-    prompt = models.chat_prompt(lm.tokenizer, "What is the capital of France?")
+    prompt = chat.chat_prompt(lm.tokenizer, "What is the capital of France?")
     ids = lm.tokenizer(prompt, return_tensors="pt").input_ids
     out = lm.model.generate(ids, max_new_tokens=8, do_sample=False)
     text = lm.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

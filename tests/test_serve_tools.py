@@ -18,7 +18,7 @@ import pytest
 from speculant.serve.errors import APIError
 from speculant.serve.schema import parse_request
 from speculant.serve.tools import ToolStream, join, parse, tool_format
-from speculant.store.models import chat_messages_prompt
+from speculant.store.chat import chat_messages_prompt
 
 from serve_helpers import CHAT_TEMPLATE, RunningServer, qwen_preset, scripted_server
 

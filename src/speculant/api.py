@@ -20,8 +20,8 @@ from .backends.hf import HFBackend
 from .backends.native import NativeBackend
 from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TREE_BUDGETS  # noqa: F401 (re-exported)
 from .config import DecoderConfig, SamplingConfig
-from .batching import Batch, Member
-from .decoding import SequenceRun, Stats, TokenLogprob, decode, token_logprobs  # noqa: F401 (Stats re-exported)
+from .batching import Batch, Member, run_alone
+from .decoding import DecodeState, SequenceRun, Stats, Step, TokenLogprob, token_logprobs  # noqa: F401 (re-exported)
 from .generation import Generation, GenerationResult, TokenEvent  # noqa: F401 (re-exported)
 from .penalties import Penalties
 from .constraints import DEFAULT_ENGINE, Constraint, parse_response_format
@@ -35,7 +35,8 @@ from .store.loading import auto_draft_quant, load_native  # noqa: F401 (re-expor
 from .store.loading import load_draft, load_target
 from .store.lora import adapter_note
 from .planning import Plan, plan  # noqa: F401 (Plan re-exported)
-from .store.models import LoadedModel, chat_messages_prompt, chat_prompt, check_vocab_compatible
+from .store.chat import chat_messages_prompt, chat_prompt
+from .store.models import LoadedModel, check_vocab_compatible
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
 from .text_check import check_text
@@ -151,26 +152,29 @@ class SpeculativeDecoder:
     def _drafter(self, sampling: SamplingConfig, generator) -> Drafter:
         return build_drafter(self.config, self._parts, sampling, generator)
 
-    def _loop_options(self, max_new_tokens: int, sampling: SamplingConfig, generator,
-                      end_tokens: frozenset[int] = frozenset()) -> dict:
-        """The decoding loop's keywords for one generation (``decoding.SequenceRun``); ``end_tokens``
-        end it too, beside the model's end-of-sequence tokens."""
-        return dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=self.eos_token_ids | end_tokens,
-                    max_length=self.max_length, replacement=self.replacement, generator=generator,
-                    vocab_size=self.vocab_size, acceptance=self.acceptance, embedding=self._embedding(),
-                    pacer=Pacer() if self.pacing else None)
-
-    def _run(self, gen: Generation):
-        """The decoding loop's (state, step) after every step, for the generation ``gen`` (alone)."""
+    def _sequence(self, gen: Generation, target: Backend, draft: Backend | None = None,
+                  own_sizer: bool = False) -> SequenceRun:
+        """The decoding loop of the generation ``gen`` on ``target`` (a backend of its own: its KV
+        cache) with a fresh drafter; ``draft``: the draft model's backend of its own (default: the
+        decoder's); ``own_sizer``: a fork of the tree sizer (a sequence decoded beside others)."""
         sampling = gen.sampling
         generator = make_generator(sampling.seed)
         constraint = self._constraint(gen.grammar)
-        drafter = build_drafter(self.config, self._parts, sampling, generator, constraint=constraint,
-                                prediction=gen.prediction)
+        drafter = build_drafter(self.config, self._parts, sampling, generator, draft=draft, own_sizer=own_sizer,
+                                constraint=constraint, prediction=gen.prediction)
+        return SequenceRun(target, drafter, gen.ids, max_new_tokens=gen.max_new_tokens, sampling=sampling,
+                           eos_token_ids=self.eos_token_ids | gen.end_tokens, max_length=self.max_length,
+                           replacement=self.replacement, generator=generator, vocab_size=self.vocab_size,
+                           acceptance=self.acceptance, embedding=self._embedding(),
+                           pacer=Pacer() if self.pacing else None, logprobs=gen.logprobs_top, constraint=constraint,
+                           max_draft_depth=gen.max_draft_depth)
+
+    def steps(self, gen: Generation) -> Iterator[tuple[DecodeState, Step]]:
+        """The decoding loop's (state, step) after every step of the generation ``gen`` (from
+        ``start``) decoded alone, a batch of one: what iterating ``gen`` runs."""
+        run = self._sequence(gen, self.target_backend)
         with torch.inference_mode():
-            yield from decode(self.target_backend, drafter, gen.ids, logprobs=gen.logprobs_top, constraint=constraint,
-                              max_draft_depth=gen.max_draft_depth,
-                              **self._loop_options(gen.max_new_tokens, sampling, generator, gen.end_tokens))
+            yield from run_alone(run)
 
     # ---- constrained decoding (constraints.py, grammars.py) --------------------------------
     MAX_CACHED_GRAMMARS = 64
@@ -207,13 +211,7 @@ class SpeculativeDecoder:
         draft = None
         if self.draft_backend is not None:
             draft = self._idle_drafts.pop() if self._idle_drafts else self.draft_backend.sibling()
-        generator = make_generator(gen.sampling.seed)
-        constraint = self._constraint(gen.grammar)
-        drafter = build_drafter(self.config, self._parts, gen.sampling, generator, draft=draft, own_sizer=True,
-                                constraint=constraint, prediction=gen.prediction)
-        run = SequenceRun(target, drafter, gen.ids, logprobs=gen.logprobs_top, constraint=constraint,
-                          max_draft_depth=gen.max_draft_depth,
-                          **self._loop_options(gen.max_new_tokens, gen.sampling, generator, gen.end_tokens))
+        run = self._sequence(gen, target, draft, own_sizer=True)
 
         def on_step(member: Member, step) -> bool:
             events, done = gen.take(member.run.state, step)

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 from .backends.base import Backend, ForwardRequest, forward_batch
-from .decoding import SequenceRun, Step
+from .decoding import DecodeState, SequenceRun, Step
 from .drafters.base import Job, PassPlan
 from .trees.draft import Draft
 from .tuning.pacing import Pacer
 
-__all__ = ["Batch", "Member"]
+__all__ = ["Batch", "Member", "run_alone"]
 
 
 @dataclass
@@ -112,11 +112,15 @@ class Batch:
         backends: list[Backend] = []
         requests: list[ForwardRequest] = []
         work: list[tuple[Member, Draft | None]] = []
+        prefills: dict[int, ForwardRequest] = {}  # the joiners' prompts, verified in this pass
         for m in self.members:
-            if not m.prefilled and m.run.prompt.shape[0] < 2:  # a one-token prompt: nothing to prefill
-                m.run.prefill()
-                m.run.begin(None)
-                m.prefilled = True
+            if not m.prefilled:
+                request = m.run.prefill()
+                if request is None:  # nothing to prefill (a one-token prompt): it drafts at once
+                    m.run.begin(None)
+                    m.prefilled = True
+                else:
+                    prefills[id(m)] = request
         stepping = [m for m in self.members if m.prefilled]
         self._share_budget(stepping)
         drafting = None  # None: each member's own pacer decides (alone, or a member that does not pace)
@@ -137,7 +141,7 @@ class Batch:
                 continue
             if not m.prefilled:
                 backends.append(m.run.target)
-                requests.append(m.run.prefill())
+                requests.append(prefills[id(m)])
                 work.append((m, None))
                 continue
             draft = drafts[id(m)]
@@ -186,6 +190,16 @@ class Batch:
             sizer = m.run.drafter.sizer
             if sizer is not None:
                 sizer.share(total_rows - m.last_rows, total_tokens - m.tokens_per_step)
+
+
+def run_alone(run: SequenceRun) -> Iterator[tuple[DecodeState, Step]]:
+    """Drive ``run`` as a batch of one: (state, step) after every step, until it finishes (the
+    driver of a single generation: ``decoding.decode``, ``SpeculativeDecoder.steps``)."""
+    batch = Batch(1)
+    batch.add(run, run)
+    while len(batch):
+        for _, step in batch.step():
+            yield run.state, step
 
 
 def _run_plans(plans: dict[Hashable, PassPlan]) -> tuple[dict[Hashable, Draft], dict[Hashable, Exception]]:

@@ -380,7 +380,7 @@ class DecoderConfig:
             if spec is not None and not spec.tree_from_heads:
                 raise ConfigError(f"a dynamic tree ({self.tree!r}) is grown from heads: use --method hydra or "
                                   "medusa, or give a static tree (a k-config or a list of paths)")
-            from .drafters.medusa import DynamicTree
+            from .trees.dynamic import DynamicTree
 
             DynamicTree.parse(self.tree)
         else:

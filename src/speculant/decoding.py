@@ -332,15 +332,10 @@ def decode(target: Backend, drafter: Drafter, prompt: torch.Tensor, **options) -
     match (``constraints.Constraint``: every verified row masked, exact for the masked target);
     ``max_draft_depth``: drafts cut to that depth (0: plain decoding).
 
-    One driver runs every generation: this is a ``batching.Batch`` of one sequence."""
-    from .batching import Batch  # batching builds on SequenceRun
+    One driver runs every generation: this is a ``batching.Batch`` of one sequence (``run_alone``)."""
+    from .batching import run_alone  # batching builds on SequenceRun
 
-    run = SequenceRun(target, drafter, prompt, **options)
-    batch = Batch(1)
-    batch.add(run, run)
-    while len(batch):
-        for _, step in batch.step():
-            yield run.state, step
+    yield from run_alone(SequenceRun(target, drafter, prompt, **options))
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ class Generation:
         self._shown, self._checked = "", 0  # text shown by events so far; text scanned for stops so far
 
     def __iter__(self) -> Iterator[TokenEvent]:
-        steps = self.decoder._run(self)
+        steps = self.decoder.steps(self)
         try:
             for state, step in steps:
                 events, done = self.take(state, step)

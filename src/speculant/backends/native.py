@@ -44,7 +44,7 @@ from ..runtime.block_linear import BlockLinear
 from ..runtime.quant import Int4Linear
 from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed, check_layers
 from ..runtime.native_cache import StaticKVCache
-from .native_model import SUPPORTED, NativeBlock, NativeModel, _rms_norm, _rotate  # noqa: F401 (re-exported)
+from .native_model import SUPPORTED, NativeBlock, NativeModel, rms_norm, rotate_half  # noqa: F401 (re-exported)
 
 INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _attention_plan)
 # A prompt (ForwardRequest.prefill) of at least this many tokens takes the prefill kernels: int4
@@ -290,27 +290,27 @@ class NativeBackend(CacheBacked):
             for i, blk in enumerate(m.blocks):
                 if i in tapped:
                     taps[i] = x
-                h = _rms_norm(x, blk.in_norm, m.eps)
+                h = rms_norm(x, blk.in_norm, m.eps)
                 q_all, k_all, v_all = blk.project_qkv(h)
                 if blk.q_norm is not None:  # each head's query and key normed first (Qwen3, Gemma 3)
-                    q_all = _rms_norm(q_all.reshape(-1, Hq, D), blk.q_norm, m.eps).reshape(q_all.shape)
-                    k_all = _rms_norm(k_all.reshape(-1, Hkv, D), blk.k_norm, m.eps).reshape(k_all.shape)
+                    q_all = rms_norm(q_all.reshape(-1, Hq, D), blk.q_norm, m.eps).reshape(q_all.shape)
+                    k_all = rms_norm(k_all.reshape(-1, Hkv, D), blk.k_norm, m.eps).reshape(k_all.shape)
                 outs = []
                 for (b, past, n, r0, plans, _), tab in zip(seqs, tables):
                     cos, sin = tab[m.layer_rope[i]]
-                    q = _rotate(q_all[r0:r0 + n].reshape(n, Hq, D), cos, sin)
-                    k = _rotate(k_all[r0:r0 + n].reshape(n, Hkv, D), cos, sin)
+                    q = rotate_half(q_all[r0:r0 + n].reshape(n, Hq, D), cos, sin)
+                    k = rotate_half(k_all[r0:r0 + n].reshape(n, Hkv, D), cos, sin)
                     v = v_all[r0:r0 + n].reshape(n, Hkv, D)
                     b.cache.write(i, k.transpose(0, 1), v.transpose(0, 1), past)
                     outs.append(plans[m.windows[i]](q.view(n, Hkv, g, D), i).reshape(n, Hq * D))
                 o = blk.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
-                x = x + (_rms_norm(o, blk.attn_out_norm, m.eps) if blk.attn_out_norm is not None else o)
-                f = blk.mlp(_rms_norm(x, blk.post_norm, m.eps), gelu)
-                x = x + (_rms_norm(f, blk.ffn_out_norm, m.eps) if blk.ffn_out_norm is not None else f)
+                x = x + (rms_norm(o, blk.attn_out_norm, m.eps) if blk.attn_out_norm is not None else o)
+                f = blk.mlp(rms_norm(x, blk.post_norm, m.eps), gelu)
+                x = x + (rms_norm(f, blk.ffn_out_norm, m.eps) if blk.ffn_out_norm is not None else f)
         for b, _, n, *_ in seqs:
             b.cache.advance(n)
         norm = (lambda t: fused.rms_norm(t.contiguous(), m.norm, m.eps, 0)) if fused is not None else \
-            (lambda t: _rms_norm(t, m.norm, m.eps))
+            (lambda t: rms_norm(t, m.norm, m.eps))
         picked, counts = [], []  # the rows that get logits, all sequences' at once through the output layer
         for (b, past, n, r0, *_), r in zip(seqs, requests):
             sel = torch.arange(r0, r0 + n) if r.rows is None else r.rows + r0

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .native_model import _PROJ
+from .native_model import PROJECTIONS
 from .native_store import NORMS, assemble, norm_tensors, read_saved, source_digest, write_atomically
 
 __all__ = ["gguf_store_path", "load_gguf_store", "save_gguf_store", "storable"]
@@ -39,7 +39,7 @@ _JOINED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_p
 def gguf_store_path(source: Path, files: list[Path], gguf: Path, quant_head: bool, kind: str, group: int) -> Path:
     """Where the model converted to ``source`` (its weight ``files``) with the layers of ``gguf``'s
     own blocks is kept."""
-    from ..store.models import cache_dir
+    from ..runtime.process import cache_dir
 
     name = (f"{source.name}-{source_digest(source, files, (gguf,))}-gguf-{kind}-g{group}"
             f"{'-head' if quant_head else ''}-v{VERSION}.safetensors")
@@ -62,7 +62,7 @@ def _layer_kind(layer: nn.Module) -> str | None:
 def storable(model) -> bool:
     """Whether every linear layer of ``model`` (a NativeModel) is one this file holds: int4 of
     speculant's layout or a GGUF file's blocks (the output layer may also be dense or tied)."""
-    layers = [getattr(blk, n) for blk in model.blocks for n in _PROJ]
+    layers = [getattr(blk, n) for blk in model.blocks for n in PROJECTIONS]
     return all(_layer_kind(l) is not None for l in layers) and (
         _layer_kind(model.lm_head) is not None or type(model.lm_head) is nn.Linear)
 
@@ -168,7 +168,7 @@ def _read_blocks(meta: dict, keys: set, get: Callable, cfg, dtype: torch.dtype) 
         if joined["gate_up"] is not None:
             half = joined["gate_up"].out_features // 2
             proj.update(gate_proj=joined["gate_up"].rows(0, half), up_proj=joined["gate_up"].rows(half, 2 * half))
-        missing = [n for n in _PROJ if n not in proj]
+        missing = [n for n in PROJECTIONS if n not in proj]
         if missing:
             raise ValueError(f"layer {i} lacks {', '.join(missing)}")
         extra = {n: get(p + n) if p + n in keys else None for n in NORMS}

@@ -22,7 +22,7 @@ from ..runtime.packing import unpack_linears
 from ..runtime.quant import QUANT_MODES, Int4Linear, joined, quantize_linear
 from .native_arch import SUPPORTED, Arch, arch_for, layer_plan  # noqa: F401 (SUPPORTED re-exported)
 
-_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def block_norms(arch: Arch, weight) -> dict[str, torch.Tensor | None]:
@@ -93,7 +93,7 @@ class NativeBlock(nn.Module):
         self.in_norm, self.post_norm = in_norm, post_norm  # (H,) each
         self.q_norm, self.k_norm = q_norm, k_norm
         self.attn_out_norm, self.ffn_out_norm = attn_out_norm, ffn_out_norm
-        for name in _PROJ:
+        for name in PROJECTIONS:
             setattr(self, name, proj[name])
         self.qkv = qkv if qkv is not None else joined([proj["q_proj"], proj["k_proj"], proj["v_proj"]])
         self.gate_up = gate_up if gate_up is not None else joined([proj["gate_proj"], proj["up_proj"]])
@@ -184,10 +184,10 @@ class NativeModel(nn.Module):
                 parts = dict(zip(("q_proj", "k_proj", "v_proj"), split_linear(attn.qkv_proj, qkv_widths)))
                 parts.update(zip(("gate_proj", "up_proj"), split_linear(mlp.gate_up_proj, gu_widths)))
                 parts.update(o_proj=attn.o_proj, down_proj=mlp.down_proj)
-                proj = {n: q(parts[n]) for n in _PROJ}
+                proj = {n: q(parts[n]) for n in PROJECTIONS}
             else:
                 proj = {n: q(getattr(attn if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else mlp, n))
-                        for n in _PROJ}
+                        for n in PROJECTIONS}
             def weight(name: str, layer=layer) -> torch.Tensor | None:
                 mod = layer
                 for part in name.split("."):
@@ -226,7 +226,7 @@ class NativeModel(nn.Module):
                                      "model converted again") from e
         prefix = "model." if any(k.startswith("model.layers.") for k in where) else ""
 
-        kind = _int4_layout(group_size) if quant == "int4" and not keep_dense else None
+        kind = int4_layout(group_size) if quant == "int4" and not keep_dense else None
         if kind is None:
             return cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
         from ..runtime.process import file_lock, release_memory
@@ -276,7 +276,7 @@ class NativeModel(nn.Module):
 
         def linear(name: str, do_quant: bool) -> nn.Module:
             b = get(name + ".bias") if name + ".bias" in where else None
-            if do_quant and quant == "int4" and not keep_dense and _int4_layout(group_size) is not None:
+            if do_quant and quant == "int4" and not keep_dense and int4_layout(group_size) is not None:
                 with safe_open(str(where[name + ".weight"]), framework="pt") as h:
                     sl = h.get_slice(name + ".weight")
                     n, k = sl.get_shape()
@@ -311,7 +311,8 @@ class NativeModel(nn.Module):
                         **split(p + "mlp.gate_up_proj", ("gate_proj", "up_proj"), gu_widths),
                         "o_proj": linear(p + "self_attn.o_proj", True), "down_proj": linear(p + "mlp.down_proj", True)}
             else:
-                proj = {n: linear(p + ("self_attn." if n in _PROJ[:4] else "mlp.") + n, True) for n in _PROJ}
+                proj = {n: linear(p + ("self_attn." if n in PROJECTIONS[:4] else "mlp.") + n, True)
+                        for n in PROJECTIONS}
             norms = block_norms(arch, lambda name: get(p + name + ".weight") if p + name + ".weight" in where else None)
             blocks.append(NativeBlock(norms.pop("in_norm"), norms.pop("post_norm"), proj, **norms))
             if quant != "none":
@@ -356,7 +357,7 @@ def read_dir_config(path: Path) -> tuple:
     return cfg, gen, files
 
 
-def _int4_layout(group_size: int) -> str | None:
+def int4_layout(group_size: int) -> str | None:
     """The packed layout int4 layers get here: "x86" (speculant's kernel), else None."""
     from ..kernels import int4_isa
 
@@ -372,7 +373,7 @@ def _check_quant(quant: str, dtype: torch.dtype) -> None:
         raise ConfigError("int4 weights need a bfloat16 model: load it with dtype='bfloat16'")
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in float32, scaled in the model dtype (as transformers' Llama / Qwen2 do; Gemma's
     (1 + w) is folded into its weights when they are read)."""
     xf = x.float()
@@ -380,7 +381,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE. x (n, heads, D); cos, sin (n, 1, D) in x's dtype."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)

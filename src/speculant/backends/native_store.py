@@ -51,7 +51,7 @@ def source_digest(source: Path, files: list[Path], also: tuple[Path, ...] = ()) 
 
 def store_path(source: Path, files: list[Path], quant_head: bool, kind: str, group: int) -> Path:
     """Where the int4 form of the model in ``source`` (its weight ``files``) is kept."""
-    from ..store.models import cache_dir
+    from ..runtime.process import cache_dir
 
     name = (f"{source.name}-{source_digest(source, files)}-int4-{kind}-g{group}{'-head' if quant_head else ''}"
             f"-v{VERSION}.safetensors")

@@ -61,7 +61,8 @@ from ..specbench import load_questions
 from ..provenance import (CAPPING_ENV, CPU_FLAGS, command_line, git_info, machine_info,  # noqa: F401 (re-exported)
                           provenance, provenance_warning)
 from ..store.lora import check_adapter_dir
-from ..store.models import chat_prompt, check_vocab_compatible, load
+from ..store.chat import chat_prompt
+from ..store.models import check_vocab_compatible, load
 from ..output_paths import check_output_file
 from .llama_server import LlamaServer, llama_server_unavailable
 from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401

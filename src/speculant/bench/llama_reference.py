@@ -81,7 +81,7 @@ def llama_reference(gguf: str | os.PathLike, text: str, n_ctx: int = 256, thread
     read back its tokens, perplexity and log-probabilities."""
     from gguf import GGUFReader
 
-    from ..store.gguf_meta import _value
+    from ..store.gguf_meta import meta_value
 
     binary = llama_perplexity_binary()
     threads = threads or max(1, os.cpu_count() or 1)
@@ -98,8 +98,8 @@ def llama_reference(gguf: str | os.PathLike, text: str, n_ctx: int = 256, thread
             raise ConfigError(f"llama-perplexity failed (exit {run.returncode}) on {gguf}: {tail}")
         tokens, logp = read_logits_file(base)
     reader = GGUFReader(str(gguf))
-    add_bos = bool(_value(reader, "tokenizer.ggml.add_bos_token") or False)
-    bos = _value(reader, "tokenizer.ggml.bos_token_id")
+    add_bos = bool(meta_value(reader, "tokenizer.ggml.add_bos_token") or False)
+    bos = meta_value(reader, "tokenizer.ggml.bos_token_id")
     return LlamaReference(torch.from_numpy(tokens.astype(np.int64)), float(found.group(1)),
                           torch.from_numpy(logp), add_bos, None if bos is None else int(bos))
 

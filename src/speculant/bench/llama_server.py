@@ -74,7 +74,7 @@ def llama_server_unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -152,7 +152,7 @@ class LlamaServer:
             # a file, not a pipe: nobody reads the server's output while it runs, and a full
             # pipe would block it
             self._log = tempfile.TemporaryFile(prefix=f"llama-server-{self.config}-")
-            self.port = _free_port()
+            self.port = free_port()
             self.proc = subprocess.Popen(self.args(self.port), stdin=subprocess.DEVNULL,
                                          stdout=self._log, stderr=subprocess.STDOUT, env=env)
             if self._wait_healthy():

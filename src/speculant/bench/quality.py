@@ -43,7 +43,8 @@ from ..backends.native import NativeBackend, NativeModel
 from ..config import SamplingConfig
 from ..decoding import decode
 from ..drafters.lookup import LookupDrafter
-from ..store.models import chat_prompt, load
+from ..store.chat import chat_prompt
+from ..store.models import load
 
 CHUNK = 128  # <= Int4Linear.max_kernel_rows: the text is scored through the kernel that decodes
 PROMPTS = (

@@ -41,7 +41,7 @@ from ..errors import ConfigError, SpeculantError
 from ..output_paths import check_output_file
 from ..specbench import load_questions
 from .harness import git_info, machine_info, select
-from .llama_server import LlamaServer, _free_port, llama_server_unavailable
+from .llama_server import LlamaServer, free_port, llama_server_unavailable
 
 ROWS = ("speculant", "speculant-ar", "llama-server", "llama-server+draft", "llama-server+ngram")
 _LLAMA_CONFIG = {"llama-server": "plain", "llama-server+draft": "draft", "llama-server+ngram": "ngram"}
@@ -91,7 +91,7 @@ class SpeculantServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "SpeculantServer":
-        self.port = _free_port()
+        self.port = free_port()
         self._log = tempfile.TemporaryFile(prefix="speculant-serve-")
         cmd = [sys.executable, "-m", "speculant.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                *(["--method", self.method] if self.method else []), *self.extra_args]

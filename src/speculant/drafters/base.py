@@ -87,7 +87,7 @@ class Drafter(Protocol):
 
     hidden_need: HiddenNeed
     hidden_layers: tuple[int, ...]
-    sizer: Any  # drafters.sizing.TreeSizer sizing its trees against the pass cost, or None
+    sizer: Any  # tuning.sizing.TreeSizer sizing its trees against the pass cost, or None
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Start a new sequence; ``prompt`` (T,) long."""

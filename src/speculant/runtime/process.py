@@ -1,12 +1,14 @@
 """Process-wide settings for speed on CPU, applied by the command line (a library leaves them to
-the program that imports it: call :func:`tune_allocator` yourself), and the inter-process lock
-that guards shared cache entries (:func:`file_lock`)."""
+the program that imports it: call :func:`tune_allocator` yourself), where speculant caches what it
+builds (:func:`cache_dir`), and the inter-process lock that guards shared cache entries
+(:func:`file_lock`)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import ctypes.util
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -45,6 +47,12 @@ def release_memory() -> bool:
         return bool(libc.malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+def cache_dir() -> Path:
+    """``$SPECULANT_CACHE`` if set, else ``~/.cache/speculant`` (not created here)."""
+    env = os.environ.get("SPECULANT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "speculant"
 
 
 @contextlib.contextmanager

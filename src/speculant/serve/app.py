@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..errors import ConfigError
-from ..store.models import chat_messages_prompt
+from ..store.chat import chat_messages_prompt
 from .errors import APIError, bad_request
 from .fim import fim_prompt, fim_tokens
 from .infill import infill_reply, parse_infill

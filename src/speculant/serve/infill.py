@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from .errors import APIError, bad_request, is_int, kind_of, show
 from .responses import error_of, merged, speculative_usage
 from .scheduler import Failed, Finished, Ticket, Token
-from .schema import MAX_INT32, SEED_RANGE, CompletionRequest, _number, _speculative, _stop
+from .schema import MAX_INT32, SEED_RANGE, CompletionRequest, number_field, speculative_field, stop_field
 
 HONOURED = {"input_prefix", "input_suffix", "input_extra", "prompt", "model", "n_predict", "max_tokens",
             "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stream", "presence_penalty",
@@ -71,21 +71,21 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, InfillOptions]:
     if limit is not None and (not is_int(limit) or not -1 <= limit <= MAX_INT32):
         raise bad_request(f"'{name}' must be an integer from -1 (up to the context) to {MAX_INT32}, got "
                           f"{show(limit)}", param=name)
-    temperature = max(_number(body, "temperature", 0.8, -math.inf, 2.0, "at most 2 (0 or less: greedy)"), 0.0)
+    temperature = max(number_field(body, "temperature", 0.8, -math.inf, 2.0, "at most 2 (0 or less: greedy)"), 0.0)
     top_k = body.get("top_k", 40)
     top_k = 40 if top_k is None else top_k
     if not is_int(top_k) or top_k > MAX_INT32:
         raise bad_request(f"'top_k' must be an integer (0 or less: off), got {show(top_k)}", param="top_k")
-    top_p = _number(body, "top_p", 0.95, 0.0, 1.0, "in (0, 1]")
+    top_p = number_field(body, "top_p", 0.95, 0.0, 1.0, "in (0, 1]")
     if top_p <= 0.0:
         raise bad_request(f"'top_p' must be in (0, 1], got {show(top_p)}", param="top_p")
-    min_p = _number(body, "min_p", 0.05, 0.0, 1.0, "in [0, 1) (0 = off)")
+    min_p = number_field(body, "min_p", 0.05, 0.0, 1.0, "in [0, 1) (0 = off)")
     if min_p >= 1.0:
         raise bad_request(f"'min_p' must be in [0, 1) (0 = off), got {show(min_p)}", param="min_p")
     seed = body.get("seed")
     if seed is not None and (not is_int(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise bad_request(f"'seed' must be an integer (-1: random), got {show(seed)}", param="seed")
-    repetition = _number(body, "repeat_penalty", 1.0, 0.0, 100.0, "above 0 and at most 100 (1 = off)")
+    repetition = number_field(body, "repeat_penalty", 1.0, 0.0, 100.0, "above 0 and at most 100 (1 = off)")
     if repetition <= 0.0:
         raise bad_request(f"'repeat_penalty' must be above 0 and at most 100 (1 = off), got {show(repetition)}",
                           param="repeat_penalty")
@@ -93,19 +93,19 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, InfillOptions]:
     n_indent = body.get("n_indent", 0) or 0
     if not is_int(n_indent) or not 0 <= n_indent <= MAX_INT32:
         raise bad_request(f"'n_indent' must be an integer >= 0 (0 = off), got {show(n_indent)}", param="n_indent")
-    t_max = _number(body, "t_max_predict_ms", 0.0, 0.0, math.inf, ">= 0 (0 = off)")
+    t_max = number_field(body, "t_max_predict_ms", 0.0, 0.0, math.inf, ">= 0 (0 = off)")
     fields = body.get("response_fields")
     if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
         raise bad_request("'response_fields' must be a list of field names, e.g. [\"content\", \"timings/prompt_n\"]",
                           param="response_fields")
     _check_hints(body)
-    depth, sources = _speculative(body.get("speculative"))
+    depth, sources = speculative_field(body.get("speculative"))
     req = CompletionRequest(
         "completion", model, texts["input_prefix"], None if limit is None or limit < 0 else int(limit), temperature,
-        top_p, max(int(top_k), 0), None if seed is None or seed < 0 else int(seed), _stop(body.get("stop")),
+        top_p, max(int(top_k), 0), None if seed is None or seed < 0 else int(seed), stop_field(body.get("stop")),
         stream, False, min_p=min_p,
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)"),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)"),
+        presence_penalty=number_field(body, "presence_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)"),
+        frequency_penalty=number_field(body, "frequency_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)"),
         repetition_penalty=repetition, n=1, prompts=(texts["input_prefix"],), suffix=texts["input_suffix"],
         middle=texts["prompt"], repository=_extra(body.get("input_extra")), max_draft_depth=depth,
         token_sources=sources)

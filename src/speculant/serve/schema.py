@@ -173,11 +173,11 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         suffix = suffix_of(body, prompts, echo)
     prediction = prediction_of(body.get("prediction"))
     max_tokens = _max_tokens(body, kind, zero_ok=echo)
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0, "between 0 and 2 (0 = greedy)")
+    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0, "between 0 and 2 (0 = greedy)")
     if 0 < temperature < MIN_TEMPERATURE:
         raise bad_request(f"'temperature' must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (logits / temperature "
                           f"must stay finite), got {temperature:g}", param="temperature")
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, "in (0, 1]")
+    top_p = number_field(body, "top_p", 1.0, 0.0, 1.0, "in (0, 1]")
     if top_p <= 0.0:
         raise bad_request(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
     top_k = body.get("top_k", 0)
@@ -202,26 +202,26 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         raise bad_request("'stream_options' must be {\"include_usage\": true|false}", param="stream_options")
     if options and not stream:
         raise bad_request("'stream_options' is only allowed with \"stream\": true", param="stream_options")
-    min_p = _number(body, "min_p", 0.0, 0.0, 1.0, "in [0, 1) (0 = off)")
+    min_p = number_field(body, "min_p", 0.0, 0.0, 1.0, "in [0, 1) (0 = off)")
     if min_p >= 1.0:
         raise bad_request(f"'min_p' must be in [0, 1) (0 = off), got {show(body['min_p'])}", param="min_p")
     between = f"between -{MAX_PENALTY:g} and {MAX_PENALTY:g} (0 = off)"
-    presence = _number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY, between)
-    frequency = _number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY, between)
-    repetition = _number(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY,
+    presence = number_field(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY, between)
+    frequency = number_field(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY, between)
+    repetition = number_field(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY,
                          f"above 0 and at most {MAX_REPETITION_PENALTY:g} (1 = off)")
     if repetition <= 0.0:
         raise bad_request(f"'repetition_penalty' must be above 0 and at most {MAX_REPETITION_PENALTY:g} (1 = off), "
                           f"got {show(body['repetition_penalty'])}", param="repetition_penalty")
     return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, int(top_k), seed,
-                             _stop(body.get("stop")), stream, bool(options and options.get("include_usage")),
+                             stop_field(body.get("stop")), stream, bool(options and options.get("include_usage")),
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
                              _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
-                             *_speculative(body.get("speculative")), echo=echo, prompts=prompts, suffix=suffix,
+                             *speculative_field(body.get("speculative")), echo=echo, prompts=prompts, suffix=suffix,
                              prediction=prediction, functions=functions)
 
 
-def _speculative(value: Any) -> tuple[int | None, bool]:
+def speculative_field(value: Any) -> tuple[int | None, bool]:
     """The extension ``speculative``: true or absent (the server's speculation), false (plain
     decoding for this request) or ``{"max_depth": k, "sources": bool}`` (drafts at most k tokens
     deep, 0 to MAX_DRAFT_DEPTH; ``sources``: every streamed token's chunk says whether it was an
@@ -370,7 +370,7 @@ def _max_tokens(body: dict, kind: str, zero_ok: bool = False) -> int | None:
     return int(value)
 
 
-def _number(body: dict, name: str, default: float, lo: float, hi: float, what: str) -> float:
+def number_field(body: dict, name: str, default: float, lo: float, hi: float, what: str) -> float:
     value = body.get(name)
     if value is None:
         return default
@@ -382,7 +382,7 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, what: s
     return float(value)
 
 
-def _stop(stop: Any) -> tuple[str, ...]:
+def stop_field(stop: Any) -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backends.native_model import _PROJ
+from ..backends.native_model import PROJECTIONS
 from ..errors import ModelLoadError
 from ..runtime.kquant import KINDS
 from ..runtime.gguf_blocks import LEGACY
@@ -67,10 +67,10 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
     from gguf import GGUFReader
 
     from ..runtime.quant import Int4Linear
-    from .gguf_meta import _value
+    from .gguf_meta import meta_value
 
     reader = GGUFReader(str(gguf))
-    arch_name = _value(reader, "general.architecture")
+    arch_name = meta_value(reader, "general.architecture")
     arch = {v: k for k, v in gg.MODEL_ARCH_NAMES.items()}.get(arch_name)
     if arch is None:
         raise ModelLoadError(f"{gguf}: gguf-py does not know the architecture {arch_name!r}; load it with "
@@ -109,8 +109,8 @@ def apply_gguf_blocks(model, gguf: str | os.PathLike) -> dict[str, Any]:
 
     for i, block in enumerate(model.blocks):
         new = {}
-        for proj in _PROJ:
-            part = "self_attn" if proj in _PROJ[:4] else "mlp"
+        for proj in PROJECTIONS:
+            part = "self_attn" if proj in PROJECTIONS[:4] else "mlp"
             layer = replacement(f"model.layers.{i}.{part}.{proj}", getattr(block, proj), proj)
             if layer is not None:
                 new[proj] = layer

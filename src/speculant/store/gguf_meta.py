@@ -32,7 +32,7 @@ _27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's LLM_TYPE_27B of each
 _LOCAL_ROPE_BASE = 10000.0  # Gemma 3's sliding-window layers (llama.cpp's and transformers' default)
 
 
-def _value(reader: Any, key: str) -> Any:
+def meta_value(reader: Any, key: str) -> Any:
     """The value of metadata ``key`` (a per-layer array's first entry), or None if absent."""
     field = reader.get_field(key)
     if field is None:
@@ -47,25 +47,26 @@ def config_fixes(gguf: str | os.PathLike) -> dict[str, Any]:
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf))
-    arch = _value(reader, "general.architecture")
+    arch = meta_value(reader, "general.architecture")
     if arch not in _27B_LAYERS:
         return {}
     fixes: dict[str, Any] = {}
     if arch == "gemma2":
         for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
-            value = _value(reader, f"{arch}.{cap}")
+            value = meta_value(reader, f"{arch}.{cap}")
             if value is not None:
                 fixes[cap] = float(value)
-    hidden = int(_value(reader, f"{arch}.embedding_length"))
-    heads = int(_value(reader, f"{arch}.attention.head_count"))
-    head_dim = _value(reader, f"{arch}.attention.key_length")
+    hidden = int(meta_value(reader, f"{arch}.embedding_length"))
+    heads = int(meta_value(reader, f"{arch}.attention.head_count"))
+    head_dim = meta_value(reader, f"{arch}.attention.key_length")
     head_dim = hidden // heads if head_dim is None else int(head_dim)
-    layers = int(_value(reader, f"{arch}.block_count"))
+    layers = int(meta_value(reader, f"{arch}.block_count"))
     fixes["query_pre_attn_scalar"] = hidden // heads if layers == _27B_LAYERS[arch] else head_dim
     if arch == "gemma3":
-        kind, factor = _value(reader, f"{arch}.rope.scaling.type"), _value(reader, f"{arch}.rope.scaling.factor")
+        kind = meta_value(reader, f"{arch}.rope.scaling.type")
+        factor = meta_value(reader, f"{arch}.rope.scaling.factor")
         if kind == "linear" and factor is not None and float(factor) != 1.0:
-            base = _value(reader, f"{arch}.rope.freq_base")
+            base = meta_value(reader, f"{arch}.rope.freq_base")
             fixes["rope_parameters"] = {
                 "full_attention": {"rope_type": "linear", "factor": float(factor),
                                    "rope_theta": 1e6 if base is None else float(base)},

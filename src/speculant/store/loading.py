@@ -154,13 +154,13 @@ def _saved_gguf_blocks(spec: str, dtype, quant_head: bool, source) -> tuple[Load
     also that file's path; else None), else built and saved (as the int4 model is saved by
     ``NativeModel.from_dir``, under the same conditions: speculant's int4 kernel runs here)."""
     from ..backends.native_gguf_store import gguf_store_path, load_gguf_store, save_gguf_store, storable
-    from ..backends.native_model import _int4_layout, read_dir_config
+    from ..backends.native_model import int4_layout, read_dir_config
     from ..backends.native_store import remove_partial_saves
     from ..kernels import GROUP
     from ..runtime.process import file_lock
 
     dtype = parse_dtype(dtype)
-    kind = _int4_layout(GROUP) if dtype == torch.bfloat16 else None
+    kind = int4_layout(GROUP) if dtype == torch.bfloat16 else None
     if kind is None:  # no int4 model to save: loading it says why
         return *_apply_gguf_blocks(spec, dtype, quant_head, source), None
     path = resolve(spec, dtype)

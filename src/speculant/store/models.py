@@ -40,16 +40,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import torch
 
 from . import gguf_meta
 from ..errors import ConfigError, ModelLoadError, VocabMismatchError
 from .presets import PRESETS, Part, Preset  # noqa: F401 - re-exported: models.PRESETS is public
-from ..runtime.process import file_lock
+from ..runtime.process import cache_dir, file_lock  # noqa: F401 - cache_dir re-exported
 from ..runtime.weights import weights_of
-from ..text_check import check_text
 
 GGUF_MAGIC = b"GGUF"
 COMPLETE_MARKER = "SPECULANT_COMPLETE.json"
@@ -60,12 +59,6 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 # --------------------------------------------------------------------------------------------
 # Cache, progress, small helpers
 # --------------------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """``$SPECULANT_CACHE`` if set, else ``~/.cache/speculant`` (not created here)."""
-    env = os.environ.get("SPECULANT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "speculant"
 
 
 def _say(msg: str) -> None:
@@ -485,41 +478,3 @@ def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     if te != de:
         raise VocabMismatchError(f"the draft {draft.name!r} and the target {target.name!r} have "
                                  f"different eos token ids ({de} vs {te}); {fix}")
-
-
-CHAT_ROLES = ("system", "user", "assistant")
-
-
-def chat_prompt(tokenizer: Any, text: str) -> str:
-    """``text`` as one user turn in the tokenizer's chat template, ready for the assistant's
-    reply; ``text`` unchanged if the tokenizer has no chat template (a base model)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return text
-    return chat_messages_prompt(tokenizer, [{"role": "user", "content": text}])
-
-
-def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
-    """A conversation (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``) in
-    the tokenizer's chat template, ending with the prompt for the assistant's next turn. With
-    ``tools`` (OpenAI's ``{"type": "function", "function": {...}}`` objects) the template renders
-    them; an assistant message may then carry ``tool_calls`` (arguments as objects) and a ``tool``
-    message (``tool_call_id``, ``content``) a call's result, as transformers' templates take them."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("this model has no chat template, so it cannot take chat messages: "
-                          "send a plain text prompt instead")
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise ConfigError("messages must be a non-empty list of {\"role\", \"content\"} objects")
-    roles = CHAT_ROLES + ("tool",)
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ConfigError(f"messages[{i}] must be an object with \"role\" and \"content\", "
-                              f"got {type(m).__name__}")
-        if m.get("role") not in roles:
-            raise ConfigError(f"messages[{i}] has role {m.get('role')!r}: use one of {', '.join(roles)}")
-        if not isinstance(m.get("content"), str):
-            raise ConfigError(f"messages[{i}].content must be a string, got {type(m.get('content')).__name__}")
-        check_text(m["content"], f"messages[{i}] ({m['role']}) content")
-    keys = ("role", "content", "tool_calls", "tool_call_id", "name")
-    turns = [{k: m[k] for k in keys if k in m and (k != "name" or m["role"] == "tool")} for m in messages]
-    extra = {"tools": list(tools)} if tools else {}
-    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **extra)

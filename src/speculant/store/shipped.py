@@ -55,7 +55,7 @@ def checkout_data_root() -> Path | None:
 def installed_root() -> Path:
     """Where the install step puts the drafters: ``$SPECULANT_CACHE/drafters`` (it holds
     ``<preset>/...`` and the manifest it was installed from)."""
-    from .models import cache_dir
+    from ..runtime.process import cache_dir
 
     return cache_dir() / DRAFTERS
 

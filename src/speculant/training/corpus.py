@@ -40,7 +40,7 @@ from typing import Sequence
 
 from ..provenance import machine_info
 from .corpus_pack import pack, read_packed, unpack
-from .data import STDLIB_MODULES, _public, distill, german_answer, importable, load_records, rewrite_records, \
+from .data import STDLIB_MODULES, public_callables, distill, german_answer, importable, load_records, rewrite_records, \
     stdlib_prompts, wmt_prompts
 from .asked import asked_families, grow_asked
 from .prompts import de_en_prompts, english_prompt_families, german_sentences, german_writing_prompts, \
@@ -83,7 +83,7 @@ def code_edit_prompts(modules: Sequence[str] = STDLIB_MODULES, min_lines: int = 
     out: list[str] = []
     seen: set[str] = set()
     for module, mod in importable(modules):
-        for _, obj in _public(module, mod):
+        for _, obj in public_callables(module, mod):
             if not inspect.isfunction(obj):
                 continue
             try:

@@ -85,7 +85,7 @@ def _own(module: str, owner, name: str, value) -> bool:
     return home == module or home.startswith(module + ".")
 
 
-def _public(module: str, owner) -> list[tuple[str, object]]:
+def public_callables(module: str, owner) -> list[tuple[str, object]]:
     """Sorted public callables of a module or class that belong to it."""
     out = []
     for name in sorted(n for n in dir(owner) if not n.startswith("_")):
@@ -130,10 +130,10 @@ def stdlib_prompts(modules: Sequence[str] = STDLIB_MODULES, limit: int | None = 
         prompts.append(template.format(qual=qual, name=name, module=module, doc=doc, kind=kind))
 
     for module, mod in importable(modules):
-        for name, obj in _public(module, mod):
+        for name, obj in public_callables(module, mod):
             add(module, f"{module}.{name}", name, obj)
             if inspect.isclass(obj):  # and the methods its body defines
-                for meth_name, meth in _public(module, obj):
+                for meth_name, meth in public_callables(module, obj):
                     if not inspect.isclass(meth):
                         add(module, f"{module}.{name}.{meth_name}", f"{name}.{meth_name}", meth)
         if limit is not None and len(prompts) >= limit:

@@ -288,7 +288,7 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     ckpts = out_dir / "checkpoints"
     step = 0
     # what the steps took, over every run that resumed this one: wall seconds, CPU seconds of all
-    # the processes, and each run's machine (bench.harness.machine_info)
+    # the processes, and each run's machine (provenance.machine_info)
     spent = {"seconds": 0.0, "cpu_seconds": 0.0, "machines": []}
     done = sorted((p for p in ckpts.glob("step-*") if (p / "step.json").is_file()), key=lambda p: int(p.name[5:]))
     if done:

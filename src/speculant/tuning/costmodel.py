@@ -209,7 +209,7 @@ def machine_key(model_name: str, dtype: torch.dtype, runtime: str) -> str:
 
 
 def _cache_file() -> Path:
-    from ..store.models import cache_dir
+    from ..runtime.process import cache_dir
 
     return cache_dir() / "pass_cost.json"
 
