@@ -48,10 +48,11 @@ def expected(target):
 
 
 class _Faulty:
-    """A decoder that raises where a prompt asks it to: ``boom-start`` in ``start`` (as the
-    tokenizer once did on a lone surrogate), ``boom-template`` there too (as a chat template
-refusing the conversation does), ``boom-join`` in ``join``, ``boom-step`` at the
-    third decoding step (after a stream's headers); ``delay`` s per step."""
+    """A decoder that raises where a prompt (or, for a request the server renders to token ids,
+    a stop string) asks it to: ``boom-start`` in ``start`` (as the tokenizer once did on a lone
+    surrogate), ``boom-template`` there too (as a chat template refusing the conversation does),
+    ``boom-join`` in ``join``, ``boom-step`` at the third decoding step (after a stream's headers);
+    ``delay`` s per step."""
 
     def __init__(self, decoder, delay: float = 0.0):
         self._dec, self.delay, self._doomed, self._late = decoder, delay, set(), set()
@@ -60,14 +61,15 @@ refusing the conversation does), ``boom-join`` in ``join``, ``boom-step`` at the
         return getattr(self._dec, name)
 
     def start(self, prompt, *args, **kwargs):
-        if "boom-template" in json.dumps(prompt):  # a chat template's own raise_exception
+        seen = json.dumps([prompt, kwargs.get("stop")])
+        if "boom-template" in seen:  # a chat template's own raise_exception
             raise TemplateError("Conversation roles must alternate user/assistant/user/assistant/...")
-        if "boom-start" in json.dumps(prompt):
+        if "boom-start" in seen:
             raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
         gen = self._dec.start(prompt, *args, **kwargs)
-        if "boom-join" in json.dumps(prompt):
+        if "boom-join" in seen:
             self._doomed.add(gen)
-        if "boom-step" in json.dumps(prompt):
+        if "boom-step" in seen:
             self._late.add(gen)
         return gen
 
@@ -130,7 +132,7 @@ def test_a_fault_after_the_headers_ends_the_stream_with_an_error_event(target, e
     s = RunningServer(_Faulty(_decoder(target)), max_batch=max_batch)
     try:
         lines: list[str] = []
-        body = {**GOOD, "max_tokens": 100, "messages": [{"role": "user", "content": "w1 boom-step"}]}
+        body = {**GOOD, "max_tokens": 100, "stop": ["boom-step"]}  # a stop string never met: the marker
         _stream(s.url, body, threading.Event(), lines)
         assert lines[-1] == "[DONE]" and "choices" in json.loads(lines[0])  # the stream had begun
         error = json.loads(lines[-2])["error"]

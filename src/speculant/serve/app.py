@@ -7,10 +7,13 @@ events in OpenAI's chunk format ending with ``data: [DONE]``. A completions requ
 prompts runs them as generations of the batch, ``n`` choices each (``inputs``); one with a
 ``suffix`` has its prompt built from the model's fill-in-the-middle tokens (``fim``). With
 logprobs asked for, every token's log-probabilities are in the body's ``logprobs``, or in the
-chunk sent for that token (``logprobs`` module). With ``tools``, the messages are rendered here with the tools through the
-model's chat template, and the calls the model writes come back as ``message.tool_calls`` (streamed:
-``delta.tool_calls``) with ``finish_reason`` "tool_calls" (``tools`` module), or, for the deprecated
-``functions``, as ``message.function_call`` (``functions`` module). Every error has OpenAI's shape,
+chunk sent for that token (``logprobs`` module). Chat messages are rendered here through the model's
+chat template, with the request's tools and extra template variables (``chat_template_kwargs``,
+``reasoning_effort``: ``reasoning`` module). With ``tools``, the calls the model writes come back
+as ``message.tool_calls`` (streamed: ``delta.tool_calls``) with ``finish_reason`` "tool_calls"
+(``tools`` module), or, for the deprecated ``functions``, as ``message.function_call``
+(``functions`` module). A thinking model's thinking comes back apart from its answer, as
+``reasoning_content``. Every error has OpenAI's shape,
 including a fault after a stream has begun (an error event, then the stream ends). A client that
 goes away has its generation cancelled within one decoding step. If the scheduler's worker stops
 for good, ``/health`` answers 503 with the reason, new requests get 503, and
@@ -47,6 +50,7 @@ from .inputs import check_vocabulary
 from .logprobs import Logprobs, token_strings
 from .responses import ClientGone, Response as Reply, error_of, merged, next_event, stream, stopped
 from .metrics import Metrics
+from .reasoning import Thinking
 from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
 from .tools import bare_call_names, call_grammar, tool_format
@@ -79,30 +83,31 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     string = token_strings(decoder.tokenizer)  # a token id's string, for logprobs
     calls_format = tool_format(decoder.tokenizer)  # how the chat template has the model write tool calls
     fim = fim_tokens(decoder.tokenizer, decoder.vocab_size)  # the model's fill-in-the-middle tokens, or None
+    thinking = Thinking.of(decoder.tokenizer)  # the chat template's thinking switch and tags
 
-    def tool_prompt(req: CompletionRequest) -> list[int] | None:
-        """The token ids of a chat with tools or tool messages, rendered here (the decoder renders
-        plain chats itself); None for one without; a 400 if the chat template cannot render them."""
+    def chat_prompt(req: CompletionRequest) -> tuple[list[int], str]:
+        """A chat's token ids and text: its messages in the model's chat template, with its tools
+        and its extra template variables; a 400 if the template cannot render them."""
         uses = [i for i, m in enumerate(req.prompt) if m["role"] == "tool" or "tool_calls" in m]
-        if req.tools is None and not uses:
-            return None
-        param = "tools" if req.tools is not None else f"messages[{uses[0]}]"
-        if calls_format is None:
-            raise bad_request(f"{param}: the model's chat template has no tool support (it does not render "
-                              "tools or tool calls); send a conversation without them", param=param,
-                              code="unsupported_parameter")
-        if calls_format == "unknown" and req.tools is not None:
-            raise bad_request("tools: the model's chat template writes tool calls in a format this server cannot "
-                              "parse yet (it knows Hermes' <tool_call> tags)", param="tools",
-                              code="unsupported_parameter")
+        if req.tools is not None or uses:
+            param = "tools" if req.tools is not None else f"messages[{uses[0]}]"
+            if calls_format is None:
+                raise bad_request(f"{param}: the model's chat template has no tool support (it does not render "
+                                  "tools or tool calls); send a conversation without them", param=param,
+                                  code="unsupported_parameter")
+            if calls_format == "unknown" and req.tools is not None:
+                raise bad_request("tools: the model's chat template writes tool calls in a format this server "
+                                  "cannot parse yet (it knows Hermes' <tool_call> tags)", param="tools",
+                                  code="unsupported_parameter")
         try:
-            text = chat_messages_prompt(decoder.tokenizer, req.prompt, req.tools)
+            text = chat_messages_prompt(decoder.tokenizer, req.prompt, req.tools, req.template_variables)
         except ConfigError as e:
             raise bad_request(str(e), param="messages") from None
         except Exception as e:  # noqa: BLE001 -- the template's own refusal, or it broke on this input
-            raise bad_request(f"the model's chat template refused the messages and tools: {type(e).__name__}: "
-                              f"{e}", param="messages") from None
-        return decoder.tokenizer(text, add_special_tokens=False).input_ids
+            what = " and tools" if req.tools is not None else ""
+            raise bad_request(f"the model's chat template refused the messages{what}: {type(e).__name__}: {e}",
+                              param="messages") from None
+        return decoder.tokenizer(text, add_special_tokens=False).input_ids, text
 
     def job_prompts(req: CompletionRequest, infill: bool = False) -> list:
         """Every prompt of a completions request as a Job takes it: its text or token ids, or with
@@ -224,11 +229,12 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 raise bad_request(f"the request asks for {len(req.prompts) * req.n} generations ({len(req.prompts)} "
                                   f"prompts, n {req.n}) but the server queues at most {config.max_queue} "
                                   "(--max-queue): send fewer prompts", param="prompt")
-            prompts: list = [req.prompt]
-            if kind == "chat" and (req.tools is not None or any("tool_calls" in m or m["role"] == "tool"
-                                                                 for m in req.prompt)):
-                prompts = [await asyncio.get_running_loop().run_in_executor(None, tool_prompt, req)]
-            elif kind != "chat":
+            opened = None  # a thinking template: whether the completion starts inside the thinking
+            if kind == "chat":
+                thinking.check(req.template_variables, req.reasoning_effort)
+                ids, text = await asyncio.get_running_loop().run_in_executor(None, chat_prompt, req)
+                prompts, opened = [ids], (thinking.opened(text) if thinking.tags else None)
+            else:
                 prompts = await asyncio.get_running_loop().run_in_executor(None, job_prompts, req,
                                                                            infill_options is not None)
             base = Job(prompts[0], req.max_tokens, req.temperature, req.top_p, req.top_k,
@@ -295,7 +301,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                       calls_format if req.tools is not None else None,
                       echo=[echoed(p) for p in req.prompts for _ in range(req.n)] if req.echo else None,
                       bare=bare_call_names(req.tools, req.tool_choice), per_prompt=req.n,
-                      prediction=req.prediction is not None, functions=req.functions)
+                      prediction=req.prediction is not None, functions=req.functions, reasoning=opened)
         for index, first in enumerate(starts):
             reply.started(index, first)
         if req.stream:

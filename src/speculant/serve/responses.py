@@ -11,7 +11,9 @@ passes, tokens and accepted drafts. A completions request with several prompts h
 per prompt, prompt i's at indices ``i * n`` to ``i * n + n - 1``. With a ``prediction``,
 ``usage.completion_tokens_details`` counts its draft tokens the target accepted and refused.
 A request whose tools came as the deprecated ``functions`` gets its call as ``function_call``
-(``functions`` module).
+(``functions`` module). For a thinking model (``reasoning``), a choice's thinking comes back as
+``message.reasoning_content`` (streamed: ``delta.reasoning_content``) and only the rest is its
+content, the part its tool calls are parsed from.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .errors import APIError
 from .functions import as_function_call, calls_finish, function_call_message
 from .logprobs import Logprobs
 from .metrics import Metrics
+from .reasoning import ReasoningStream
 from .scheduler import Failed, Finished, Started, Ticket, Token
 from .tools import ToolStream, join
 
@@ -49,12 +52,21 @@ def stopped(reason: str) -> APIError:
 class Choice:
     """One choice's parsing state: ``tools`` parses its tool calls out of its text (None: the
     request has no tools; ``bare``: the tools whose calls may come without tags, ``tools.ToolStream``),
-    ``logprobs`` collects its tokens' logprobs (None: not asked for)."""
+    ``reasoning`` splits its thinking from its answer (None: the model has no thinking template;
+    True: its prompt opened the thinking), ``logprobs`` collects its tokens' logprobs (None: not
+    asked for)."""
 
-    def __init__(self, index: int, logprobs: Logprobs | None, tools: str | None, bare: tuple[str, ...] = ()):
+    def __init__(self, index: int, logprobs: Logprobs | None, tools: str | None, bare: tuple[str, ...] = (),
+                 reasoning: bool | None = None):
         self.index = index
         self.logprobs = logprobs
         self.tools = None if tools is None else ToolStream(tools, names=bare)
+        self.reasoning = None if reasoning is None else ReasoningStream(reasoning)
+
+    @property
+    def parsed(self) -> bool:
+        """Whether its text is parsed (for calls or thinking) rather than sent as it comes."""
+        return self.tools is not None or self.reasoning is not None
 
 
 class Response:
@@ -63,14 +75,16 @@ class Response:
     the tools whose calls may come without tags (``Choice``); ``echo``: each choice's prompt text
     (completions with echo), or one for all; ``per_prompt``: choices per prompt (the request's n);
     ``prediction``: the request has one (usage then counts its tokens); ``functions``: a call
-    comes back in the deprecated shape, ``function_call``."""
+    comes back in the deprecated shape, ``function_call``; ``reasoning``: a thinking model's
+    (``Choice``)."""
 
     def __init__(self, kind: str, model: str, method: str, arrived: float, metrics: Metrics, n: int = 1,
                  logprobs: Callable[[], Logprobs] | None = None, tools: str | None = None,
                  echo: str | Sequence[str] | None = None, bare: tuple[str, ...] = (), per_prompt: int = 1,
-                 prediction: bool = False, functions: bool = False):
+                 prediction: bool = False, functions: bool = False, reasoning: bool | None = None):
         self.kind, self.model, self.method, self.arrived, self.metrics = kind, model, method, arrived, metrics
-        self.choices = [Choice(i, None if logprobs is None else logprobs(), tools, bare) for i in range(n)]
+        self.choices = [Choice(i, None if logprobs is None else logprobs(), tools, bare, reasoning)
+                        for i in range(n)]
         # completions with echo: each choice's prompt, which its text starts with
         self.echo = None if echo is None else [echo] * n if isinstance(echo, str) else list(echo)
         self.per_prompt, self.prediction, self.functions = per_prompt, prediction, functions
@@ -117,8 +131,12 @@ class Response:
             logprobs = None if choice.logprobs is None else choice.logprobs.all
             if self.kind == "chat":
                 message: dict[str, Any] = {"role": "assistant", "content": event.text}
-                if choice.tools is not None:
-                    message["content"], calls = join(choice.tools.feed(event.text) + choice.tools.finish())
+                if choice.parsed:
+                    deltas = self._parsed(choice, event.text) + self._parsed(choice, None)
+                    message["content"], calls = join(deltas)
+                    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+                    if reasoning:
+                        message["reasoning_content"] = reasoning
                     if calls and self.functions:
                         function_call_message(message, calls)
                     elif calls:
@@ -136,8 +154,23 @@ class Response:
 
     def deltas(self, choice: Choice, text: str | None) -> list[dict]:
         """The deltas of choice's next ``text`` (None: its end), its calls in the request's shape."""
-        deltas = choice.tools.finish() if text is None else choice.tools.feed(text)
+        deltas = self._parsed(choice, text)
         return as_function_call(deltas) if self.functions else deltas
+
+    @staticmethod
+    def _parsed(choice: Choice, text: str | None) -> list[dict]:
+        """The deltas of choice's next ``text`` (None: its end): its thinking as reasoning_content,
+        the rest as content with its tool calls parsed out."""
+        if choice.reasoning is None:
+            parts = [] if text is None else [{"content": text}]
+        else:
+            parts = choice.reasoning.finish() if text is None else choice.reasoning.feed(text)
+        if choice.tools is None:
+            return parts
+        out: list[dict] = []
+        for part in parts:
+            out += choice.tools.feed(part["content"]) if "content" in part else [part]
+        return (out + choice.tools.finish()) if text is None else out
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
               usage: dict | None = None, logprobs: dict | None = None, delta: dict | None = None,
@@ -248,7 +281,7 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
                     logprobs = response.token(index, event)
                     source = event.source if sources else None
                     every = logprobs is not None or sources  # then every token has its chunk
-                    if choice.tools is not None:
+                    if choice.parsed:
                         deltas = response.deltas(choice, event.text) or ([{}] if every else [])
                         for i, delta in enumerate(deltas):  # the token's logprobs ride with its first chunk
                             yield response.chunk(delta=delta, logprobs=logprobs if i == 0 else None, index=index,
@@ -257,10 +290,11 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
                         yield response.chunk(event.text, logprobs=logprobs, index=index, source=source)
                 elif isinstance(event, Finished):
                     finish = FINISH[event.finish_reason]
-                    if choice.tools is not None:
+                    if choice.parsed:
                         for delta in response.deltas(choice, None):
                             yield response.chunk(delta=delta, index=index)
-                        finish = calls_finish(finish, response.functions) if choice.tools.calls else finish
+                        calls = choice.tools is not None and choice.tools.calls
+                        finish = calls_finish(finish, response.functions) if calls else finish
                     yield response.chunk(None, finish=finish, index=index)
                     finished[index] = event
                 elif isinstance(event, Failed):

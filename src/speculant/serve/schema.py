@@ -23,8 +23,10 @@ request starts. ``tools``, ``tool_choice`` ("auto", "none", "required", a named 
 ``parallel_tool_calls``, and messages carrying tool calls and their results (an assistant's
 ``tool_calls``, the ``tool`` role), are checked by ``tools``; OpenAI's deprecated ``functions``,
 ``function_call`` and ``function`` role are mapped onto them by ``functions``. Whether the model's
-chat template can render them is checked by the app. Whether ``logit_bias``'s token ids are in the
-model's vocabulary is checked by the app, which knows the model.
+chat template can render them is checked by the app. ``chat_template_kwargs`` and
+``reasoning_effort`` (chat) are checked by ``reasoning``, and whether the model's chat template
+reads them by the app. Whether ``logit_bias``'s token ids are in the model's vocabulary is checked
+by the app, which knows the model.
 
 Before any field is read, the whole body is checked (``check_body``): it may be nested at most
 ``MAX_DEPTH`` levels, and every string in it, field names included, must be Unicode text (no
@@ -34,6 +36,7 @@ Numbers must be in range: a value no model could use is refused, never passed on
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -47,6 +50,7 @@ from ..text_check import text_problem
 from .errors import bad_request, is_int as _is_int, kind_of as _type, show
 from .inputs import completion_prompts, prediction_of, suffix_of
 from .functions import assistant_calls, function_result, legacy_tools
+from .reasoning import given_thinking, template_variables
 from .tools import check_tool_choice, check_tools
 
 # "developer": OpenAI's newer name for system; "function": a function's result (deprecated: "tool")
@@ -61,10 +65,11 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
            "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
            "repetition_penalty", "min_p", "response_format", "speculative", "prediction"}
 FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                             "parallel_tool_calls", "functions", "function_call"},
+                             "parallel_tool_calls", "functions", "function_call", "chat_template_kwargs",
+                             "reasoning_effort"},
           "completion": _COMMON | {"prompt", "top_logprobs", "echo", "suffix"}}  # top_logprobs: refused with a hint (_logprobs)
 # beyond role, content, name
-_TOOL_KEYS = {"assistant": {"tool_calls", "function_call"}, "tool": {"tool_call_id"}}
+_TOOL_KEYS = {"assistant": {"tool_calls", "function_call", "reasoning_content"}, "tool": {"tool_call_id"}}
 _EMPTY_OK = {"refusal", "audio", "annotations"}  # an assistant message the client gave back
 MAX_DEPTH = 64  # JSON nesting levels a body may have (a chat request with text parts needs 5)
 MAX_INT32 = 2**31 - 1  # max_tokens and top_k: beyond any context or vocabulary
@@ -113,6 +118,8 @@ class CompletionRequest:
     repository: tuple[tuple[str, str], ...] = ()  # fill in the middle: other files (name, text), as context
     prediction: str | None = None  # the text the output is expected to be (Predicted Outputs), drafted from
     functions: bool = False  # the tools came as the deprecated functions: a call comes back as function_call
+    template_variables: dict = dataclasses.field(default_factory=dict)  # chat: extra chat-template variables
+    reasoning_effort: str | None = None  # chat: as asked (its enable_thinking is in template_variables)
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -128,7 +135,9 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         if name in FIELDS[kind]:  # echo: a field of the completions endpoint only
             continue
         if name in body and not any(body[name] == v and type(body[name]) is type(v) or body[name] is v for v in off):
-            hint = "; it is a field of /v1/completions" if name == "echo" else ""
+            other = "completion" if kind == "chat" else "chat"
+            hint = f"; it is a field of /v1/{'chat/' if other == 'chat' else ''}completions" \
+                if name in FIELDS[other] else ""
             raise bad_request(f"{name!r} is not supported by speculant serve (it would change the result); "
                               f"remove it or set it to {off[-1]!r}{hint}", param=name, code="unsupported_parameter")
     model = body.get("model")
@@ -140,6 +149,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         raise bad_request(f"'n' must be an integer from 1 to {MAX_N} (the choices to generate), got {show(n)}",
                           param="n")
     tools, choice, tool_name, parallel, functions = None, "none", None, True, False
+    variables, effort = template_variables(body) if kind == "chat" else ({}, None)
     fmt = _response_format(body.get("response_format"))
     if kind == "chat":
         prompt: str | tuple[int, ...] | tuple[dict, ...] = _messages(body.get("messages"))
@@ -218,7 +228,8 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                              _logprobs(body, kind), min_p, presence, frequency, repetition,
                              _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
                              *speculative_field(body.get("speculative")), echo=echo, prompts=prompts, suffix=suffix,
-                             prediction=prediction, functions=functions)
+                             prediction=prediction, functions=functions, template_variables=variables,
+                             reasoning_effort=effort)
 
 
 def speculative_field(value: Any) -> tuple[int | None, bool]:
@@ -331,6 +342,8 @@ def _messages(messages: Any) -> tuple[dict, ...]:
             message["content"] = "" if m.get("content") is None else _content(m["content"], param)
         else:
             message["content"] = _content(m.get("content"), param)
+        if role == "assistant" and (thought := given_thinking(m, param)) is not None:
+            message["reasoning_content"] = thought
         if role == "tool":
             if not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]:
                 raise bad_request(f"{param}.tool_call_id must be the id of the call this message answers",

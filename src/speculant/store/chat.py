@@ -22,12 +22,15 @@ def chat_prompt(tokenizer: Any, text: str) -> str:
     return chat_messages_prompt(tokenizer, [{"role": "user", "content": text}])
 
 
-def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                         variables: dict[str, Any] | None = None) -> str:
     """A conversation (``[{"role": "system" | "user" | "assistant", "content": str}, ...]``) in
     the tokenizer's chat template, ending with the prompt for the assistant's next turn. With
     ``tools`` (OpenAI's ``{"type": "function", "function": {...}}`` objects) the template renders
     them; an assistant message may then carry ``tool_calls`` (arguments as objects) and a ``tool``
-    message (``tool_call_id``, ``content``) a call's result, as transformers' templates take them."""
+    message (``tool_call_id``, ``content``) a call's result, as transformers' templates take them; an
+    assistant message's ``reasoning_content`` (its thinking) goes to the template too.
+    ``variables``: extra variables for the template (e.g. ``{"enable_thinking": False}``)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("this model has no chat template, so it cannot take chat messages: "
                           "send a plain text prompt instead")
@@ -43,7 +46,7 @@ def chat_messages_prompt(tokenizer: Any, messages: Sequence[dict], tools: Sequen
         if not isinstance(m.get("content"), str):
             raise ConfigError(f"messages[{i}].content must be a string, got {type(m.get('content')).__name__}")
         check_text(m["content"], f"messages[{i}] ({m['role']}) content")
-    keys = ("role", "content", "tool_calls", "tool_call_id", "name")
+    keys = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
     turns = [{k: m[k] for k in keys if k in m and (k != "name" or m["role"] == "tool")} for m in messages]
-    extra = {"tools": list(tools)} if tools else {}
+    extra = {**(variables or {}), **({"tools": list(tools)} if tools else {})}
     return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **extra)

@@ -1,7 +1,8 @@
 // speculant's chat page: one conversation with the served model over /v1/chat/completions,
 // streamed; each token is coloured by where it came from (an accepted draft or the target's own
 // token: the request's extension speculative.sources), with tokens/s and tokens per target pass
-// (tau) shown live and the server's own figures (usage.speculative) at the end.
+// (tau) shown live and the server's own figures (usage.speculative) at the end. A thinking model's
+// thinking (delta.reasoning_content) is shown muted before its answer and is not sent back.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -97,6 +98,7 @@ async function send(text) {
   $("stop").disabled = false;
   aborter = new AbortController();
   let answer = "", tokens = 0, targets = 0;
+  const sourced = $("speculate").checked;
   const started = performance.now();
   try {
     const res = await fetch("/v1/chat/completions", {
@@ -126,14 +128,18 @@ async function send(text) {
         const choice = chunk.choices[0];
         if (!choice || choice.finish_reason) continue;
         const piece = (choice.delta && choice.delta.content) || "";
-        if (choice.source !== undefined || piece) {
+        const thought = (choice.delta && choice.delta.reasoning_content) || "";
+        // with sources, a token's first chunk names its source (a token may have a second: its answer's start)
+        if (sourced ? choice.source !== undefined : Boolean(piece || thought)) {
           tokens += 1;
           if (choice.source !== "draft") targets += 1;
         }
-        if (piece) {
+        if (piece || thought) {
           const span = document.createElement("span");
-          span.className = choice.source === "draft" ? "draft" : "target";
-          span.textContent = piece;
+          span.className = (choice.source === "draft" ? "draft" : "target") + (thought ? " thought" : "");
+          span.textContent = thought || piece;
+          const last = out.lastElementChild;
+          if (piece && last && last.classList.contains("thought")) out.appendChild(document.createTextNode("\n\n"));
           out.appendChild(span);
           answer += piece;
         }
