@@ -152,7 +152,8 @@ def add_training_parsers(sub) -> None:
     te = sub.add_parser("train-eagle", help="train an EAGLE drafter (--method eagle) on a corpus (make-corpus)")
     te.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     te.add_argument("--data", nargs="+", required=True,
-                    help="corpus JSONL file(s) (make-corpus's corpus.jsonl); FILE@N: N of its records, evenly spread")
+                    help="corpus JSONL file(s) (make-corpus's corpus.jsonl); FILE@N: N of its records, evenly spread; "
+                         "FILE@START:END: its records START to END - 1, in order")
     te.add_argument("--out", required=True, help="output directory: the drafter, its report, checkpoints, features")
     te.add_argument("--steps", type=int, default=1000)
     te.add_argument("--batch-size", type=int, default=8, help="windows per step (default: %(default)s)")
