@@ -124,6 +124,20 @@ def qwen_preset():
         pytest.skip(f"the Qwen2.5 preset is not available here (make install): {e}")
 
 
+@pytest.fixture(scope="module")
+def qwen_dir():
+    """The Qwen2.5 preset's directory (``qwen_preset``), once per test module."""
+    return qwen_preset()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen_dir):
+    """The Qwen2.5 preset's tokenizer, with its chat template."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen_dir))
+
+
 class ScriptedScheduler:
     """A scheduler that answers every job with ``script["text"]`` (the tokenizer's tokens, one
     Token event each) and finish reason ``script.get("reason", "eos")``, and records the jobs."""

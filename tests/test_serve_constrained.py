@@ -18,7 +18,8 @@ from speculant.serve.errors import APIError
 from speculant.serve.schema import parse_request
 from speculant.serve.tools import call_grammar, parse
 
-from serve_helpers import qwen_preset, tiny_qwen_server
+from serve_helpers import tiny_qwen_server
+from serve_helpers import qwen_dir, tokenizer  # noqa: F401 (the fixtures)
 
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
         "additionalProperties": False}
@@ -31,18 +32,6 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris, and the t
 ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
                                                                            "maximum": 9}},
           "required": ["ok", "n"], "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
-
-
-@pytest.fixture(scope="module")
-def qwen_dir():
-    return qwen_preset()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(qwen_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(qwen_dir))
 
 
 @pytest.fixture(scope="module")

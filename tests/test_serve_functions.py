@@ -17,7 +17,8 @@ import pytest
 
 from speculant.serve.schema import parse_request
 
-from serve_helpers import qwen_preset, scripted_server, tiny_qwen_server
+from serve_helpers import scripted_server, tiny_qwen_server
+from serve_helpers import qwen_dir, tokenizer  # noqa: F401 (the fixtures)
 
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
         "additionalProperties": False}
@@ -30,18 +31,6 @@ PARIS = '{"city": "Paris"}'
 HISTORY = [*MESSAGES, {"role": "assistant", "content": None,
                        "function_call": {"name": "get_weather", "arguments": PARIS}},
            {"role": "function", "name": "get_weather", "content": "sunny, 21 C"}]
-
-
-@pytest.fixture(scope="module")
-def qwen_dir():
-    return qwen_preset()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(qwen_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(qwen_dir))
 
 
 @pytest.fixture(scope="module")
