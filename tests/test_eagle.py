@@ -308,10 +308,13 @@ def test_a_loaded_bf16_drafter_drafts_in_int4_and_decodes_as_plain_decoding(tmp_
     assert all(torch.equal(a, b) for a, b in zip(fused, apart))
 
 
-def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
+def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path, monkeypatch):
     """On the target's own greedy answers: the features computed once, a few hundred steps lower
     the loss and raise the held-out depth-1 accuracy; a second run over the same directory resumes
-    from the last checkpoint; the saved drafter decodes exactly as plain decoding."""
+    from the last checkpoint; the saved drafter decodes exactly as plain decoding. The loop hands
+    the C heap's free pages back every _TRIM_EVERY steps (it grew by GBs on a real corpus)."""
+    import speculant.runtime.process as process
+    import speculant.training.eagle_train as eagle_train
     from speculant.eagle.checkpoint import load_eagle
     from speculant.training.eagle_train import EagleTrainConfig, compute_features, features_cost, load_features, train_eagle
 
@@ -326,8 +329,11 @@ def test_training_learns_resumes_and_ships_a_lossless_drafter(target, tmp_path):
     model = eagle_for(target, scale=0.05)
     cfg = EagleTrainConfig(steps=150, batch_size=4, seq_len=32, lr=3e-3, warmup=5, held_out=4, eval_depth=3,
                            checkpoint_every=100, token_weight=1.0, precision="float32")
+    trims = []
+    monkeypatch.setattr(process, "release_memory", lambda: trims.append(1) or True)
     report = train_eagle(model, records, feats, tmp_path / "run", cfg, progress=False)
     assert report["steps"] == 150 and len(report["depth_accuracy"]) == 3
+    assert len(trims) == 150 // eagle_train._TRIM_EVERY  # steps 20, 40, ..., 140
     assert report["depth_accuracy"][0] > report["depth_accuracy_before"][0] + 0.2, report
     assert report["depth_accuracy"][0] >= report["depth_accuracy"][1] >= report["depth_accuracy"][2]
     assert len(report["depth_accuracy_train_records"]) == 3
