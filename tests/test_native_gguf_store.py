@@ -242,3 +242,34 @@ def test_any_mix_of_int4_and_block_layers_is_read_back_bit_identical(tmp_path, h
     assert not storable(model)
     with pytest.raises(ValueError, match="int4 layers of speculant's layout and GGUF block layers only"):
         save_gguf_store(model, tmp_path / "other.safetensors", "x86", 64, False, report)
+
+
+def test_a_gguf_target_runs_its_own_blocks_by_default(tmp_path, monkeypatch):
+    """"auto" takes the file's own blocks for a model that comes from a GGUF file (the file, or its
+    conversion in the cache), int4 for a transformers directory and for adapted weights (a LoRA
+    adapter merged: no longer the file's), and a model already loaded keeps how it was loaded."""
+    from speculant import SpeculativeDecoder
+    from speculant.config import DecoderConfig
+    from speculant.defaults import choose_runtime
+    from speculant.errors import ConfigError
+    from speculant.store.loading import load_native
+    from speculant.store.models import has_gguf_source, resolve
+
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
+    g = write_gguf(tmp_path / "tiny.gguf")
+    rt = choose_runtime(str(g), "bfloat16")
+    assert (rt.backend, rt.target_quant, rt.quant_head) == ("native", "gguf", True) and "own blocks" in rt.why
+    converted = resolve(str(g), "bfloat16")  # the cache directory it was converted to
+    assert has_gguf_source(converted) and choose_runtime(str(converted), "bfloat16").target_quant == "gguf"
+    assert choose_runtime(str(g), "bfloat16", adapted=True).target_quant == "int4"
+    assert choose_runtime(str(g), "bfloat16", target_quant="int4").target_quant == "int4"  # the opt-in
+    plain = tmp_path / "hf"
+    tiny_qwen2(seed=0, hidden=128, dtype=torch.bfloat16).save_pretrained(plain)
+    assert not has_gguf_source(plain) and choose_runtime(str(plain), "bfloat16").target_quant == "int4"
+    assert not has_gguf_source(tmp_path / "missing.gguf") and not has_gguf_source(tmp_path)
+    with pytest.raises(ConfigError, match="do not hold a LoRA adapter's changes"):
+        DecoderConfig(target=str(g), target_quant="gguf", lora=str(tmp_path))
+    loaded = load_native(str(g), "bfloat16", "gguf", quant_head=True)
+    dec = SpeculativeDecoder(loaded, method="ar")  # auto: the loaded model's own quantization, not int4
+    assert dec.config.target_quant == "gguf" and dec.target.model is loaded.model
+    assert len(dec.generate([1, 5, 9], 4).token_ids) == 4

@@ -282,9 +282,11 @@ class DecoderConfig:
     draft; it cannot change the output, only the speed.
     backend: "auto", "hf" (transformers) or "native" (speculant's own forward: Llama, Mistral, Qwen2/3,
     Phi-3, Gemma 2/3).
-    target_quant: "auto", "none", "int8", "int4" (native only); changes the output to the
-    quantized model's. "gguf" (a GGUF file or preset): int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in
-    the file running the file's own blocks (``store.gguf_linears``: closer to the file's model).
+    target_quant: "auto", "none", "int8", "int4", "gguf" (native only). "gguf" (a GGUF file or
+    preset; "auto" takes it for one): the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or
+    Q8_0 in the file run the file's own blocks (``store.gguf_linears``: the file's model), int4 for
+    layers of other types. "int4" (auto for other models) quantizes every layer again: smaller
+    and faster, and the output is that quantized model's.
     quant_head: quantize the output layer too (None: with the target).
     tree_budget: dynamic trees and lookup: "auto" sizes every step's tree against this machine's
     measured pass cost (at most DEFAULT_MAX_ROWS rows), a ``tuning.costmodel.PassCost`` against a given
@@ -333,6 +335,9 @@ class DecoderConfig:
         if self.target_quant not in ("auto", "none") and self.backend == "hf":
             raise ConfigError("target quantization runs on the native backend: pass backend='native' "
                               "(--backend native)")
+        if self.target_quant == "gguf" and self.lora is not None:
+            raise ConfigError("target_quant='gguf' runs the GGUF file's own blocks, which do not hold a LoRA adapter's "
+                              "changes: leave target_quant on 'auto' (int4 of the adapted weights) or pass 'int4'")
         if not isinstance(self.tree_budget, PassCost) and self.tree_budget not in TREE_BUDGETS:
             raise ConfigError(f"unknown tree budget {self.tree_budget!r}: choose 'auto' (size each step's tree "
                               "against this machine's measured pass cost) or 'fixed' (always the tree's full size)")

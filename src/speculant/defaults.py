@@ -2,14 +2,17 @@
 loads, from its config alone (the rest of what runs is decided once it has loaded:
 :func:`speculant.planning.plan`).
 
-Models of the native runtime's families (``backends.native_arch``) in bf16 run on it with int4
-weights (the output layer too) wherever speculant's int4 kernel runs (every x86-64 CPU with a C++
-compiler: its AMX, AVX-512 VNNI, AVX2 or portable path); its passes are row-invariant, so
-speculative output equals plain output bit for bit. Other architectures (and float32) run on
-transformers. :func:`resolve_runtime` turns a ``DecoderConfig``'s "auto" backend and
-quantization into these choices. Why each default is what it is: docs/design-notes.md.
+Models of the native runtime's families (``backends.native_arch``) in bf16 run on it wherever
+speculant's kernels run (every x86-64 CPU with a C++ compiler: its AMX, AVX-512 VNNI, AVX2 or
+portable path). A model that comes from a GGUF file (a preset, a ``.gguf`` path) runs the file's
+own blocks (``target_quant="gguf"``: its Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 layers as
+they are, the output layer included), so the model decoded is the one the user chose; other
+models, and a GGUF model with a LoRA adapter merged into its weights, are quantized to int4. Either
+way the passes are row-invariant, so speculative output equals plain output bit for bit. Other
+architectures (and float32) run on transformers. :func:`resolve_runtime` turns a
+``DecoderConfig``'s "auto" backend and quantization into these choices. Why each default is what
+it is: docs/design-notes.md.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -68,9 +71,11 @@ def int4_kernel_name() -> str | None:
 
 
 def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "auto",
-                   quant_head: bool | None = None) -> Runtime:
-    """Resolve "auto" backend / target quantization / output-layer quantization for ``target``."""
-    from .store.models import LoadedModel, parse_dtype
+                   quant_head: bool | None = None, adapted: bool = False) -> Runtime:
+    """Resolve "auto" backend / target quantization / output-layer quantization for ``target``
+    (``adapted``: a LoRA adapter is merged into its weights, so they are not a GGUF file's)."""
+    from .backends.native_model import NativeModel
+    from .store.models import LoadedModel, has_gguf_source, parse_dtype
 
     dtype = target.dtype if isinstance(target, LoadedModel) else parse_dtype(dtype)  # a loaded model's own
     cfg = _config(target) if backend == "auto" or target_quant == "auto" else {}
@@ -93,8 +98,14 @@ def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "au
             backend = "native"
     if target_quant == "auto":
         fits = int4_fits(cfg) if cfg else True
-        target_quant = "int4" if backend == "native" and dtype == torch.bfloat16 and kernel is not None and fits \
-            else "none"
+        if isinstance(target, LoadedModel) and isinstance(target.model, NativeModel):
+            target_quant = target.model.quant  # loaded for the native runtime already: as it was loaded
+        elif not (backend == "native" and dtype == torch.bfloat16 and kernel is not None and fits):
+            target_quant = "none"
+        elif not adapted and not isinstance(target, LoadedModel) and has_gguf_source(target):
+            target_quant = "gguf"  # the file's own blocks: the model the user chose
+        else:
+            target_quant = "int4"  # a transformers model (given, or a directory), or adapted weights
     if quant_head is None:
         quant_head = target_quant != "none"
     if backend == "native" and not why:
@@ -110,6 +121,7 @@ def resolve_runtime(config: DecoderConfig) -> tuple[DecoderConfig, Runtime]:
     """``config`` with its "auto" backend, target quantization and output-layer quantization
     chosen for this machine and model (checked again as a whole), and the :class:`Runtime` saying
     why."""
-    rt = choose_runtime(config.target, config.dtype, config.backend, config.target_quant, config.quant_head)
+    rt = choose_runtime(config.target, config.dtype, config.backend, config.target_quant, config.quant_head,
+                        adapted=config.lora is not None)
     return dataclasses.replace(config, backend=rt.backend, target_quant=rt.target_quant,
                                quant_head=rt.quant_head), rt

@@ -304,7 +304,8 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
 
     needs_draft = any(split_method(m)[0] in ("sd", "mcsd", "hf-assisted") or (m == "auto" and cfg.auto_draft)
                       for m in methods)  # speculant loads it
-    rt = choose_runtime(cfg.target, cfg.dtype, cfg.backend, cfg.target_quant, cfg.quant_head)
+    rt = choose_runtime(cfg.target, cfg.dtype, cfg.backend, cfg.target_quant, cfg.quant_head,
+                        adapted=cfg.lora is not None)
     cfg = dataclasses.replace(cfg, backend=rt.backend, target_quant=rt.target_quant, quant_head=rt.quant_head)
     console.print(f"speculant bench: {rt.why}")
     # hf-assisted runs transformers models; the native backend shares their weights then. Without

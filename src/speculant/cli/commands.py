@@ -58,17 +58,17 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                         "transformers one on AMX CPUs; else none)")
     p.add_argument("--backend", choices=["auto", "hf", "native"], default="auto",
                    help="model runtime: auto (default: speculant's own runtime (Llama, Mistral, Qwen2/3, Phi-3, "
-                        "Gemma 2/3) with int4 weights where its kernels run, else transformers), hf (transformers) "
-                        "or native")
+                        "Gemma 2/3) where its kernels run, else transformers), hf (transformers) or native")
     p.add_argument("--target-quant", choices=["auto", "none", "int8", "int4", "gguf"], default="auto",
-                   help="native backend: weight-only quantization of the target (auto: int4 on the native runtime; "
-                        "gguf: int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks); "
-                        "it changes the output to the quantized model's (see `speculant quant-eval`). Measured on the "
-                        "default Q4_K_M file against llama.cpp's own perplexity (docs/performance.md): int4 with the "
-                        "output layer +6.9%% perplexity, KL 0.057; gguf +0.09%%, KL 0.002; none (the file's weights in "
-                        "bf16) +0.10%%")
+                   help="native backend: how the target's weights run. gguf: the GGUF file's own blocks (its Q4_K, "
+                        "Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 layers as they are, int4 for other types): the "
+                        "file's model; int4: every layer quantized again by speculant (smaller and faster, lossier); "
+                        "none: bf16 weights; auto (default): gguf for a GGUF file or preset, int4 for a transformers "
+                        "directory or with --lora. Measured on the default Q4_K_M file against llama.cpp's own "
+                        "perplexity (docs/performance.md): gguf +0.09%% perplexity, KL 0.002; int4 with the output "
+                        "layer +6.9%%, KL 0.057; none (the file's weights in bf16) +0.10%%; see `speculant quant-eval`")
     p.add_argument("--quant-head", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --target-quant: quantize the output layer too (default: yes with int4)")
+                   help="with --target-quant: quantize the output layer too (default: yes with int4 and gguf)")
     p.add_argument("--no-pacing", action="store_true",
                    help="always draft (default: a step verifies the root alone while drafting does not pay)")
 

@@ -337,6 +337,24 @@ def gguf_path(spec: str | os.PathLike) -> Path | None:
     return None
 
 
+def has_gguf_source(spec: str | os.PathLike) -> bool:
+    """Whether :func:`gguf_path` finds a GGUF file behind ``spec`` (a preset, a ``.gguf`` file, a
+    cache directory converted from one that still exists), read the way :func:`resolve` reads
+    ``spec``, without assembling or hashing anything."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and ((path / "config.json").is_file() or str(spec) not in PRESETS):
+        try:
+            source = json.loads((path / COMPLETE_MARKER).read_text())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(source, dict):
+            return False
+        return source.get("preset") in PRESETS or bool(source.get("source")) and Path(source["source"]).is_file()
+    if path.is_file():
+        return is_gguf(path)
+    return str(spec) in PRESETS
+
+
 def _gguf_file_key(path: Path) -> str:
     st = path.stat()
     return hashlib.sha256(f"{path.name}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
