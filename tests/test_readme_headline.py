@@ -26,7 +26,7 @@ def test_the_readme_headline_is_what_its_runs_say():
                              "`speculant bench-report --update-headline README.md --run LABEL=FILE.json ...`")
 
 
-def _run(tmp_path, name, auto, auto_dec, peer, peer_dec, dirty=False) -> Path:
+def _run(tmp_path, name, auto, auto_dec, peer, peer_dec, dirty=False, config=None) -> Path:
     runs = []
     for m, tps, dec in (("ar", 10.0, 20.0), ("auto", auto, auto_dec), ("llama-server", peer, peer_dec)):
         runs.append({"method": m, "question_id": 1, "category": "qa", "new_tokens": 10, "eos": False,
@@ -35,7 +35,7 @@ def _run(tmp_path, name, auto, auto_dec, peer, peer_dec, dirty=False) -> Path:
     summary = summarize(runs, ("ar", "auto", "llama-server"), {0})
     path = tmp_path / name
     path.write_text(json.dumps({"runs": runs, "summary": summary, "dirty": dirty, "commit": "abcdef1234",
-                                "date": "2026-12-04T05:00:00+00:00", "config": {}, "peers": {}}))
+                                "date": "2026-12-04T05:00:00+00:00", "config": config or {}, "peers": {}}))
     return path
 
 
@@ -53,6 +53,12 @@ def test_update_headline_writes_each_cpu_from_its_run(tmp_path):
     _run(tmp_path, "a.json", 30.0, 60.0, 10.0, 40.0)  # the run changed: the block no longer says what it says
     written, made = readme_headline(readme)
     assert written != made and "3.00x" in made
+    # each clause says which weights its run decoded
+    b = _run(tmp_path, "b.json", 30.0, 60.0, 15.0, 40.0, config={"target_quant": "gguf"})
+    c = _run(tmp_path, "c.json", 30.0, 60.0, 15.0, 40.0, config={"target_quant": "int4"})
+    text = update_headline(readme, [f"one CPU={b}", f"another={c}"])
+    assert "on [one CPU](b.json) (2026-12-04, abcdef1; the GGUF file's own blocks); 2.00x" in text
+    assert "on [another](c.json) (2026-12-04, abcdef1; int4 weights)." in text
 
 
 @pytest.mark.parametrize("spec, msg", [("nolabel.json", "LABEL=FILE.json"), ("x=a.txt", "LABEL=FILE.json")])

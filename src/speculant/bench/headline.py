@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError
-from .report import full_summary, load_result
+from .report import QUANT_NOTES, full_summary, load_result
 
 HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 _CLAUSE = re.compile(r"\[([^\]]+)\]\(([^)]+\.json)\)")
@@ -24,7 +24,7 @@ _CLAUSE = re.compile(r"\[([^\]]+)\]\(([^)]+\.json)\)")
 def clause(label: str, result: dict, link: str) -> str:
     """``auto``'s speed over the best peer row of ``result``, prefill included, then decoding
     alone, and that peer row: ``"1.72x (1.57x) over `llama-server+ngram-mod` on [an AMD EPYC Zen 5](...json)
-    (2026-12-03, 31608de)"``.
+    (2026-12-03, 31608de; int4 weights)"`` (the target's quantization in that run, where it records one).
     Raises ConfigError for a run from a tree with uncommitted changes, or without an ``auto`` row
     and a peer row beside it."""
     if result.get("dirty") or result.get("changed_during_run"):
@@ -36,6 +36,8 @@ def clause(label: str, result: dict, link: str) -> str:
         raise ConfigError(f"{link} has no auto row with a peer row beside it: run the bench with --methods "
                           "ar,auto,llama-server,... (make install-peers)")
     when = f"{str(result.get('date') or '')[:10]}, {str(result.get('commit') or '')[:7]}"
+    quant = (result.get("config") or {}).get("target_quant")
+    when += f"; {QUANT_NOTES[quant]}" if quant in QUANT_NOTES else ""
     return f"{prefill:.2f}x ({decode:.2f}x) over `{auto.get('best_peer')}` on [{label}]({link}) ({when})"
 
 
