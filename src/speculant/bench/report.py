@@ -384,7 +384,8 @@ def caption(result: dict, link: str | None = None, markdown: bool = True) -> str
     cfg = result.get("config") or {}
     runtime = {"native": "speculant's native runtime", "hf": "transformers"}.get(cfg.get("backend"), "")
     quant = cfg.get("target_quant") if cfg.get("target_quant") not in (None, "none", "auto") else cfg.get("dtype")
-    runtime = f" on {runtime}" + (f", {quant} weights" if quant else "") if runtime else ""
+    weights = QUANT_NOTES.get(quant, f"{quant} weights") if quant else ""
+    runtime = f" on {runtime}" + (f", {weights}" if weights else "") if runtime else ""
     what = (f"{cfg.get('target')}{runtime}, {result['summary']['ar'].get('prompts', '?')} Spec-Bench prompts x "
             f"{cfg.get('max_new_tokens')} new tokens" if cfg.get("target") else "")
     if what and (cfg.get("temperature") or 0) > 0:
