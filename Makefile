@@ -3,7 +3,7 @@ PY ?= python3
 PIP := $(PY) -m pip
 
 .PHONY: install demo test test-fast bench install-peers install-openvino install-llama-server docs drafter \
-	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix drafter-fused drafter-more drafter-next install-browser
+	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix drafter-fused drafter-more drafter-next drafter-gguf install-browser
 
 install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
@@ -210,3 +210,19 @@ drafter-next: drafter-human-corpus
 	test -s $(NEXT_RUN)-dev.jsonl || $(PY) tools/teacher_forced_tau.py gen $(NEXT_RUN)-dev.jsonl \
 		--questions 2,3,4,5 --max-new-tokens 128
 	$(PY) tools/ship_drafter.py $(NEXT_RUN) --dev $(NEXT_RUN)-dev.jsonl
+
+# The shipped EAGLE drafter fine-tuned on the features of the target's default runtime, the GGUF
+# file's own blocks (the drafters before were trained on its int4 re-quantization): 250 of the
+# target's answers to real requests, 120 ShareGPT conversations and 100 records of its own corpus,
+# all data it has seen, so that what changes is the features it reads; the held-out answers
+# generated again on the file's blocks. Every stage resumes; the gate as above.
+GGUF_RUN ?= $(or $(SPECULANT_CACHE),$(HOME)/.cache/speculant)/eagle-gguf
+GGUF_STEPS ?= 300
+drafter-gguf: drafter-human-corpus
+	test -s $(NEXT_CONV)/corpus.jsonl || $(PY) -m speculant.cli make-conversations --out $(NEXT_CONV) --tokens $(NEXT_TOKENS)
+	$(PY) -m speculant.cli train-eagle --init $(EAGLE_SHIPPED) --data $(HUMAN_CORPUS)/corpus.jsonl@250 \
+		$(EAGLE_CORPUS)@100 $(NEXT_CONV)/corpus.jsonl@120 \
+		--token-target target --token-weight 0.5 --out $(GGUF_RUN) --steps $(GGUF_STEPS) --lr 5e-4 --batch-size 4
+	test -s $(GGUF_RUN)-dev.jsonl || $(PY) tools/teacher_forced_tau.py gen $(GGUF_RUN)-dev.jsonl \
+		--questions 2,3,4,5 --max-new-tokens 128
+	$(PY) tools/ship_drafter.py $(GGUF_RUN) --dev $(GGUF_RUN)-dev.jsonl
