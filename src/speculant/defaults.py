@@ -13,6 +13,7 @@ architectures (and float32) run on transformers. :func:`resolve_runtime` turns a
 ``DecoderConfig``'s "auto" backend and quantization into these choices. Why each default is what
 it is: docs/design-notes.md.
 """
+
 from __future__ import annotations
 
 import dataclasses

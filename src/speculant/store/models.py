@@ -317,42 +317,38 @@ def _convert_to(gguf: Path, target: Path, dtype: torch.dtype, source: dict[str, 
     return target
 
 
-def gguf_path(spec: str | os.PathLike) -> Path | None:
-    """The GGUF file behind ``spec``: a preset's assembled and verified file (assembled once, see
-    ``assemble_gguf``), the file itself for a ``.gguf`` path, or for a speculant cache directory
-    the GGUF it was converted from (if it still exists). None for a plain transformers directory."""
-    preset = PRESETS.get(str(spec))
-    if preset is not None:
-        return assemble_gguf(preset)
-    path = Path(spec).expanduser()
-    if path.is_file() and is_gguf(path):
-        return path
-    marker = path / COMPLETE_MARKER
-    if path.is_dir() and marker.is_file():
-        source = json.loads(marker.read_text())
-        if source.get("preset") in PRESETS:
-            return assemble_gguf(PRESETS[source["preset"]])
-        if source.get("source") and Path(source["source"]).is_file():
-            return Path(source["source"])
-    return None
-
-
-def has_gguf_source(spec: str | os.PathLike) -> bool:
-    """Whether :func:`gguf_path` finds a GGUF file behind ``spec`` (a preset, a ``.gguf`` file, a
-    cache directory converted from one that still exists), read the way :func:`resolve` reads
-    ``spec``, without assembling or hashing anything."""
+def _gguf_origin(spec: str | os.PathLike) -> Preset | Path | None:
+    """Where the GGUF file behind ``spec`` comes from, read the way :func:`resolve` reads ``spec``
+    and without assembling or hashing anything: the preset (for its name, or for a cache directory
+    converted from it), the ``.gguf`` file (given, or the one a cache directory was converted from,
+    if it still exists), or None (a plain transformers directory, or no such file)."""
     path = Path(spec).expanduser()
     if path.is_dir() and ((path / "config.json").is_file() or str(spec) not in PRESETS):
         try:
             source = json.loads((path / COMPLETE_MARKER).read_text())
         except (OSError, ValueError):
-            return False
+            return None
         if not isinstance(source, dict):
-            return False
-        return source.get("preset") in PRESETS or bool(source.get("source")) and Path(source["source"]).is_file()
+            return None
+        if source.get("preset") in PRESETS:
+            return PRESETS[source["preset"]]
+        return Path(source["source"]) if source.get("source") and Path(source["source"]).is_file() else None
     if path.is_file():
-        return is_gguf(path)
-    return str(spec) in PRESETS
+        return path if is_gguf(path) else None
+    return PRESETS.get(str(spec))
+
+
+def gguf_path(spec: str | os.PathLike) -> Path | None:
+    """The GGUF file behind ``spec``: a preset's assembled and verified file (assembled once, see
+    ``assemble_gguf``), the file itself for a ``.gguf`` path, or for a speculant cache directory
+    the GGUF it was converted from (if it still exists). None for a plain transformers directory."""
+    origin = _gguf_origin(spec)
+    return assemble_gguf(origin) if isinstance(origin, Preset) else origin
+
+
+def has_gguf_source(spec: str | os.PathLike) -> bool:
+    """Whether :func:`gguf_path` finds a GGUF file behind ``spec``, without assembling or hashing it."""
+    return _gguf_origin(spec) is not None
 
 
 def _gguf_file_key(path: Path) -> str:
