@@ -48,7 +48,8 @@ from .native_model import SUPPORTED, NativeBlock, NativeModel, rms_norm, rotate_
 
 INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _attention_plan)
 # A prompt (ForwardRequest.prefill) of at least this many tokens takes the prefill kernels: int4
-# weights widened to bf16 on AMX (Int4Linear.forward_prefill) and PyTorch's flash attention.
+# weights and a GGUF file's blocks widened to bf16 on AMX (Int4Linear and BlockLinear.forward_prefill)
+# and PyTorch's flash attention.
 # Measured crossover: docs/design-notes.md#prompt-prefill-on-amx. SPECULANT_EXACT_PREFILL=1 keeps
 # prompts on the decoding kernels (then the output is the same on every x86 CPU at any prompt length).
 PREFILL_MIN_ROWS = 96
@@ -376,12 +377,12 @@ def _linear_plan(spans: list[tuple[int, int, bool]]):
     if not any(f for *_, f in spans):
         return lambda layer, h: layer(h)
     if all(f for *_, f in spans):
-        return lambda layer, h: (layer.forward_prefill if isinstance(layer, Int4Linear) else layer)(h)
+        return lambda layer, h: (layer.forward_prefill if isinstance(layer, (Int4Linear, BlockLinear)) else layer)(h)
     fast = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if f])
     rest = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if not f])
 
     def linear(layer, h: torch.Tensor) -> torch.Tensor:
-        if not isinstance(layer, Int4Linear):  # only speculant's int4 layers have a prefill kernel
+        if not isinstance(layer, (Int4Linear, BlockLinear)):  # only these layers have a prefill kernel
             return layer(h)
         prefill = layer.forward_prefill
         out = h.new_empty(h.shape[0], layer.out_features)

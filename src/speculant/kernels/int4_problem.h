@@ -116,6 +116,20 @@ __attribute__((target("avx512f"))) inline void scales16(const Problem& P, int64_
   }
 }
 
+// Where octet p's high bits are (HB bits per code, Problem::qh): the bit of its low-nibble lanes
+// in its qh byte (the high-nibble lanes' is HB above it), and qh's 64-byte vector for it.
+template <int HB>
+constexpr int high_from(int64_t octet) { return HB == 2 ? 4 * (int)(octet % 2) : 2 * (int)(octet % 4); }
+template <int HB>
+inline const uint8_t* high_at(const uint8_t* hb, int64_t octet) { return hb + octet / (HB == 2 ? 2 : 4) * 64; }
+
+// h's bits at ``from`` (HB of them per byte) moved to bit 4 (and 5), the rest cleared (keep: 0x10
+// or 0x30 in every byte).
+__attribute__((target("avx512f,avx512bw"))) inline __m512i high_bits512(__m512i h, int from, __m512i keep) {
+  const __m512i t = from < 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - from)) : _mm512_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+  return _mm512_and_si512(t, keep);
+}
+
 __attribute__((target("avx512f"))) inline __m512 fold16(__m512 acc, __m512i dot, __m512 s, __m512 o, float a,
                                                         float ax) {
   const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), s);

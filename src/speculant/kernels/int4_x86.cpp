@@ -41,7 +41,8 @@
 
 namespace speculant_int4 {
 bool amx_int8_ready();         // int4_amx_x86.cpp
-void gemm_amx(const Problem&);  // needs gsize 64 and xq, a, ax padded to a multiple of 16 rows
+bool gemm_amx_takes(int64_t gsize, int hbits);  // the group sizes and high bits gemm_amx runs
+void gemm_amx(const Problem&);  // needs gemm_amx_takes and xq, a, ax padded to a multiple of 16 rows
 }  // namespace speculant_int4
 
 namespace {
@@ -200,13 +201,6 @@ inline void store8(const Problem& P, int64_t m0, int64_t n0, const __m256* acc) 
   }
 }
 
-// Where octet p's high bits are (HB bits per code, Problem::qh): the bit of its low-nibble lanes
-// in its qh byte (the high-nibble lanes' is HB above it), and qh's 64-byte vector for it.
-template <int HB>
-constexpr int high_from(int64_t octet) { return HB == 2 ? 4 * (int)(octet % 2) : 2 * (int)(octet % 4); }
-template <int HB>
-inline const uint8_t* high_at(const uint8_t* hb, int64_t octet) { return hb + octet / (HB == 2 ? 2 : 4) * 64; }
-
 // h's bits at ``from`` (HB of them per byte) moved to bit 4, the rest cleared.
 template <int HB>
 inline __m256i high_bits256(__m256i h, int from) {
@@ -255,11 +249,6 @@ void quantize_row_avx512(const uint16_t* x, int64_t K, int64_t gsize, int8_t* xq
 // Rows m0 .. m0+R-1 of channel block nb; O octets (8 inputs) per group, known at compile time so
 // that the accumulators stay in registers. One integer chain per row (two for R <= 2, where a
 // single chain would wait on VPDPBUSD's latency): integer sums, exact in any order.
-__attribute__((target("avx512f,avx512bw"))) inline __m512i high_bits512(__m512i h, int from, __m512i keep) {
-  const __m512i t = from < 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - from)) : _mm512_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
-  return _mm512_and_si512(t, keep);
-}
-
 // HB: high bits per code above the low nibble (0; 1 for Q5_K, O = 4; 2 for Q6_K, O = 2), OR-ed in
 // from qh as bit 4 (bits 4-5).
 template <int R, int O, int HB>
@@ -378,7 +367,7 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
   TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
   const int64_t gsize = K / G;
-  const bool amx = use == kAmx && gsize == 64 && kd == nullptr && sf == nullptr && M >= kAmxMinRows;
+  const bool amx = use == kAmx && gemm_amx_takes(gsize, hbits) && M >= kAmxMinRows;
   if (use == kAmx && !amx) use = kAvx512Vnni;
   const int64_t rows = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole tiles of 16 rows: zero padding
 
@@ -427,7 +416,7 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
 // x (M, K) bf16 contiguous; qpack (N/16, K/8, 64) uint8; scales (N/16, G, 2, 16) bf16; bias (N,) fp32
 // or empty; out_fp32: return fp32 (else bf16); isa: 0 = the best this CPU has, else force
 // 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx (AVX-512 VNNI below kAmxMinRows rows, or
-// for groups other than 64 inputs). Returns (M, N).
+// for groups of 128 inputs). Returns (M, N).
 torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
                         int64_t isa) {
   const Int4Shape shape = check_int4_args(x, qpack, scales, bias);
@@ -439,62 +428,30 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
 // (pack_f32scales_x86), groups of 32, 64 or 128 inputs; qh empty, or (N/16, K/32, 64) uint8 the fifth
 // bits of 5-bit codes (as int4_gemm_q5k's; groups of 32). A GGUF file's Q4_0, Q4_1, Q5_0 and Q5_1
 // blocks as they are (their fp16 scales and mins, and -8 d or -16 d, are exact in fp32), and each
-// 4-bit plane of its Q8_0 blocks (runtime.block_quant). The AMX path takes bf16 scales only: amx
-// runs AVX-512 VNNI here.
+// 4-bit plane of its Q8_0 blocks (runtime.block_quant). amx: groups of 32 on AMX, of 64 or 128 on
+// AVX-512 VNNI.
 torch::Tensor int4_gemm_f32(torch::Tensor x, torch::Tensor qpack, torch::Tensor sf, torch::Tensor qh, torch::Tensor bias,
                             bool out_fp32, int64_t isa) {
-  check_x_qpack_bias(x, qpack, bias);
-  const int64_t K = x.size(1), NB = qpack.size(0);
-  TORCH_CHECK(sf.dim() == 4 && sf.scalar_type() == at::kFloat && sf.is_contiguous() && sf.size(0) == NB &&
-              sf.size(2) == 2 && sf.size(3) == 16, "sf must be (N/16, G, 2, 16) float32");
-  const int64_t G = sf.size(1);
-  TORCH_CHECK(G > 0 && K % G == 0, "groups of ", K / std::max<int64_t>(G, 1), " inputs do not divide ", K);
-  const bool five = qh.numel() > 0;
-  TORCH_CHECK(!five || (qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
-              qh.size(1) == K / 32 && qh.size(2) == 64 && G == K / 32), "qh must be empty or (N/16, K/32, 64) uint8 "
-              "with groups of 32");
-  return run_int4(x, qpack, nullptr, nullptr, nullptr, G, bias, out_fp32, isa, five ? qh.data_ptr<uint8_t>() : nullptr,
-                  five ? 1 : 0, sf.data_ptr<float>());
-}
-
-// The arguments both k-quant entry points share: x (M, K) bf16, qpack (N/16, K/8, 64) uint8 with K a
-// whole number of 256-input blocks, bias (N,) float32 or empty.
-static void check_kquant_args(const torch::Tensor& x, const torch::Tensor& qpack, const torch::Tensor& bias) {
-  check_x_qpack_bias(x, qpack, bias);
-  TORCH_CHECK(x.size(1) % 256 == 0, "k-quant blocks are 256 inputs: K = ", x.size(1), " is not a multiple of 256");
-}
-
-// Q4_K's (and Q5_K's) scales: kd (N/16, K/256, 2, 16) float32, km (N/16, K/32, 2, 16) uint8.
-static void check_q4k_scales(const torch::Tensor& kd, const torch::Tensor& km, int64_t K, int64_t NB) {
-  TORCH_CHECK(kd.dim() == 4 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
-              kd.size(1) == K / 256 && kd.size(2) == 2 && kd.size(3) == 16, "kd must be (N/16, K/256, 2, 16) float32");
-  TORCH_CHECK(km.dim() == 4 && km.scalar_type() == at::kByte && km.is_contiguous() && km.size(0) == NB &&
-              km.size(1) == K / 32 && km.size(2) == 2 && km.size(3) == 16, "km must be (N/16, K/32, 2, 16) uint8");
+  const BlockScales b = check_f32_scales(x, qpack, sf, qh, bias);
+  return run_int4(x, qpack, nullptr, nullptr, nullptr, b.G, bias, out_fp32, isa, b.qh, b.hbits, b.sf);
 }
 
 // The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
 // 256): kd (N/16, K/256, 2, 16) fp32, each block's d and -dmin for the 16 channels; km (N/16, K/32,
 // 2, 16) uint8, each group's 6-bit scale and min (pack_kquant_x86). A group's scale is d * scale and
-// its offset -dmin * min, in fp32. The AMX path takes groups of 64 only: amx runs AVX-512 VNNI here.
+// its offset -dmin * min, in fp32.
 torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
                                torch::Tensor bias, bool out_fp32, int64_t isa) {
-  check_kquant_args(x, qpack, bias);
-  const int64_t K = x.size(1), NB = qpack.size(0);
-  check_q4k_scales(kd, km, K, NB);
-  return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), km.data_ptr<uint8_t>(), K / 32, bias, out_fp32, isa);
+  const BlockScales b = check_q4k_scales(x, qpack, kd, km, bias, nullptr);
+  return run_int4(x, qpack, nullptr, b.kd, b.km, b.G, bias, out_fp32, isa);
 }
 
 // The same matmul with a GGUF file's Q5_K blocks as they are: int4_gemm_kquant's scales (kd, km) with
 // 5-bit codes, qpack their low 4 bits and qh (N/16, K/32, 64) their fifth (Problem::qh, hbits 1).
 torch::Tensor int4_gemm_q5k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                             torch::Tensor bias, bool out_fp32, int64_t isa) {
-  check_kquant_args(x, qpack, bias);
-  const int64_t K = x.size(1), NB = qpack.size(0);
-  check_q4k_scales(kd, km, K, NB);
-  TORCH_CHECK(qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
-              qh.size(1) == K / 32 && qh.size(2) == 64, "qh must be (N/16, K/32, 64) uint8");
-  return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), km.data_ptr<uint8_t>(), K / 32, bias, out_fp32, isa,
-                  qh.data_ptr<uint8_t>(), 1);
+  const BlockScales b = check_q4k_scales(x, qpack, kd, km, bias, &qh);
+  return run_int4(x, qpack, nullptr, b.kd, b.km, b.G, bias, out_fp32, isa, b.qh, b.hbits);
 }
 
 // The same matmul with a GGUF file's Q6_K blocks as they are (groups of 16 inputs, 16 per block of
@@ -503,16 +460,8 @@ torch::Tensor int4_gemm_q5k(torch::Tensor x, torch::Tensor qpack, torch::Tensor 
 // each group's scale (pack_q6k_x86). A group's scale is d * sc and its offset -32 * d * sc, in fp32.
 torch::Tensor int4_gemm_q6k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                             torch::Tensor bias, bool out_fp32, int64_t isa) {
-  check_kquant_args(x, qpack, bias);
-  const int64_t K = x.size(1), NB = qpack.size(0);
-  TORCH_CHECK(qh.dim() == 3 && qh.scalar_type() == at::kByte && qh.is_contiguous() && qh.size(0) == NB &&
-              qh.size(1) == K / 16 && qh.size(2) == 64, "qh must be (N/16, K/16, 64) uint8");
-  TORCH_CHECK(kd.dim() == 3 && kd.scalar_type() == at::kFloat && kd.is_contiguous() && kd.size(0) == NB &&
-              kd.size(1) == K / 256 && kd.size(2) == 16, "kd must be (N/16, K/256, 16) float32");
-  TORCH_CHECK(km.dim() == 3 && km.scalar_type() == at::kChar && km.is_contiguous() && km.size(0) == NB &&
-              km.size(1) == K / 16 && km.size(2) == 16, "km must be (N/16, K/16, 16) int8");
-  return run_int4(x, qpack, nullptr, kd.data_ptr<float>(), reinterpret_cast<const uint8_t*>(km.data_ptr<int8_t>()),
-                  K / 16, bias, out_fp32, isa, qh.data_ptr<uint8_t>(), 2);
+  const BlockScales b = check_q6k_scales(x, qpack, qh, kd, km, bias);
+  return run_int4(x, qpack, nullptr, b.kd, b.km, b.G, bias, out_fp32, isa, b.qh, b.hbits);
 }
 
 // Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx.

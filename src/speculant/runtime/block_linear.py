@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..kernels import int4_isa
+from ..kernels import cpu_kernels, int4_isa, kernels_name
 from .weights import LinearWeights
 
 __all__ = ["BlockLinear"]
@@ -53,6 +53,11 @@ class BlockLinear(LinearWeights, nn.Module):
 
     def _run(self, x2: torch.Tensor, out_fp32: bool) -> torch.Tensor:
         """(M, K) in the activation dtype -> (M, N), fp32 or the activation dtype."""
+        raise NotImplementedError
+
+    def _run_prefill(self, amx, x2: torch.Tensor) -> torch.Tensor:
+        """(M, K) in the activation dtype -> (M, N) in it, through ``amx`` (the AMX module of
+        :func:`~speculant.kernels.cpu_kernels`): the weights widened to bf16 (``forward_prefill``)."""
         raise NotImplementedError
 
     def dequantize(self) -> torch.Tensor:
@@ -102,8 +107,16 @@ class BlockLinear(LinearWeights, nn.Module):
         """forward in float32 (the output layer's logits: no bf16 rounding of the result)."""
         return self._forward(x, True)
 
-    def forward_prefill(self, x: torch.Tensor) -> torch.Tensor:  # no prefill kernel of its own
-        return self._forward(x, False)
+    def forward_prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """forward for prompt rows (``ForwardRequest.prefill``): on AMX CPUs, where the int4 matmul's
+        own path is ``amx``, the file's weights widened to bf16 on AMX tiles
+        (``kernels/int4_prefill_amx.cpp``: bf16 activations, not ``forward``'s bits; every row still
+        on its own); elsewhere ``forward``."""
+        if self._isa != "amx" or kernels_name() != "amx":
+            return self._forward(x, False)
+        shape = x.shape
+        y = self._run_prefill(cpu_kernels(), x.reshape(-1, shape[-1]).to(self.dtype).contiguous())
+        return y.view(*shape[:-1], self.out_features)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows ``rows`` (R,) of the weight, (R, K) in the activation dtype (only their blocks of 16

@@ -72,6 +72,13 @@ class BlockQuantLinear(BlockLinear):
         y = y + k.int4_gemm_f32(x2, self.qweight_hi, self.sf_hi, self.qh, torch.empty(0), True, isa)
         return y if out_fp32 else y.to(self.dtype)
 
+    def _run_prefill(self, amx, x2: torch.Tensor) -> torch.Tensor:
+        if not self.qweight_hi.numel():
+            return amx.f32_prefill_mm(x2, self.qweight, self.sf, self.qh, self.bias32, False)
+        y = amx.f32_prefill_mm(x2, self.qweight, self.sf, self.qh, self.bias32, True)
+        y = y + amx.f32_prefill_mm(x2, self.qweight_hi, self.sf_hi, self.qh, torch.empty(0), True)
+        return y.to(self.dtype)
+
     def dequantize(self) -> torch.Tensor:
         """The (N, K) weight in float32: the file's own (the same values as gguf-py's)."""
         nb, G = self.sf.shape[0], self.sf.shape[1]

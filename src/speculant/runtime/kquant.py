@@ -72,6 +72,12 @@ class KQuantLinear(BlockLinear):
             return run(x2, self.qweight, self.qh, self.kd, self.km, self.bias32, out_fp32, isa)
         return x86_kernels().int4_gemm_kquant(x2, self.qweight, self.kd, self.km, self.bias32, out_fp32, isa)
 
+    def _run_prefill(self, amx, x2: torch.Tensor) -> torch.Tensor:
+        if self.kind == "Q4_K":
+            return amx.kquant_prefill_mm(x2, self.qweight, self.kd, self.km, self.bias32, False)
+        run = amx.q6k_prefill_mm if self.kind == "Q6_K" else amx.q5k_prefill_mm
+        return run(x2, self.qweight, self.qh, self.kd, self.km, self.bias32, False)
+
     def dequantize(self) -> torch.Tensor:
         """The (N, K) weight in float32: the file's own, bit for bit."""
         nb, G = self.km.shape[0], self.km.shape[1]
