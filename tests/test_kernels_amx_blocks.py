@@ -1,6 +1,6 @@
 """The AMX path of the int4 matmul on a GGUF file's own blocks (int4_amx_x86.cpp with groups of 16
-and 32 inputs, high bits OR-ed in, k-quant and fp32 scales): bit for bit the portable path's
-product at every width it takes (whole and ragged 16-row tiles up to a prompt's), in fp32 and bf16
+and 32 inputs, high bits OR-ed in, k-quant and fp32 scales; passes of 32 rows or more): bit for bit
+the portable path's product at every width it takes (whole and ragged 16-row tiles), in fp32 and bf16
 with a bias, including the largest integer sums a group can reach; so a verified tree's rows keep
 the bits of one-row passes on AMX CPUs too."""
 
@@ -62,14 +62,14 @@ def test_amx_gives_the_portable_bits_on_every_block_kind(isa, kind):
     bias = torch.randn(N)
     for top in (False, True):
         gemm, args = KINDS[kind](top)
-        for M in (10, 15, 16, 17, 33, 100):
+        for M in (32, 33, 47, 48, 100):  # AMX from 32 rows for groups of 16 and 32
             for out_fp32 in (True, False):
                 xs = x[:M].contiguous()
                 y = gemm(xs, *args, bias, out_fp32, INT4_ISAS[isa])
                 ref = gemm(xs, *args, bias, out_fp32, INT4_ISAS["portable"])
                 assert torch.equal(y, ref), (kind, top, M, out_fp32)
         alone = gemm(x[7:8].contiguous(), *args, bias, True, INT4_ISAS[isa])  # one row: the VNNI path
-        assert torch.equal(alone[0], gemm(x[:16].contiguous(), *args, bias, True, INT4_ISAS[isa])[7])
+        assert torch.equal(alone[0], gemm(x[:40].contiguous(), *args, bias, True, INT4_ISAS[isa])[7])
 
 
 def block_layer(kind: str):
@@ -108,3 +108,18 @@ def test_block_prefill_kernel_is_the_files_weights_in_bf16_and_rows_are_independ
     exact = x.double() @ layer.dequantize().double().T + layer.bias32.double()  # the unrounded weights
     rel = (y - exact).norm() / exact.norm()
     assert rel < 0.02
+
+
+def test_forward_prefill_takes_the_prefill_kernel_only_on_amx():
+    """A block layer's prompt rows go through the widened kernel where the int4 path is AMX, and
+    through ``forward`` (the decoding kernels' bits) everywhere else."""
+    from speculant.kernels import cpu_kernels, int4_isa, kernels_name
+
+    layer = block_layer("Q4_K")
+    x = torch.randn(100, K, generator=torch.Generator().manual_seed(26)).bfloat16()
+    y = layer.forward_prefill(x)
+    if int4_isa() == "amx" and kernels_name() == "amx":
+        assert torch.equal(y, layer._run_prefill(cpu_kernels(), x))
+        assert not torch.equal(y, layer(x))  # bf16 activations, not int8: other bits
+    else:
+        assert torch.equal(y, layer(x))

@@ -52,8 +52,10 @@ using namespace speculant_int4;
 enum Isa : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2Vnni = 2, kAvx2 = 3, kPortable = 4, kAmx = 5 };
 
 // kAmx: passes of fewer rows take the AVX-512 VNNI code (faster while the weights' reading
-// dominates; the same bits). Measured: docs/design-notes.md#int4-on-amx
-constexpr int64_t kAmxMinRows = 10;
+// dominates; the same bits). Measured: docs/design-notes.md#int4-on-amx. Groups of 16 or 32 inputs
+// (a GGUF file's blocks) fold twice or four times as often per input, which the tiles do not speed
+// up: there AMX pays from more rows (docs/design-notes.md#a-gguf-files-blocks-on-amx).
+constexpr int64_t kAmxMinRows = 10, kAmxMinRowsSmallGroups = 32;
 
 constexpr int64_t kRowTile = 64;  // rows per pass over the weights (their int8 activations stay in L2)
 // Codes are prefetched this many bytes ahead: docs/design-notes.md#int4-prefetch-distance
@@ -367,7 +369,7 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
   TORCH_CHECK(use >= kAvx512Vnni && use <= kAmx, "unknown isa ", isa);
   TORCH_CHECK(cpu_supports(use), "this CPU lacks the instructions of code path ", isa);
   const int64_t gsize = K / G;
-  const bool amx = use == kAmx && gemm_amx_takes(gsize, hbits) && M >= kAmxMinRows;
+  const bool amx = use == kAmx && gemm_amx_takes(gsize, hbits) && M >= (gsize == 64 ? kAmxMinRows : kAmxMinRowsSmallGroups);
   if (use == kAmx && !amx) use = kAvx512Vnni;
   const int64_t rows = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole tiles of 16 rows: zero padding
 
