@@ -6,7 +6,7 @@ AVX-512, AVX2 and portable C++ path that give the same bits).
 ``int4_x86.cpp``: the int4-weight matmul of every x86-64 CPU, one packed layout
 (:func:`pack_int4_x86`) for all of its code paths: AVX-512 VNNI, AVX2 with or without AVX-VNNI,
 portable C++, and on AMX CPUs (Intel Sapphire Rapids and later) AMX tiles for passes of 10 rows
-or more (``int4_amx_x86.cpp``). Activations are quantized per row and per group of inputs to int8,
+or more (32 for a GGUF file's blocks: ``int4_amx_x86.cpp``). Activations are quantized per row and per group of inputs to int8,
 as llama.cpp does, and every row is computed on its own, so a tree verification pass gives each
 row exactly what a one-row pass gives, on every path alike.
 
