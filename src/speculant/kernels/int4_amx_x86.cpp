@@ -41,21 +41,15 @@ namespace {
 
 constexpr int64_t kTileRows = 16;  // rows of activations per A tile
 
-// One group's GS / 8 octets of codes (GS * 8 bytes at qg, the first being octet ``octet`` of the
-// block, whose high bits are at hb) -> the B tile (GS / 4 rows of 64 bytes).
+// One group's GS / 8 octets of codes (octets octet .. octet + GS/8 - 1 of the block whose codes
+// are at qb and high bits at hb) -> the B tile (GS / 4 rows of 64 bytes).
 template <int GS, int HB>
-inline void unpack_group(const uint8_t* qg, const uint8_t* hb, int64_t octet, uint8_t* b) {
-  const __m512i nib = _mm512_set1_epi8(0x0F), keep = _mm512_set1_epi8(HB == 2 ? 0x30 : 0x10);
+inline void unpack_group(const uint8_t* qb, const uint8_t* hb, int64_t octet, uint8_t* b) {
 #pragma GCC unroll 8
   for (int p = 0; p < GS / 8; ++p) {
-    _mm_prefetch((const char*)(qg + 64 * p + 4096), _MM_HINT_T0);
-    const __m512i w = _mm512_loadu_si512((const void*)(qg + 64 * p));
-    __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
-    if constexpr (HB > 0) {
-      const __m512i h = _mm512_loadu_si512((const void*)high_at<HB>(hb, octet + p));
-      lo = _mm512_or_si512(lo, high_bits512(h, high_from<HB>(octet + p), keep));
-      hi = _mm512_or_si512(hi, high_bits512(h, high_from<HB>(octet + p) + HB, keep));
-    }
+    _mm_prefetch((const char*)(qb + 64 * (octet + p) + 4096), _MM_HINT_T0);
+    __m512i lo, hi;
+    octet_codes512<HB>(qb, hb, octet + p, lo, hi);
     _mm512_store_si512((void*)(b + 128 * p), lo);
     _mm512_store_si512((void*)(b + 128 * p + 64), hi);
   }
@@ -89,8 +83,8 @@ void blocks(const Problem& P, int64_t nb, int64_t m0, uint8_t* tiles) {
   for (int64_t g = 0; g < P.G; ++g) {
     if (m0 == 0)
       for (int j = 0; j < J; ++j)
-        unpack_group<GS, HB>(P.q + (nb + j) * qstride + g * GS * 8, HB ? P.qh + (nb + j) * hstride : nullptr,
-                             g * (GS / 8), tiles + (j * P.G + g) * kTileBytes);
+        unpack_group<GS, HB>(P.q + (nb + j) * qstride, HB ? P.qh + (nb + j) * hstride : nullptr, g * (GS / 8),
+                             tiles + (j * P.G + g) * kTileBytes);
     asm volatile("" ::: "memory");  // GCC's tile intrinsics are asm without memory operands
     _tile_loadd(0, P.xq + m0 * P.K + g * GS, P.K);
     _tile_loadd(1, tiles + g * kTileBytes, 64);

@@ -38,8 +38,9 @@ inline Int4Shape check_int4_args(const torch::Tensor& x, const torch::Tensor& qp
   return {M, K, N, G, bias.numel() > 0};
 }
 
-// A GGUF file's block weights beside qpack, once checked: what Problem takes of them (its kd, km,
-// qh, hbits, sf) and the number of groups G.
+// The scales beside qpack, once checked: a GGUF file's block scales and high bits (what Problem
+// takes of them: its kd, km, qh, hbits, sf), none of them for int4_gemm's bf16 pairs, and the
+// number of groups G either way.
 struct BlockScales {
   const float* kd = nullptr;
   const uint8_t* km = nullptr;

@@ -46,8 +46,7 @@ template <int HB>
 void widen_block(const Problem& P, int64_t nb, at::BFloat16* out) {
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
   const uint8_t* hb = HB ? P.qh + nb * (P.K / (HB == 2 ? 16 : 32)) * 64 : nullptr;
-  const __m512i nib = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF);
-  const __m512i keep = _mm512_set1_epi8(HB == 2 ? 0x30 : 0x10);
+  const __m512i byte = _mm512_set1_epi32(0xFF);
   // VPERMT2W indices: lane 2c takes channel c of the even input, lane 2c + 1 of the odd one
   alignas(64) uint16_t order[32];
   for (int c = 0; c < 16; ++c) order[2 * c] = c, order[2 * c + 1] = 32 + c;
@@ -58,13 +57,8 @@ void widen_block(const Problem& P, int64_t nb, at::BFloat16* out) {
       g = 8 * o / P.gsize;
       speculant_int4::scales16(P, nb, g, s, off);
     }
-    const __m512i w = _mm512_loadu_si512((const void*)(qb + 64 * o));
-    __m512i half[2] = {_mm512_and_si512(w, nib), _mm512_and_si512(_mm512_srli_epi16(w, 4), nib)};
-    if constexpr (HB > 0) {
-      const __m512i h = _mm512_loadu_si512((const void*)speculant_int4::high_at<HB>(hb, o));
-      half[0] = _mm512_or_si512(half[0], speculant_int4::high_bits512(h, speculant_int4::high_from<HB>(o), keep));
-      half[1] = _mm512_or_si512(half[1], speculant_int4::high_bits512(h, speculant_int4::high_from<HB>(o) + HB, keep));
-    }
+    __m512i half[2];
+    speculant_int4::octet_codes512<HB>(qb, hb, o, half[0], half[1]);
     __m256bh v[8];  // input 8 o + j for the 16 channels
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 4; ++i) {
@@ -115,9 +109,11 @@ void prefill(const Problem& P, const at::BFloat16* xp, float* y32, at::BFloat16*
   });
 }
 
-// The prefill of x (checked) through qpack with bf16 scale pairs sz or a GGUF file's block scales b.
+// The prefill of x (checked) through qpack with bf16 scale pairs sz or a GGUF file's block scales b
+// (b.G: the number of groups either way).
 torch::Tensor run_prefill(const torch::Tensor& x, const torch::Tensor& qpack, const uint16_t* sz, const BlockScales& b,
-                          int64_t G, const torch::Tensor& bias, bool out_fp32) {
+                          const torch::Tensor& bias, bool out_fp32) {
+  const int64_t G = b.G;
   TORCH_CHECK(speculant_amx::permitted(), "the prefill kernels need AMX (the kernel refused the tile-data permission)");
   const int64_t M = x.size(0), K = x.size(1), N = qpack.size(0) * 16;
   TORCH_CHECK(K % 32 == 0, "the prefill kernels need a multiple of 32 inputs, got ", K);
@@ -141,31 +137,32 @@ torch::Tensor run_prefill(const torch::Tensor& x, const torch::Tensor& qpack, co
 torch::Tensor int4_prefill_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias,
                               bool out_fp32) {
   const speculant_int4::Int4Shape shape = speculant_int4::check_int4_args(x, qpack, scales, bias);
-  return run_prefill(x, qpack, reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), BlockScales{},
-                     shape.G, bias, out_fp32);
+  BlockScales b;
+  b.G = shape.G;
+  return run_prefill(x, qpack, reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), b, bias, out_fp32);
 }
 
 // The same for a GGUF file's blocks, their arguments as int4_gemm_kquant, _q5k, _q6k and _f32 take them.
 torch::Tensor kquant_prefill_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
                                 torch::Tensor bias, bool out_fp32) {
   const BlockScales b = speculant_int4::check_q4k_scales(x, qpack, kd, km, bias, nullptr);
-  return run_prefill(x, qpack, nullptr, b, b.G, bias, out_fp32);
+  return run_prefill(x, qpack, nullptr, b, bias, out_fp32);
 }
 
 torch::Tensor q5k_prefill_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                              torch::Tensor bias, bool out_fp32) {
   const BlockScales b = speculant_int4::check_q4k_scales(x, qpack, kd, km, bias, &qh);
-  return run_prefill(x, qpack, nullptr, b, b.G, bias, out_fp32);
+  return run_prefill(x, qpack, nullptr, b, bias, out_fp32);
 }
 
 torch::Tensor q6k_prefill_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                              torch::Tensor bias, bool out_fp32) {
   const BlockScales b = speculant_int4::check_q6k_scales(x, qpack, qh, kd, km, bias);
-  return run_prefill(x, qpack, nullptr, b, b.G, bias, out_fp32);
+  return run_prefill(x, qpack, nullptr, b, bias, out_fp32);
 }
 
 torch::Tensor f32_prefill_mm(torch::Tensor x, torch::Tensor qpack, torch::Tensor sf, torch::Tensor qh,
                              torch::Tensor bias, bool out_fp32) {
   const BlockScales b = speculant_int4::check_f32_scales(x, qpack, sf, qh, bias);
-  return run_prefill(x, qpack, nullptr, b, b.G, bias, out_fp32);
+  return run_prefill(x, qpack, nullptr, b, bias, out_fp32);
 }

@@ -130,6 +130,24 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512i high_bits512(__m512i 
   return _mm512_and_si512(t, keep);
 }
 
+// Octet ``octet`` of a channel block's codes (qb: the block's K/8 x 64 bytes; hb: its high bits, HB
+// per code) unpacked for VPDPBUSD / TDPBSUD: lo the codes of inputs 8 octet .. 8 octet + 3, hi of
+// 8 octet + 4 .. 8 octet + 7, 16 channels x 4 bytes each, the high bits OR-ed in as bits 4 (and 5).
+template <int HB>
+__attribute__((target("avx512f,avx512bw"))) inline void octet_codes512(const uint8_t* qb, const uint8_t* hb, int64_t octet,
+                                                                       __m512i& lo, __m512i& hi) {
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i w = _mm512_loadu_si512((const void*)(qb + 64 * octet));
+  lo = _mm512_and_si512(w, nib);
+  hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
+  if constexpr (HB > 0) {
+    const __m512i keep = _mm512_set1_epi8(HB == 2 ? 0x30 : 0x10);
+    const __m512i h = _mm512_loadu_si512((const void*)high_at<HB>(hb, octet));
+    lo = _mm512_or_si512(lo, high_bits512(h, high_from<HB>(octet), keep));
+    hi = _mm512_or_si512(hi, high_bits512(h, high_from<HB>(octet) + HB, keep));
+  }
+}
+
 __attribute__((target("avx512f"))) inline __m512 fold16(__m512 acc, __m512i dot, __m512 s, __m512 o, float a,
                                                         float ax) {
   const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), s);

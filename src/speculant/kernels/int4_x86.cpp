@@ -258,7 +258,6 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
   constexpr int C = R <= 2 ? 2 : 1;
   const uint8_t* qb = P.q + nb * (P.K / 8) * 64;
   const uint8_t* hb = HB ? P.qh + nb * (P.K / (HB == 2 ? 16 : 32)) * 64 : nullptr;
-  const __m512i nib = _mm512_set1_epi8(0x0F), keep = _mm512_set1_epi8(HB == 2 ? 0x30 : 0x10);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int8_t* x0 = P.xq + m0 * P.K;
@@ -271,14 +270,8 @@ void chunk_avx512(const Problem& P, int64_t nb, int64_t m0) {
 #pragma GCC unroll 16
     for (int p = 0; p < O; ++p) {
       _mm_prefetch((const char*)(qg + 64 * p + kPrefetch), _MM_HINT_T0);
-      const __m512i w = _mm512_loadu_si512((const void*)(qg + 64 * p));
-      __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
-      if constexpr (HB > 0) {  // octet p's high bits
-        const int64_t octet = g * O + p;
-        const __m512i h = _mm512_loadu_si512((const void*)high_at<HB>(hb, octet));
-        lo = _mm512_or_si512(lo, high_bits512(h, high_from<HB>(octet), keep));
-        hi = _mm512_or_si512(hi, high_bits512(h, high_from<HB>(octet) + HB, keep));
-      }
+      __m512i lo, hi;
+      octet_codes512<HB>(qb, hb, g * O + p, lo, hi);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* x = xg + r * P.K + 8 * p;
@@ -356,11 +349,12 @@ Isa best_isa() {
 
 namespace {
 
-// The matmul of int4_gemm and int4_gemm_kquant once their arguments are checked: scales given as
-// bf16 pairs (sz) or as k-quant blocks (kd, km).
-torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz, const float* kd, const uint8_t* km,
-                       int64_t G, torch::Tensor bias, bool out_fp32, int64_t isa, const uint8_t* qh = nullptr,
-                       int hbits = 0, const float* sf = nullptr) {
+// The matmul of every entry point once its arguments are checked: scales given as bf16 pairs (sz,
+// int4_gemm) or as a GGUF file's block scales (b; its G is the number of groups either way).
+torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz, const BlockScales& b, torch::Tensor bias,
+                       bool out_fp32, int64_t isa) {
+  const int64_t G = b.G;
+  const int hbits = b.hbits;
   const int64_t M = x.size(0), K = x.size(1), N = qpack.size(0) * 16, NB = N / 16;
   const bool has_bias = bias.numel() > 0;
   TORCH_CHECK(hbits == 2 ? K / G == 16 : hbits == 1 ? K / G == 32 : (K / G == 32 || K / G == 64 || K / G == 128),
@@ -391,7 +385,7 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
 
   Problem P{xqp, ap, axp, qpack.data_ptr<uint8_t>(), sz, has_bias ? bias.data_ptr<float>() : nullptr, M, K, N, G, gsize,
             out_fp32 ? y.data_ptr<float>() : nullptr,
-            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), kd, km, qh, hbits, sf};
+            out_fp32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), b.kd, b.km, b.qh, hbits, b.sf};
   if (amx) {
     gemm_amx(P);
     return y;
@@ -422,8 +416,9 @@ torch::Tensor run_int4(torch::Tensor x, torch::Tensor qpack, const uint16_t* sz,
 torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scales, torch::Tensor bias, bool out_fp32,
                         int64_t isa) {
   const Int4Shape shape = check_int4_args(x, qpack, scales, bias);
-  return run_int4(x, qpack, reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), nullptr, nullptr,
-                  shape.G, bias, out_fp32, isa);
+  BlockScales b;
+  b.G = shape.G;
+  return run_int4(x, qpack, reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), b, bias, out_fp32, isa);
 }
 
 // int4_gemm with each group's (scale, offset) in fp32 instead of bf16: sf (N/16, G, 2, 16) float32
@@ -435,7 +430,7 @@ torch::Tensor int4_gemm(torch::Tensor x, torch::Tensor qpack, torch::Tensor scal
 torch::Tensor int4_gemm_f32(torch::Tensor x, torch::Tensor qpack, torch::Tensor sf, torch::Tensor qh, torch::Tensor bias,
                             bool out_fp32, int64_t isa) {
   const BlockScales b = check_f32_scales(x, qpack, sf, qh, bias);
-  return run_int4(x, qpack, nullptr, nullptr, nullptr, b.G, bias, out_fp32, isa, b.qh, b.hbits, b.sf);
+  return run_int4(x, qpack, nullptr, b, bias, out_fp32, isa);
 }
 
 // The same matmul with a GGUF file's Q4_K scales as they are (groups of 32 inputs, 8 per block of
@@ -445,7 +440,7 @@ torch::Tensor int4_gemm_f32(torch::Tensor x, torch::Tensor qpack, torch::Tensor 
 torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tensor kd, torch::Tensor km,
                                torch::Tensor bias, bool out_fp32, int64_t isa) {
   const BlockScales b = check_q4k_scales(x, qpack, kd, km, bias, nullptr);
-  return run_int4(x, qpack, nullptr, b.kd, b.km, b.G, bias, out_fp32, isa);
+  return run_int4(x, qpack, nullptr, b, bias, out_fp32, isa);
 }
 
 // The same matmul with a GGUF file's Q5_K blocks as they are: int4_gemm_kquant's scales (kd, km) with
@@ -453,7 +448,7 @@ torch::Tensor int4_gemm_kquant(torch::Tensor x, torch::Tensor qpack, torch::Tens
 torch::Tensor int4_gemm_q5k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                             torch::Tensor bias, bool out_fp32, int64_t isa) {
   const BlockScales b = check_q4k_scales(x, qpack, kd, km, bias, &qh);
-  return run_int4(x, qpack, nullptr, b.kd, b.km, b.G, bias, out_fp32, isa, b.qh, b.hbits);
+  return run_int4(x, qpack, nullptr, b, bias, out_fp32, isa);
 }
 
 // The same matmul with a GGUF file's Q6_K blocks as they are (groups of 16 inputs, 16 per block of
@@ -463,7 +458,7 @@ torch::Tensor int4_gemm_q5k(torch::Tensor x, torch::Tensor qpack, torch::Tensor 
 torch::Tensor int4_gemm_q6k(torch::Tensor x, torch::Tensor qpack, torch::Tensor qh, torch::Tensor kd, torch::Tensor km,
                             torch::Tensor bias, bool out_fp32, int64_t isa) {
   const BlockScales b = check_q6k_scales(x, qpack, qh, kd, km, bias);
-  return run_int4(x, qpack, nullptr, b.kd, b.km, b.G, bias, out_fp32, isa, b.qh, b.hbits);
+  return run_int4(x, qpack, nullptr, b, bias, out_fp32, isa);
 }
 
 // Which code path int4_gemm takes here with isa = 0: 1 avx512-vnni, 2 avx2-vnni, 3 avx2, 4 portable, 5 amx.
