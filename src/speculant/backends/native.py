@@ -53,6 +53,7 @@ INVARIANT_ROWS = 64  # passes of up to this many tokens are row-invariant (see _
 # Measured crossover: docs/design-notes.md#prompt-prefill-on-amx. SPECULANT_EXACT_PREFILL=1 keeps
 # prompts on the decoding kernels (then the output is the same on every x86 CPU at any prompt length).
 PREFILL_MIN_ROWS = 96
+PREFILL_LAYERS = (Int4Linear, BlockLinear)  # the layers with a prefill kernel (forward_prefill)
 Q_BLOCK, KV_BLOCK = 32, 512  # PyTorch's CPU flash attention blocks for short queries / long keys
 CAPPED_ROWS = 64  # a long pass's soft-capped attention (capped_attention), this many queries at a time
 _CAUSAL = torch.empty(0, dtype=torch.bool)  # kernels' attend: no mask = causal
@@ -377,12 +378,12 @@ def _linear_plan(spans: list[tuple[int, int, bool]]):
     if not any(f for *_, f in spans):
         return lambda layer, h: layer(h)
     if all(f for *_, f in spans):
-        return lambda layer, h: (layer.forward_prefill if isinstance(layer, (Int4Linear, BlockLinear)) else layer)(h)
+        return lambda layer, h: (layer.forward_prefill if isinstance(layer, PREFILL_LAYERS) else layer)(h)
     fast = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if f])
     rest = torch.cat([torch.arange(r0, r0 + n) for r0, n, f in spans if not f])
 
     def linear(layer, h: torch.Tensor) -> torch.Tensor:
-        if not isinstance(layer, (Int4Linear, BlockLinear)):  # only these layers have a prefill kernel
+        if not isinstance(layer, PREFILL_LAYERS):
             return layer(h)
         prefill = layer.forward_prefill
         out = h.new_empty(h.shape[0], layer.out_features)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
+__all__ = ["amx_kernels", "GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
            "int4_isa", "kernels_name", "pack_bf16", "pack_f32scales_x86", "pack_int4_x86", "pack_kquant_x86", "pack_q5k_x86", "pack_q6k_x86",
            "unpack_int4_x86", "unpack_q5k_x86", "unpack_q6k_x86",
            "x86_kernels"]
@@ -215,6 +215,12 @@ def kernels_name() -> str:
     """Which bf16 matmul and attention kernels run here: "amx" (``bf16_amx.cpp``), "avx512"
     (``bf16_avx512.cpp``) or "torch" (PyTorch's); :func:`int4_isa` names the int4 code path."""
     return "torch" if cpu_kernels() is None else "amx" if cpu_has_amx_int8() else "avx512"
+
+
+def amx_kernels():
+    """The AMX build of :func:`cpu_kernels` (with the prompt prefill kernels: ``int4_prefill_mm`` and
+    a GGUF file's blocks' ``*_prefill_mm``), or None where :func:`kernels_name` is not "amx"."""
+    return cpu_kernels() if kernels_name() == "amx" else None
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..kernels import cpu_kernels, int4_isa, kernels_name
+from ..kernels import amx_kernels, int4_isa
 from .weights import LinearWeights
 
 __all__ = ["BlockLinear"]
@@ -57,7 +57,7 @@ class BlockLinear(LinearWeights, nn.Module):
 
     def _run_prefill(self, amx, x2: torch.Tensor) -> torch.Tensor:
         """(M, K) in the activation dtype -> (M, N) in it, through ``amx`` (the AMX module of
-        :func:`~speculant.kernels.cpu_kernels`): the weights widened to bf16 (``forward_prefill``)."""
+        :func:`~speculant.kernels.amx_kernels`): the weights widened to bf16 (``forward_prefill``)."""
         raise NotImplementedError
 
     def dequantize(self) -> torch.Tensor:
@@ -112,10 +112,11 @@ class BlockLinear(LinearWeights, nn.Module):
         own path is ``amx``, the file's weights widened to bf16 on AMX tiles
         (``kernels/int4_prefill_amx.cpp``: bf16 activations, not ``forward``'s bits; every row still
         on its own); elsewhere ``forward``."""
-        if self._isa != "amx" or kernels_name() != "amx":
+        amx = amx_kernels() if self._isa == "amx" else None
+        if amx is None:
             return self._forward(x, False)
         shape = x.shape
-        y = self._run_prefill(cpu_kernels(), x.reshape(-1, shape[-1]).to(self.dtype).contiguous())
+        y = self._run_prefill(amx, x.reshape(-1, shape[-1]).to(self.dtype).contiguous())
         return y.view(*shape[:-1], self.out_features)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:

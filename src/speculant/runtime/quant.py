@@ -28,7 +28,7 @@ from torch import nn
 from ..errors import ConfigError
 from .packing import unpack_linears
 from .weights import LinearWeights
-from ..kernels import GROUP, INT4_ISAS, cpu_kernels, dequantize_int4_x86, int4_isa, pack_int4_x86, x86_kernels
+from ..kernels import GROUP, INT4_ISAS, amx_kernels, dequantize_int4_x86, int4_isa, pack_int4_x86, x86_kernels
 
 QUANT_MODES = ("none", "int8", "int4")
 _NO_BIAS = torch.empty(0)
@@ -194,8 +194,8 @@ class Int4Linear(_WeightOnly):
         matmul's own path is ``amx``, the weights widened to bf16 on AMX tiles
         (``kernels/int4_prefill_amx.cpp``: ~1.6x faster from ~100 rows on, not ``forward``'s
         bits; every row still on its own); elsewhere ``forward``."""
-        kernels = cpu_kernels() if self.kind == "x86" and self._isa == "amx" else None
-        if kernels is None or not hasattr(kernels, "int4_prefill_mm"):
+        kernels = amx_kernels() if self.kind == "x86" and self._isa == "amx" else None
+        if kernels is None:
             return self(x)
         shape = x.shape
         y = kernels.int4_prefill_mm(x.reshape(-1, shape[-1]).to(self.dtype).contiguous(), self.qweight,
