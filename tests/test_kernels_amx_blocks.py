@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculant.kernels import INT4_ISAS, pack_f32scales_x86, pack_kquant_x86, x86_kernels
+from speculant.kernels import INT4_ISAS, pack_f32scales_x86, pack_kquant_x86, pack_q5k_x86, pack_q6k_x86, x86_kernels
+from speculant.runtime.gguf_blocks import q4_k_blocks, q5_k_blocks, q6_k_blocks
 
-from test_kernels_kquant import packed as packed4, random_q4k
-from test_kernels_kquant_wide import packed as packed6, packed5, random_q5k, random_q6k
+from test_kernels_kquant import random_q4k
+from test_kernels_kquant_wide import random_q5k, random_q6k
 from test_kernels_x86 import isa_param
 
 kernels = x86_kernels()
@@ -21,21 +22,24 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="needs an x86-64 CPU and
 N, K = 64, 768
 
 
+def blocks(parts) -> list[torch.Tensor]:
+    return [torch.from_numpy(a.copy()) for a in parts]
+
+
+# Each kind's kernel and arguments: random codes, or (top) every code at its largest, the largest sums.
 def q4k_args(top: bool):
-    q, qpack, kd, km, _ = packed4(random_q4k(N, K, seed=11))
-    if top:  # every code 15: the largest sums
-        from speculant.runtime.gguf_blocks import q4_k_blocks
-        _, d, dmin, sc, m = (torch.from_numpy(a.copy()) for a in q4_k_blocks(random_q4k(N, K, seed=11)))
-        qpack, kd, km = pack_kquant_x86(torch.full_like(q, 15), d, dmin, sc, m)
-    return kernels.int4_gemm_kquant, (qpack, kd, km)
+    q, d, dmin, sc, m = blocks(q4_k_blocks(random_q4k(N, K, seed=11)))
+    return kernels.int4_gemm_kquant, pack_kquant_x86(torch.full_like(q, 15) if top else q, d, dmin, sc, m)
 
 
 def q5k_args(top: bool):
-    return kernels.int4_gemm_q5k, packed5(random_q5k(N, K, seed=12))[1]
+    q, d, dmin, sc, m = blocks(q5_k_blocks(random_q5k(N, K, seed=12)))
+    return kernels.int4_gemm_q5k, pack_q5k_x86(torch.full_like(q, 31) if top else q, d, dmin, sc, m)
 
 
 def q6k_args(top: bool):
-    return kernels.int4_gemm_q6k, packed6(random_q6k(N, K, seed=13))[1]
+    q, d, sc = blocks(q6_k_blocks(random_q6k(N, K, seed=13)))  # q in -32 .. 31
+    return kernels.int4_gemm_q6k, pack_q6k_x86(torch.full_like(q, 31) if top else q, d, sc)
 
 
 def f32_args(bits: int):
