@@ -19,7 +19,7 @@ from .backends.base import Backend
 from .backends.hf import HFBackend
 from .backends.native import NativeBackend
 from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TREE_BUDGETS  # noqa: F401 (re-exported)
-from .config import DecoderConfig, SamplingConfig
+from .config import DecoderConfig, SamplingConfig, default_cache_ram
 from .batching import Batch, Member, run_alone
 from .decoding import DecodeState, SequenceRun, Stats, Step, TokenLogprob, token_logprobs  # noqa: F401 (re-exported)
 from .generation import Generation, GenerationResult, TokenEvent  # noqa: F401 (re-exported)
@@ -40,6 +40,7 @@ from .store.models import LoadedModel, check_vocab_compatible
 from .sampling import make_generator
 from .stopping import StopStrings, parse_stop
 from .text_check import check_text
+from .runtime.prefix_cache import PrefixCache
 
 class SpeculativeDecoder:
     """Lossless speculative decoding of a target model, optionally with a draft model or heads.
@@ -96,6 +97,10 @@ class SpeculativeDecoder:
         self._idle_drafts = [self.draft_backend] if self.draft_backend is not None else []
         self._grammar_engine: GrammarEngine | None = None  # built on the first response_format
         self._grammars: dict[GrammarSpec, CompiledGrammar] = {}  # compiled, most recent last
+        # KV entries of earlier prompts and answers, shared by every generation (native runtime only)
+        mib = default_cache_ram() if c.cache_ram is None else c.cache_ram
+        self.prefix_cache = PrefixCache(mib * 2**20) if mib and isinstance(self.target_backend, NativeBackend) \
+            else None
         if self.heads is not None:
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
             warm_up_heads(self.heads, self.vocab_size)
@@ -167,14 +172,19 @@ class SpeculativeDecoder:
                            replacement=self.replacement, generator=generator, vocab_size=self.vocab_size,
                            acceptance=self.acceptance, embedding=self._embedding(),
                            pacer=Pacer() if self.pacing else None, logprobs=gen.logprobs_top, constraint=constraint,
-                           max_draft_depth=gen.max_draft_depth)
+                           max_draft_depth=gen.max_draft_depth,
+                           prefix_cache=self.prefix_cache if gen.cache_prompt else None)
 
     def steps(self, gen: Generation) -> Iterator[tuple[DecodeState, Step]]:
         """The decoding loop's (state, step) after every step of the generation ``gen`` (from
         ``start``) decoded alone, a batch of one: what iterating ``gen`` runs."""
         run = self._sequence(gen, self.target_backend)
         with torch.inference_mode():
-            yield from run_alone(run)
+            try:
+                yield from run_alone(run)
+            except GeneratorExit:  # ended between steps (a stop string, a cancel): its context is whole
+                run.remember()
+                raise
 
     # ---- constrained decoding (constraints.py, grammars.py) --------------------------------
     MAX_CACHED_GRAMMARS = 64
@@ -219,6 +229,7 @@ class SpeculativeDecoder:
                 on_events(gen, events)
             if done:
                 gen.finish()
+                member.run.remember()  # (a run that ended by itself already did)
                 self._release(member)
             return done
 
@@ -237,6 +248,8 @@ class SpeculativeDecoder:
         """Take ``gen`` out of ``batch`` now (it ends as "cancelled" if it had not ended)."""
         member = batch.remove(gen)
         if member is not None:
+            if member.prefilled:  # between steps: its cache holds its context's entries
+                member.run.remember()
             gen.finish_reason = gen.finish_reason or "cancelled"
             gen.finish()
             self._release(member)
@@ -300,7 +313,8 @@ class SpeculativeDecoder:
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
               logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
               response_format: dict | None = None, max_draft_depth: int | None = None,
-              prediction: str | Sequence[int] | None = None, end_tokens: Sequence[int] = ()) -> Generation:
+              prediction: str | Sequence[int] | None = None, end_tokens: Sequence[int] = (),
+              cache_prompt: bool = True) -> Generation:
         """A generation that has not run yet: iterate it for its tokens (``TokenEvent``), or call
         ``result()``. The prompt is encoded and every option checked here, before any pass.
         ``max_new_tokens`` None: up to the model's context (4,096 tokens where it states none).
@@ -327,7 +341,9 @@ class SpeculativeDecoder:
         unchanged; ``Stats.prediction_accepted`` / ``prediction_rejected`` count its draft tokens
         the target accepted / refused. ``end_tokens``: token ids that end this generation too
         (``finish_reason`` "eos"), beside the model's end-of-sequence tokens (a fill-in-the-middle
-        prompt's markers)."""
+        prompt's markers). ``cache_prompt``: False keeps this generation out of the prefix cache
+        (its prompt is prefilled whole, and nothing of it is kept); ``Stats.cached_tokens``: the
+        prompt tokens it took from there."""
         bias = tuple(sorted(_logit_bias(logit_bias).items()))
         penalties = Penalties(presence_penalty, frequency_penalty, repetition_penalty, bias)
         penalties.check_vocab(self.vocab_size)
@@ -351,7 +367,8 @@ class SpeculativeDecoder:
         if max_new_tokens is None:  # a prompt that fills the context is refused when the generation runs
             max_new_tokens = max(1, self.max_length - int(ids.shape[0])) if self.max_length else 4096
         return Generation(self, ids, max_new_tokens, sampling, StopStrings(parse_stop(stop)), cancel, logprobs,
-                          grammar, max_draft_depth, prediction=predicted, end_tokens=ends)
+                          grammar, max_draft_depth, prediction=predicted, end_tokens=ends,
+                          cache_prompt=bool(cache_prompt))
 
     def _prediction_ids(self, prediction) -> torch.Tensor | None:
         """``start``'s ``prediction`` as token ids (None: none, or empty)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import operator
+import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -292,6 +293,10 @@ class DecoderConfig:
     measured pass cost (at most DEFAULT_MAX_ROWS rows), a ``tuning.costmodel.PassCost`` against a given
     curve, "fixed" always verifies the tree's full size.
     pacing: verify the root alone while drafting does not pay (``tuning.pacing.Pacer``).
+    cache_ram: the prefix cache's memory in MiB (``runtime.prefix_cache``: KV entries of earlier
+    prompts and answers, reused by any request that starts the same way; native backend only);
+    None: the default, ``default_cache_ram()`` (a quarter of this machine's memory, at most 8 GiB);
+    0: no prefix cache.
     lora: a peft LoRA adapter directory (e.g. Medusa-2's ``OUT/lora_adapter``) merged into the
     target's weights as it loads, before any quantization (``speculant.store.lora``): the adapted model
     is the one decoded, losslessly. Heads never bring their adapter along; pass it here.
@@ -319,6 +324,7 @@ class DecoderConfig:
     tree_budget: Any = "auto"  # "auto" | "fixed" | costmodel.PassCost
     pacing: bool = True
     lora: Any = None
+    cache_ram: int | None = None  # MiB; None: default_cache_ram(); 0: off
 
     def __post_init__(self) -> None:
         from .tuning.costmodel import PassCost
@@ -356,6 +362,9 @@ class DecoderConfig:
         if isinstance(self.tree, list):  # a list of paths: kept as tuples, so the config stays immutable
             object.__setattr__(self, "tree", tuple(tuple(p) for p in self.tree))
         self._check_tree()
+        if self.cache_ram is not None and (not _is_int(self.cache_ram) or self.cache_ram < 0):
+            raise ConfigError(f"cache_ram is the prefix cache's memory in MiB, an integer >= 0 (0: no prefix cache), "
+                              f"got {self.cache_ram!r}")
         object.__setattr__(self, "acceptance", parse_acceptance(self.acceptance))
         if self.lora is not None:
             from .store.lora import check_adapter_dir
@@ -404,6 +413,16 @@ class DecoderConfig:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"unknown option {key!r}{hint}: the options are {', '.join(names)}")
         return cls(target, draft, **options)
+
+
+def default_cache_ram() -> int:
+    """The prefix cache's default memory in MiB: a quarter of this machine's physical memory, at
+    most 8 GiB (llama-server's default ``--cache-ram``)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2048
+    return int(min(8192, total // 4 // 2**20))
 
 
 def _choice(what: str, value: Any, allowed: Sequence[str]) -> None:

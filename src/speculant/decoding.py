@@ -31,6 +31,7 @@ from .trees.draft import Draft, first_nodes, within_depth
 
 if TYPE_CHECKING:
     from .constraints import Constraint
+    from .runtime.prefix_cache import PrefixCache
 
 __all__ = ["DecodeState", "SequenceRun", "Stats", "Step", "StopRule", "TokenLogprob", "decode", "token_logprobs"]
 
@@ -46,6 +47,8 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0  # the target's prefill forward (part of verify_s)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV entries came from the prefix cache (not prefilled)
     wall_s: float = 0.0
     plain_steps: int = 0  # steps verified as the root alone because drafting did not pay (drafters.pacing)
     acceptance: str = "exact"  # the rule that ran; anything but "exact" may change the output
@@ -75,6 +78,8 @@ class Stats:
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "prefill_s": self.prefill_s,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "other_s": max(self.wall_s - self.draft_s - self.verify_s, 0.0),
             "wall_s": self.wall_s,
             "plain_steps": self.plain_steps,
@@ -193,7 +198,10 @@ class SequenceRun:
 
     ``batching.Batch.step`` runs this loop for one or several sequences (``decode``: a batch of
     one). The target backend is the sequence's own (its KV cache); ``complete`` compacts it.
-    Arguments as ``decode``'s."""
+    Arguments as ``decode``'s, and ``prefix_cache`` (``runtime.prefix_cache``; a native target
+    only): the prefill starts from the longest cached prefix of the prompt, and the prompt's
+    entries (after the prefill) and the whole context's (when the run ends: ``remember``) are
+    kept there, with the target states an ``HiddenNeed.ALL`` drafter needs."""
 
     def __init__(self, target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
                  sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
@@ -201,7 +209,7 @@ class SequenceRun:
                  vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
                  embedding: torch.Tensor | None = None, pacer: Pacer | None = None,
                  logprobs: int | None = None, constraint: Constraint | None = None,
-                 max_draft_depth: int | None = None):
+                 max_draft_depth: int | None = None, prefix_cache: "PrefixCache | None" = None):
         self.stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
         self.max_draft_depth = max_draft_depth  # None: the drafter's own; 0: the root alone (plain decoding)
         self.penalties = sampling.penalties if sampling.penalties.active else None
@@ -222,6 +230,13 @@ class SequenceRun:
         self._drafted = True
         self._paced_here = True
         self._start = 0
+        self.prefix_cache = prefix_cache
+        self._cached_features: torch.Tensor | None = None  # a hit's (n, W), until begin
+        self._begun = False  # the prefill's output reached begin: the target's cache is this run's
+        self.state.stats.prompt_tokens = prompt.shape[0]
+        # the target states at every cached position (n, W), kept for the prefix cache: an ALL drafter's
+        self._features: list[torch.Tensor] | None = \
+            [] if prefix_cache is not None and self.drafter.hidden_need is HiddenNeed.ALL else None
 
     @property
     def finish_reason(self) -> str | None:
@@ -229,13 +244,25 @@ class SequenceRun:
 
     def prefill(self) -> ForwardRequest | None:
         """The prefill pass: every prompt token but the last (the first root), with the hidden
-        states the drafter needs; None for a one-token prompt. Resets the target's cache."""
+        states the drafter needs; None for a one-token prompt. Resets the target's cache. With a
+        prefix cache, the cached whole blocks of ``prompt[:-1]`` are copied into the target's
+        cache first and the pass covers the rest (at least one token: the state of position
+        T-2 and the drafter's start come from a real pass)."""
         self.target.reset()
-        if self.prompt.shape[0] < 2:
+        T = self.prompt.shape[0]
+        if T < 2:
             return None
         need = self.drafter.hidden_need
-        rows = torch.tensor([self.prompt.shape[0] - 2]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
-        return ForwardRequest(self.prompt[:-1], rows=rows, want_hidden=need, layers=self.drafter.hidden_layers,
+        done, self._cached_features = 0, None
+        if self.prefix_cache is not None:
+            hit = self.prefix_cache.match(self.prompt[:-1], limit=T - 2, features=need is HiddenNeed.ALL)
+            if hit.tokens:
+                self.prefix_cache.restore(hit, self.target.cache)
+                self._cached_features = hit.features()
+            done = hit.tokens
+        self.state.stats.cached_tokens = done
+        rows = torch.tensor([T - 2 - done]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
+        return ForwardRequest(self.prompt[done:-1], rows=rows, want_hidden=need, layers=self.drafter.hidden_layers,
                               prefill=True)
 
     def begin(self, out: ForwardOut | None, seconds: float = 0.0) -> None:
@@ -245,8 +272,32 @@ class SequenceRun:
         st.verify_s += seconds
         need = self.drafter.hidden_need
         hidden = None if out is None or out.hidden is None else out.hidden[-1] if need is HiddenNeed.LAST else out.hidden
+        cached = self._cached_features
+        if cached is not None and hidden is not None:  # (cached, W) then the pass's (n, W): (T-1, W)
+            hidden = torch.cat([cached.to(hidden.dtype), hidden])
+        self._cached_features = None
         self.drafter.begin(self.prompt, hidden=hidden)
+        self._begun = True
+        if self._features is not None and hidden is not None:
+            self._features.append(hidden)
+        self.remember()  # the prompt's blocks: the next turn, and other members with this prompt, start there
         self.clock.lap()
+
+    def remember(self) -> int:
+        """Keep the context's KV entries (whole blocks) in the prefix cache, with the target
+        states an ALL drafter needs; returns the tokens cached for this context (0 without a
+        cache). Safe between steps only: the cache holds the committed context's entries there."""
+        pc = self.prefix_cache
+        if pc is None or not self._begun:
+            return 0
+        feats = None
+        if self._features is not None:
+            if not self._features:
+                return 0
+            if len(self._features) > 1:
+                self._features[:] = [torch.cat(self._features)]
+            feats = self._features[0]
+        return pc.insert(self.state.context, self.target.cache, features=feats)
 
     def draft_plan(self, drafting: bool | None = None) -> PassPlan:
         """Stage 1 as a PassPlan (``drafters.base``): the drafter's jobs (a draft model's passes,
@@ -300,6 +351,10 @@ class SequenceRun:
         path, token = self.accept(draft, logits)
         step = _commit(self.target, self.drafter, self.state, draft, _Verified(out, self._start), path, token,
                        self.stop, self.clock, self.constraint)
+        if self._features is not None and out.hidden is not None:  # the accepted nodes' states (len(path), W)
+            self._features.append(out.hidden[path])
+        if self.state.finish_reason is not None:
+            self.remember()  # the answer too: the next turn sends it back
         if self.logprobs is not None:
             step = dataclasses.replace(step, logprobs=token_logprobs(raw, path, step.tokens, self.logprobs))
         self.state.stats.plain_steps += not self._drafted

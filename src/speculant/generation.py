@@ -56,10 +56,11 @@ class Generation:
                  sampling: SamplingConfig, stops: StopStrings, cancel: Callable[[], bool] | None,
                  logprobs: int | None = None, grammar: CompiledGrammar | None = None,
                  max_draft_depth: int | None = None, prediction: torch.Tensor | None = None,
-                 end_tokens: frozenset[int] = frozenset()):
+                 end_tokens: frozenset[int] = frozenset(), cache_prompt: bool = True):
         self.decoder, self.ids, self.max_new_tokens, self.sampling = decoder, ids, max_new_tokens, sampling
         self.max_draft_depth = max_draft_depth  # None: the decoder's drafts; 0: plain decoding
         self.prediction = prediction  # token ids the output is expected to be (drafted from), or None
+        self.cache_prompt = cache_prompt  # False: no prefix cache for this generation
         self.end_tokens = end_tokens  # token ids that end it beside the model's end-of-sequence ones
         self.grammar = grammar  # the compiled response_format, or None (free text)
         self.stops, self.cancel = stops, cancel

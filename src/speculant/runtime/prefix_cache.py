@@ -7,8 +7,9 @@ answer). A :class:`PrefixCache` keeps the keys and values a sequence computed, i
 own cache and prefills only the rest.
 
 Blocks are keyed as vLLM hashes full blocks with their prefix: a block's key is (its parent
-block's key, its ``block`` token ids), so equal keys mean equal prefixes (the tuple is compared
-whole: no hash collision can return another prefix's entries). Blocks form a tree; two requests
+block's serial number, its ``block`` token ids); a serial number names one block, which holds one
+prefix, so equal keys mean equal prefixes (the tuple is compared whole: no hash collision can
+return another prefix's entries, and a key costs the same to hash at any depth). Blocks form a tree; two requests
 that share a system prompt share its blocks. Only full blocks are kept (the last partial block of
 a prefix is recomputed: at most ``block - 1`` tokens).
 
@@ -31,6 +32,8 @@ attention of its own: ``SPECULANT_EXACT_PREFILL=1`` on the native runtime).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -43,7 +46,8 @@ __all__ = ["PrefixCache", "PrefixHit"]
 
 @dataclass(eq=False)
 class _Block:
-    key: Hashable  # (parent key or None, tokens)
+    key: Hashable  # (parent's serial number or -1, tokens)
+    serial: int  # this block's number, unique for the cache's lifetime
     parent: "_Block | None"
     kv: torch.Tensor  # (layers, 2, H_kv, block, D)
     features: torch.Tensor | None  # (block, W)
@@ -81,6 +85,7 @@ class PrefixCache:
         self.budget_bytes, self.block = int(budget_bytes), int(block)
         self._blocks: dict[Hashable, _Block] = {}
         self._clock = 0
+        self._serials = itertools.count()
         self.bytes = 0  # in use by blocks
         self.hits = self.misses = self.evictions = 0
         self.tokens_reused = 0  # request tokens served from the cache (restore)
@@ -104,7 +109,7 @@ class PrefixCache:
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         limit = len(ids) if limit is None else min(limit, len(ids))
         found: list[_Block] = []
-        parent: Hashable = None
+        parent = -1
         now = self._tick()
         for start in range(0, limit - self.block + 1, self.block):
             blk = self._blocks.get((parent, tuple(ids[start:start + self.block])))
@@ -112,7 +117,7 @@ class PrefixCache:
                 break
             blk.used = now
             found.append(blk)
-            parent = blk.key
+            parent = blk.serial
         if found:
             self.hits += 1
         else:
@@ -143,12 +148,12 @@ class PrefixCache:
         parent: _Block | None = None
         now, b, done = self._tick(), self.block, 0
         for start in range(0, n - b + 1, b):
-            key = (None if parent is None else parent.key, tuple(ids[start:start + b]))
+            key = (-1 if parent is None else parent.serial, tuple(ids[start:start + b]))
             blk = self._blocks.get(key)
             if blk is None:
                 kv = cache.kv[:, :, :, start:start + b].clone()
                 feats = None if features is None else features[start:start + b].clone()
-                blk = _Block(key, parent, kv, feats)
+                blk = _Block(key, next(self._serials), parent, kv, feats)
                 if not self._make_room(blk.nbytes, keep=parent):
                     break
                 self._blocks[key] = blk
@@ -171,15 +176,23 @@ class PrefixCache:
         (the prefix being extended) are never evicted. False: it cannot fit."""
         if nbytes > self.budget_bytes:
             return False
+        if self.bytes + nbytes <= self.budget_bytes:
+            return True
         protected = set()
         while keep is not None:
-            protected.add(id(keep))
+            protected.add(keep.serial)
             keep = keep.parent
+        leaves = [(blk.used, blk.serial, blk) for blk in self._blocks.values()
+                  if blk.children == 0 and blk.serial not in protected]
+        heapq.heapify(leaves)
         while self.bytes + nbytes > self.budget_bytes:
-            leaves = [blk for blk in self._blocks.values() if blk.children == 0 and id(blk) not in protected]
             if not leaves:
                 return False
-            self._evict(min(leaves, key=lambda blk: blk.used))
+            *_, blk = heapq.heappop(leaves)
+            self._evict(blk)
+            up = blk.parent  # a parent whose last child went is a leaf now
+            if up is not None and up.children == 0 and up.serial not in protected:
+                heapq.heappush(leaves, (up.used, up.serial, up))
         return True
 
     def _evict(self, blk: _Block) -> None:
