@@ -92,7 +92,8 @@ class LlamaServer:
 
     def __init__(self, config: str = "plain", target: str | os.PathLike = TARGET,
                  draft: str | os.PathLike = DRAFT, n_threads: int | None = None, n_ctx: int = 4096,
-                 startup_timeout: float = 180.0, extra_args: tuple[str, ...] = (), n_parallel: int = 1):
+                 startup_timeout: float = 180.0, extra_args: tuple[str, ...] = (), n_parallel: int = 1,
+                 cache_ram: int | None = 0):
         if config not in CONFIGS:
             raise ConfigError(f"unknown llama-server configuration {config!r}; use one of "
                               f"{', '.join(CONFIGS)}")
@@ -105,6 +106,9 @@ class LlamaServer:
         self.n_threads = n_threads or torch.get_num_threads() or os.cpu_count() or 1
         self.n_ctx = n_ctx
         self.n_parallel = n_parallel  # slots decoding together (-np); each gets n_ctx tokens of context
+        # MiB of host memory for llama-server's prompt cache (--cache-ram); 0: none (every request pays its
+        # prefill: the bench's default), None: the server's own default (bench --sessions: as its users run it)
+        self.cache_ram = cache_ram
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen | None = None
@@ -128,7 +132,7 @@ class LlamaServer:
         t = str(self.n_threads)
         args = [str(self.binary), "-m", str(self.target), "--host", "127.0.0.1", "--port", str(port),
                 "-t", t, "-tb", t, "-c", str(self.n_ctx * self.n_parallel), "-np", str(self.n_parallel),
-                "--cache-ram", "0",  # no host-memory prompt cache: every request pays its prefill
+                *(("--cache-ram", str(self.cache_ram)) if self.cache_ram is not None else ()),
                 "--no-webui", "-lv", "2"]  # warnings and errors only
         if self.config == "draft":
             args += ["--spec-type", "draft-simple", "-md", str(self.draft),

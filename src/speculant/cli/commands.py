@@ -16,6 +16,11 @@ from ..store.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..runtime.process import tune_allocator
 
 
+BENCH_METHODS = ("ar,auto,lookup,sd,llama-server,llama-server+draft,llama-server+ngram,llama-server+ngram-mod,"
+                 "openvino,openvino+lookup,openvino+draft")
+SESSION_ROWS = ("auto", "ar", "llama-server", "llama-server+ngram-mod")  # bench.sessions_run.DEFAULT_ROWS
+
+
 def _decoder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
     p.add_argument("--draft", default=None, help="draft model for sd/mcsd (directory, .gguf or preset)")
@@ -125,8 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="compare methods side by side on Spec-Bench prompts")
     _decoder_args(b)
-    b.add_argument("--methods", default="ar,auto,lookup,sd,llama-server,llama-server+draft,llama-server+ngram,"
-                                        "llama-server+ngram-mod,openvino,openvino+lookup,openvino+draft",
+    b.add_argument("--methods", default=None,
                    help="comma-separated: " + ", ".join(OURS).replace("auto", "auto (what `generate` picks)") + " "
                         "(speculant's own; each optionally NAME:RULE with an approximate acceptance rule, e.g. "
                         "medusa:typical, bpd:topk=2+min=1), and peer rows: hf-assisted (transformers' assisted "
@@ -143,7 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "end in @KEY=VALUE "
                         "options of its own row (heads=DIR, tree=SPEC|FILE.json, budget=auto|fixed, lookup=N, "
                         "gamma=N; @fixed = @budget=fixed), so two settings run side by side, e.g. "
-                        "hydra+lookup@heads=A,hydra+lookup@heads=B (default: %(default)s)")
+                        f"hydra+lookup@heads=A,hydra+lookup@heads=B (default: {BENCH_METHODS}; with --sessions: "
+                        f"{','.join(SESSION_ROWS)}, and the rows are servers: speculant's methods through `speculant "
+                        "serve --method NAME` and the llama-server rows, each optionally @cache-ram=MB (both) or "
+                        "@cache-reuse=N (llama-server))")
+    b.add_argument("--sessions", default=None, metavar="FILE",
+                   help="replay multi-turn sessions instead of single prompts: FILE is a JSONL file of sessions, or "
+                        "'default' for the shipped one (chat, coding, agent and MT-bench sessions); every row is a "
+                        "server started on loopback, one at a time, sent each turn with the whole history (streamed, "
+                        "greedy, --max-new-tokens per turn): seconds per session, first-token time per turn, tok/s, "
+                        "cached prompt tokens, and the ratio to the best llama-server row")
+    b.add_argument("--sessions-kinds", default=None, metavar="KINDS",
+                   help="with --sessions: only these kinds, comma-separated (chat, coding, agent, mt_bench)")
+    b.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="with --sessions: only the first N sessions (after --sessions-kinds)")
     b.add_argument("--hydra-heads", default=None,
                    help="hydra: sequential heads directory (default: the ones shipped for the target preset)")
     b.add_argument("--per-category", type=int, default=1, help="prompts per Spec-Bench category")
@@ -360,10 +377,14 @@ def cmd_serve(args) -> int:
 def cmd_bench(args, argv: list[str] | None = None) -> int:
     from ..bench.harness import BenchConfig, command_line, run_bench
 
+    if args.sessions is not None:
+        return _bench_sessions(args, argv)
+    if args.sessions_kinds is not None or args.limit is not None:
+        raise ConfigError("--sessions-kinds and --limit go with --sessions FILE (or --sessions default)")
     # the default target's sibling drafts unless --draft names another; any other target drafts only with a --draft
     draft = args.draft or (DEFAULT_DRAFT if args.target == DEFAULT_TARGET else None)
     cfg = BenchConfig(target=args.target, draft=draft, auto_draft=args.draft is not None,
-                      methods=tuple(args.methods.split(",")),
+                      methods=tuple((args.methods or BENCH_METHODS).split(",")),
                       per_category=args.per_category, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                       lookup_branch=args.lookup_branch or DEFAULT_LOOKUP_BRANCH,
                       tree=args.tree, medusa_tree=_tree(args) if args.tree_file else None, heads=args.heads,
@@ -383,6 +404,51 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
 
         print(f"plot: {plot_result(result, args.plot)}")
     return 0
+
+
+def _bench_sessions(args, argv: list[str] | None) -> int:
+    """``bench --sessions``: the bench's decoding options that differ from their defaults go to
+    ``speculant serve``; the options of single-prompt runs are refused."""
+    from ..bench.harness import command_line
+    from ..bench.sessions_report import print_tables
+    from ..bench.sessions_run import SessionsBenchConfig, run_sessions_bench
+
+    for flag, value, default in (("--questions", args.questions, None), ("--categories", args.categories, None),
+                                 ("--plot", args.plot, None), ("--temperature", args.temperature, 0.0),
+                                 ("--per-category", args.per_category, 1), ("--hydra-heads", args.hydra_heads, None)):
+        if value != default:
+            raise ConfigError(f"{flag} does not apply to --sessions (sessions are replayed greedy, turn by turn); "
+                              f"drop it, or run bench without --sessions")
+    draft = args.draft or (DEFAULT_DRAFT if args.target == DEFAULT_TARGET else None)
+    rows = tuple(r for r in args.methods.split(",") if r.strip()) if args.methods else None
+    cfg = SessionsBenchConfig(sessions=args.sessions, **({"rows": rows} if rows is not None else {}),
+                              max_new_tokens=args.max_new_tokens,
+                              kinds=tuple(k for k in args.sessions_kinds.split(",") if k) if args.sessions_kinds else None,
+                              limit=args.limit, target=args.target, draft=draft,
+                              serve_args=_changed_decoder_args(args, skip=("target", "draft")), json_out=args.json_out)
+    result = run_sessions_bench(cfg, command=command_line(argv))
+    print_tables(result)
+    return 1 if result["failed"] or result["summary"]["left_out"] else 0
+
+
+def _changed_decoder_args(args, skip: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The decoding options (``_decoder_args``) of ``args`` that differ from their defaults, as the
+    command-line options that give them (for ``speculant serve``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    _decoder_args(p)
+    out: list[str] = []
+    for action in p._actions:
+        value = getattr(args, action.dest, action.default)
+        if action.dest in skip or value == action.default:
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif action.nargs == 0:  # store_true
+            out.append(flag)
+        else:
+            out += [flag, str(value)]
+    return tuple(out)
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
