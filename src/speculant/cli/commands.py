@@ -8,6 +8,7 @@ import sys
 
 from .training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
                            cmd_make_conversations, cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
+from .chat import add_chat_options, cmd_chat
 from .drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter
 from ..bench.methods import OURS
 from ..config import DEFAULT_LOOKUP_BRANCH, METHODS
@@ -110,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--logprobs", type=int, default=None, metavar="K",
                    help="with --json: each token's log-probability under the target and the K (0-20) most likely")
     g.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
+
+    c = sub.add_parser("chat", help="an interactive chat in the terminal (history kept, accepted draft tokens "
+                                    "coloured, /help for its commands)")
+    _decoder_args(c)
+    c.add_argument("--method", choices=list(METHODS), default="auto",
+                   help="as for generate (default: the fastest lossless method; it is printed)")
+    _sampling_args(c)
+    add_chat_options(c)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions, streaming)")
     _decoder_args(sv)
@@ -535,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tune_allocator()
     try:
-        commands = {"generate": cmd_generate, "serve": cmd_serve, "bench": lambda a: cmd_bench(a, argv),
+        commands = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": lambda a: cmd_bench(a, argv),
                     "bench-report": cmd_bench_report, "bench-serve": lambda a: cmd_bench_serve(a, argv),
                     "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree,
