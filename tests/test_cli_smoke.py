@@ -27,6 +27,8 @@ LONG = " ".join(["w5"] * 600)  # more tokens than the tiny models' context of 51
 G = ["generate", "--target", "@T", "--dtype", "float32"]
 CASES = [
     ("gen-ok", [*G, "--method", "ar", "--max-new-tokens", "3", "w1 w2"], OK),
+    ("chat-zero-tokens", ["chat", "--target", "@T", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    ("chat-bad-temperature", ["chat", "--target", "@T", "--temperature", "-1"], "temperature must be >= 0"),
     ("gen-zero-tokens", [*G, "--max-new-tokens", "0", "w1"], "--max-new-tokens must be >= 1, got 0"),
     ("gen-negative-tokens", [*G, "--max-new-tokens", "-5", "w1"], "--max-new-tokens must be >= 1, got -5"),
     ("gen-huge-tokens", [*G, "--method", "ar", "--max-new-tokens", "100000", "w1"], OK),  # stops at the context
