@@ -181,3 +181,22 @@ def test_a_bad_cache_ram_is_refused(dirs):
     for bad in (-1, 1.5, "8G"):
         with pytest.raises(ConfigError, match="cache_ram is the prefix cache's memory in MiB"):
             SpeculativeDecoder(dirs["target"], method="ar", backend="native", cache_ram=bad)
+
+
+def test_a_soak_of_batched_sessions_holds_the_budget_and_gives_the_cold_answers(dirs):
+    """Eight sessions of three turns, each round every session's next turn in one batch (members
+    insert their blocks while others restore theirs), on a cache of about 160 positions."""
+    rng = random.Random(13)
+    warm, cold = decoder(dirs, "lookup", True), decoder(dirs, "lookup", False)
+    cache = warm.target_backend.cache
+    one = cache.kv[:, :, :, :1].numel() * cache.kv.element_size()
+    warm.prefix_cache = pc = PrefixCache(160 * one)
+    system = ids(rng, 32)
+    history = [system + ids(rng, 8 + s) for s in range(8)]
+    for _ in range(3):
+        got = warm.generate_batch(history, 12, max_batch=4)
+        for s, res in enumerate(got):
+            assert res.token_ids == cold.start(history[s], 12).result().token_ids, s
+            history[s] = history[s] + res.token_ids + ids(rng, 5)
+        assert pc.bytes <= pc.budget_bytes
+    assert pc.evictions > 0 and pc.tokens_reused > 0
