@@ -200,3 +200,24 @@ def test_a_soak_of_batched_sessions_holds_the_budget_and_gives_the_cold_answers(
             history[s] = history[s] + res.token_ids + ids(rng, 5)
         assert pc.bytes <= pc.budget_bytes
     assert pc.evictions > 0 and pc.tokens_reused > 0
+
+
+def test_with_the_cache_prompts_run_on_the_decoding_kernels_by_default(dirs, monkeypatch):
+    """Without SPECULANT_EXACT_PREFILL: a decoder with a prefix cache prefills prompts on the
+    decoding kernels (unless its prefill kernels widen the weights, AMX's), so a later turn from
+    the cache is the cold request's answer bit for bit; a decoder without the cache keeps the
+    prompt attention's flash kernel, whose bits differ (the negative control)."""
+    monkeypatch.delenv("SPECULANT_EXACT_PREFILL")
+    rng = random.Random(17)
+    warm, flash = decoder(dirs, "ar", True), decoder(dirs, "ar", False)
+    if warm.target_backend.widened_prefill:
+        pytest.skip("the prefill kernels widen the weights on this CPU (AMX): cached and cold prompts differ anyway")
+    assert warm.exact_prompts and not flash.exact_prompts
+    turns = [ids(rng, 130), ids(rng, 110)]
+    (_, first), (prompt, second) = play(warm, turns)
+    assert second.stats.cached_tokens >= 144
+    cold = warm.start(prompt, 24, logprobs=2, cache_prompt=False).result()
+    assert cold.stats.cached_tokens == 0
+    assert (second.token_ids, second.logprobs) == (cold.token_ids, cold.logprobs)
+    other = flash.start(prompt, 24, logprobs=2).result()
+    assert other.logprobs != cold.logprobs  # flash attention over the 240-token prompt: other bits

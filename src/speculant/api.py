@@ -101,6 +101,10 @@ class SpeculativeDecoder:
         mib = default_cache_ram() if c.cache_ram is None else c.cache_ram
         self.prefix_cache = PrefixCache(mib * 2**20) if mib and isinstance(self.target_backend, NativeBackend) \
             else None
+        # With the cache, prompts run on the decoding kernels (an answer from the cache is then the cold
+        # answer, bit for bit), unless the prefill kernels widen the weights (AMX), which changes the
+        # bits anyway and is worth far more than the prompt attention's flash kernel
+        self.exact_prompts = self.prefix_cache is not None and not self.target_backend.widened_prefill
         if self.heads is not None:
             self._drafter(SamplingConfig(), None)  # fail early: a tree deeper than the heads, gamma > K
             warm_up_heads(self.heads, self.vocab_size)
@@ -173,7 +177,8 @@ class SpeculativeDecoder:
                            acceptance=self.acceptance, embedding=self._embedding(),
                            pacer=Pacer() if self.pacing else None, logprobs=gen.logprobs_top, constraint=constraint,
                            max_draft_depth=gen.max_draft_depth,
-                           prefix_cache=self.prefix_cache if gen.cache_prompt else None)
+                           prefix_cache=self.prefix_cache if gen.cache_prompt else None,
+                           fast_prefill=not self.exact_prompts)
 
     def steps(self, gen: Generation) -> Iterator[tuple[DecodeState, Step]]:
         """The decoding loop's (state, step) after every step of the generation ``gen`` (from

@@ -201,7 +201,9 @@ class SequenceRun:
     Arguments as ``decode``'s, and ``prefix_cache`` (``runtime.prefix_cache``; a native target
     only): the prefill starts from the longest cached prefix of the prompt, and the prompt's
     entries (after the prefill) and the whole context's (when the run ends: ``remember``) are
-    kept there, with the target states an ``HiddenNeed.ALL`` drafter needs."""
+    kept there, with the target states an ``HiddenNeed.ALL`` drafter needs. ``fast_prefill``
+    False: the prompt runs on the decoding kernels, not the runtime's prefill kernels, so that
+    its cached entries are the bits any later request computes for them."""
 
     def __init__(self, target: Backend, drafter: Drafter, prompt: torch.Tensor, *, max_new_tokens: int,
                  sampling: SamplingConfig, eos_token_ids: set[int] = frozenset(), max_length: int | None = None,
@@ -209,7 +211,8 @@ class SequenceRun:
                  vocab_size: int | None = None, acceptance: AcceptanceConfig | None = None,
                  embedding: torch.Tensor | None = None, pacer: Pacer | None = None,
                  logprobs: int | None = None, constraint: Constraint | None = None,
-                 max_draft_depth: int | None = None, prefix_cache: "PrefixCache | None" = None):
+                 max_draft_depth: int | None = None, prefix_cache: "PrefixCache | None" = None,
+                 fast_prefill: bool = True):
         self.stop = StopRule(max_new_tokens, frozenset(eos_token_ids), max_length)
         self.max_draft_depth = max_draft_depth  # None: the drafter's own; 0: the root alone (plain decoding)
         self.penalties = sampling.penalties if sampling.penalties.active else None
@@ -231,6 +234,7 @@ class SequenceRun:
         self._paced_here = True
         self._start = 0
         self.prefix_cache = prefix_cache
+        self.fast_prefill = fast_prefill  # False: the prompt on the decoding kernels (ForwardRequest.prefill off)
         self._cached_features: torch.Tensor | None = None  # a hit's (n, W), until begin
         self._begun = False  # the prefill's output reached begin: the target's cache is this run's
         self.state.stats.prompt_tokens = prompt.shape[0]
@@ -263,7 +267,7 @@ class SequenceRun:
         self.state.stats.cached_tokens = done
         rows = torch.tensor([T - 2 - done]) if need is not HiddenNeed.NONE else torch.empty(0, dtype=torch.long)
         return ForwardRequest(self.prompt[done:-1], rows=rows, want_hidden=need, layers=self.drafter.hidden_layers,
-                              prefill=True)
+                              prefill=self.fast_prefill)
 
     def begin(self, out: ForwardOut | None, seconds: float = 0.0) -> None:
         """The prefill pass's output (None without one) took ``seconds``: start the drafter."""

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..kernels import cpu_kernels, x86_kernels
+from ..kernels import amx_kernels, cpu_kernels, x86_kernels
 from ..runtime.block_linear import BlockLinear
 from ..runtime.quant import Int4Linear
 from .base import CacheBacked, ForwardOut, ForwardRequest, HiddenNeed, check_layers
@@ -206,6 +206,15 @@ class NativeBackend(CacheBacked):
             return torch.cat([capped_attention(q[i:i + 1], keys.index_select(1, idx), values.index_select(1, idx),
                                                None, scale, cap) for i, idx in enumerate(seen)])
         return attend
+
+    @property
+    def widened_prefill(self) -> bool:
+        """Whether this model's prefill kernels compute its weights otherwise than decoding does
+        (AMX's widened bf16 tiles: ``PREFILL_LAYERS.forward_prefill``), so a prompt's rows differ
+        from decoding's in any case, whatever its attention."""
+        if amx_kernels() is None:
+            return False
+        return any(isinstance(m, PREFILL_LAYERS) and getattr(m, "_isa", None) == "amx" for m in self.model.modules())
 
     def sibling(self) -> "NativeBackend":
         """A backend for another sequence over the same weights (its own, empty KV cache)."""
