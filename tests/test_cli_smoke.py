@@ -29,6 +29,7 @@ CASES = [
     ("gen-ok", [*G, "--method", "ar", "--max-new-tokens", "3", "w1 w2"], OK),
     ("chat-zero-tokens", ["chat", "--target", "@T", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
     ("chat-bad-temperature", ["chat", "--target", "@T", "--temperature", "-1"], "temperature must be >= 0"),
+    ("chat-cache-ram-negative", ["chat", "--target", "@T", "--cache-ram", "-1"], "--cache-ram is the prefix cache's"),
     ("gen-zero-tokens", [*G, "--max-new-tokens", "0", "w1"], "--max-new-tokens must be >= 1, got 0"),
     ("gen-negative-tokens", [*G, "--max-new-tokens", "-5", "w1"], "--max-new-tokens must be >= 1, got -5"),
     ("gen-huge-tokens", [*G, "--method", "ar", "--max-new-tokens", "100000", "w1"], OK),  # stops at the context
@@ -98,9 +99,16 @@ CASES = [
                                     "--target-quant", "none", "--method", "ar", "--max-new-tokens", "3", "w1"], OK),
     ("gen-lora-missing", [*G, "--lora", "@NONE", "w1"], "no such directory"),
     ("gen-json", [*G, "--method", "ar", "--json", "--max-new-tokens", "2", "w1"], OK),
+    ("gen-cache-ram-off", [*G, "--method", "ar", "--cache-ram", "0", "--max-new-tokens", "2", "w1"], OK),
+    ("gen-cache-ram-small", [*G, "--method", "lookup", "--backend", "native", "--cache-ram", "1",
+                             "--max-new-tokens", "2", "w1"], OK),
+    ("gen-cache-ram-negative", [*G, "--cache-ram", "-1", "w1"], "--cache-ram is the prefix cache's memory in MiB"),
+    ("gen-cache-ram-text", [*G, "--cache-ram", "lots", "w1"], "argument --cache-ram: invalid int value: 'lots'"),
 
     ("serve-port-zero", ["serve", "--target", "@T", "--port", "0"], "--port must be in 1..65535"),
     ("serve-port-text", ["serve", "--port", "http"], "argument --port: invalid int value"),
+    ("serve-cache-ram-negative", ["serve", "--target", "@T", "--cache-ram", "-8"],
+     "--cache-ram is the prefix cache's memory in MiB, >= 0 (0: no prefix cache), got -8"),
     ("serve-batch-zero", ["serve", "--target", "@T", "--max-batch", "0"], "--max-batch must be >= 1"),
     ("serve-unknown-method", ["serve", "--method", "turbo"], "argument --method: invalid choice"),
     ("serve-missing-target", ["serve", "--target", "@NONE", "--port", "8999"], "no such model"),
@@ -108,6 +116,7 @@ CASES = [
                                       "@O", "--port", "8999"], "different vocabularies"),
 
     ("bench-unknown-method", ["bench", "--methods", "ar,turbo"], "unknown bench method 'turbo'"),
+    ("bench-cache-ram-negative", ["bench", "--methods", "ar", "--cache-ram", "-1"], "--cache-ram is the prefix"),
     ("bench-no-ar", ["bench", "--methods", "lookup"], "needs the 'ar' baseline"),
     ("bench-empty-method", ["bench", "--methods", "ar,"], "unknown bench method ''"),
     ("bench-zero-tokens", ["bench", "--methods", "ar", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),

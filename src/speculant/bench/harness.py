@@ -104,6 +104,7 @@ class BenchConfig:
     temperature: float = 0.0  # > 0: every row samples (prompt i with seed seed + i); the peers run greedy only
     seed: int = 0
     lora: str | None = None  # a LoRA adapter merged into the target (speculant.store.lora); the peers are skipped
+    cache_ram: int | None = None  # our rows' prefix cache in MiB (DecoderConfig.cache_ram; None: its default)
 
     def __post_init__(self):
         for m in self.methods:
@@ -340,7 +341,7 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
                                  draft_quant="none" if (ours_draft or lean) else cfg.draft_quant,
                                  backend=cfg.backend, target_quant=quant,
                                  quant_head=cfg.quant_head and quant != "none",
-                                 pacing=cfg.pacing, **_row_settings(spec, cfg))
+                                 pacing=cfg.pacing, cache_ram=cfg.cache_ram, **_row_settings(spec, cfg))
         ours_draft = ours_draft or dec.draft
         ours_target.setdefault(quant, dec.target)
         runners[m] = dec

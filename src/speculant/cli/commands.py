@@ -77,6 +77,10 @@ def _decoder_args(p: argparse.ArgumentParser) -> None:
                    help="with --target-quant: quantize the output layer too (default: yes with int4 and gguf)")
     p.add_argument("--no-pacing", action="store_true",
                    help="always draft (default: a step verifies the root alone while drafting does not pay)")
+    p.add_argument("--cache-ram", type=int, default=None, metavar="MIB",
+                   help="native runtime: the prefix cache's memory in MiB, KV entries of earlier prompts and "
+                        "answers that a request starting the same way reuses instead of prefilling them "
+                        "(default: a quarter of this machine's memory, at most 8192; 0: off)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -261,6 +265,13 @@ def _tree(args):
         raise ConfigError(f"cannot read --tree-file {args.tree_file}: {e.strerror}") from None
 
 
+def _check_cache_ram(args) -> None:
+    """``--cache-ram`` checked before any model loads."""
+    if args.cache_ram is not None and args.cache_ram < 0:
+        raise ConfigError(f"--cache-ram is the prefix cache's memory in MiB, >= 0 (0: no prefix cache), "
+                          f"got {args.cache_ram}")
+
+
 def _decoder(args):
     """The decoder the decoding options of ``generate`` / ``serve`` describe (the "auto" choices
     resolved for this machine); prints what runs and why."""
@@ -268,12 +279,13 @@ def _decoder(args):
     from ..config import parse_acceptance
 
     parse_acceptance(args.accept)
+    _check_cache_ram(args)
     dec = SpeculativeDecoder(args.target, args.draft, method=args.method, gamma=args.gamma, tree=_tree(args),
                              replacement=not args.no_replacement, dtype=args.dtype, chat=args.chat,
                              draft_quant=args.draft_quant, heads=args.heads, acceptance=args.accept,
                              backend=args.backend, target_quant=args.target_quant, quant_head=args.quant_head,
                              lookup_branch=args.lookup_branch, tree_budget=args.tree_budget,
-                             pacing=not args.no_pacing, lora=args.lora)
+                             pacing=not args.no_pacing, lora=args.lora, cache_ram=args.cache_ram)
     if dec.why:
         print(f"speculant: {dec.why}", file=sys.stderr, flush=True)
     return dec
@@ -386,6 +398,7 @@ def cmd_serve(args) -> int:
 def cmd_bench(args, argv: list[str] | None = None) -> int:
     from ..bench.harness import BenchConfig, command_line, run_bench
 
+    _check_cache_ram(args)
     if args.sessions is not None:
         return _bench_sessions(args, argv)
     if args.sessions_kinds is not None or args.limit is not None:
@@ -400,7 +413,8 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
                       hydra_heads=args.hydra_heads, replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
                       quant_head=args.quant_head, tree_budget=args.tree_budget, pacing=not args.no_pacing,
-                      lora=args.lora, categories=tuple(args.categories.split(",")) if args.categories else None,
+                      lora=args.lora, cache_ram=args.cache_ram,
+                      categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out, temperature=args.temperature,
                       seed=args.seed)
     if args.plot:
