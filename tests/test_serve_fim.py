@@ -133,8 +133,11 @@ def test_infill_answers_as_llama_server(server, reference):
     assert got["stop_type"] == ("eos" if want.finish_reason == "eos" else "limit")
     assert got["tokens_evaluated"] == len(ids) and got["tokens_predicted"] == len(want.token_ids)
     assert got["timings"]["predicted_n"] == len(want.token_ids) and got["speculative"]["method"] == "sd"
-    picked = server.post("/infill", {**INFILL, "response_fields": ["content", "timings/prompt_n", "nothing/here"]})
-    assert picked.json() == {"content": want.text, "timings/prompt_n": len(ids)}
+    assert got["timings"]["cache_n"] == got["tokens_cached"] and got["timings"]["prompt_n"] == len(ids) - got["tokens_cached"]
+    fields = ["content", "timings/prompt_n", "timings/cache_n", "nothing/here"]
+    picked = server.post("/infill", {**INFILL, "response_fields": fields}).json()
+    assert set(picked) == {"content", "timings/prompt_n", "timings/cache_n"} and picked["content"] == want.text
+    assert picked["timings/prompt_n"] + picked["timings/cache_n"] == len(ids)  # the second time from the cache
 
     events = []
     with httpx.stream("POST", server.url + "/infill", json={**INFILL, "stream": True}, timeout=120) as r:

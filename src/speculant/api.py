@@ -95,6 +95,9 @@ class SpeculativeDecoder:
         self.batch_pacer = Pacer()  # whether drafting pays while several sequences decode together (kept
         # across batches: what it learned about this machine and these models holds for the next one)
         self._idle_drafts = [self.draft_backend] if self.draft_backend is not None else []
+        # every backend made, idle or in a batch (kv_memory_bytes); a tuple, replaced when one is added,
+        # so that another thread may read it while the decoding thread works
+        self._backends = tuple(b for b in (self.target_backend, self.draft_backend) if b is not None)
         self._grammar_engine: GrammarEngine | None = None  # built on the first response_format
         self._grammars: dict[GrammarSpec, CompiledGrammar] = {}  # compiled, most recent last
         # KV entries of earlier prompts and answers, shared by every generation (native runtime only)
@@ -222,10 +225,10 @@ class SpeculativeDecoder:
         request). A fault of its own ends it alone: ``on_error(gen, exception)``, or without one
         the exception propagates from ``batch.step()``. Run the batch with ``batch.step()`` under
         ``torch.inference_mode()``."""
-        target = self._idle_targets.pop() if self._idle_targets else self.target_backend.sibling()
+        target = self._spare(self._idle_targets, self.target_backend)
         draft = None
         if self.draft_backend is not None:
-            draft = self._idle_drafts.pop() if self._idle_drafts else self.draft_backend.sibling()
+            draft = self._spare(self._idle_drafts, self.draft_backend)
         run = self._sequence(gen, target, draft, own_sizer=True)
 
         def on_step(member: Member, step) -> bool:
@@ -259,6 +262,21 @@ class SpeculativeDecoder:
             gen.finish()
             self._release(member)
 
+    def _spare(self, idle: list, first: Backend) -> Backend:
+        """An idle backend of ``idle``, or a new sibling of ``first`` (kept in ``_backends``)."""
+        if idle:
+            return idle.pop()
+        backend = first.sibling()
+        self._backends = self._backends + (backend,)
+        return backend
+
+    def kv_memory_bytes(self) -> int:
+        """The KV memory this decoder holds: the cache slabs of every target and draft backend it
+        has made (idle ones included: they keep their slabs for the next sequence) plus the prefix
+        cache's blocks. Safe to call from another thread (it reads sizes, nothing it iterates changes)."""
+        pc = self.prefix_cache
+        return sum(b.cache.nbytes for b in self._backends) + (pc.bytes if pc is not None else 0)
+
     def _release(self, member: Member) -> None:
         if member.extra is None:
             return
@@ -277,7 +295,7 @@ class SpeculativeDecoder:
         prompt's token ids (``encode``). One pass over the prompt on a KV cache of its own, ``chunk``
         rows of logits at a time."""
         ids = torch.as_tensor(ids, dtype=torch.long).flatten()
-        backend = self._idle_targets.pop() if self._idle_targets else self.target_backend.sibling()
+        backend = self._spare(self._idle_targets, self.target_backend)
         out: list[TokenLogprob | None] = [None]
         try:
             backend.reset()

@@ -93,6 +93,12 @@ class KVCache(Cache):
     def length(self) -> int:
         return self.layers[0].length
 
+    @property
+    def nbytes(self) -> int:
+        """The slabs' memory (their whole capacity; a layer that has seen no token has none yet)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer._k, layer._v)
+                   if t is not None)
+
     def rollback(self, length: int) -> None:
         """Forget every entry at position >= length."""
         if not 0 <= length <= self.length:

@@ -30,6 +30,12 @@ class StaticKVCache:
     def capacity(self) -> int:
         return self.kv.shape[3]
 
+    @property
+    def nbytes(self) -> int:
+        """The slab's memory (all of its capacity, not only the valid entries)."""
+        kv = self.kv
+        return kv.numel() * kv.element_size()
+
     def reserve(self, needed: int) -> None:
         """Make room for ``needed`` entries (grows by doubling; keeps the valid entries)."""
         if needed <= self.capacity:

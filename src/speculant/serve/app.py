@@ -79,7 +79,7 @@ class ServeConfig:
 def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     """The application serving ``decoder`` (a SpeculativeDecoder); its scheduler starts with it."""
     model_id = config.model_id or decoder.target.name
-    metrics = Metrics(decoder.method)
+    metrics = Metrics(decoder.method, decoder)
     string = token_strings(decoder.tokenizer)  # a token id's string, for logprobs
     calls_format = tool_format(decoder.tokenizer)  # how the chat template has the model write tool calls
     fim = fim_tokens(decoder.tokenizer, decoder.vocab_size)  # the model's fill-in-the-middle tokens, or None
@@ -243,7 +243,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                        repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, logprobs=req.logprobs,
                        response_format=forced_format(req), max_draft_depth=req.max_draft_depth,
                        prompt_logprobs=req.logprobs if req.echo else None, prediction=req.prediction,
-                       end_tokens=tuple(sorted(fim.ends)) if req.suffix is not None else ())
+                       end_tokens=tuple(sorted(fim.ends)) if req.suffix is not None else (),
+                       cache_prompt=req.cache_prompt)
             try:
                 for prompt in prompts:  # n choices a prompt: n generations of the batch, seeds seed, seed + 1, ...
                     for i in range(req.n):

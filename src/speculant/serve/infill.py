@@ -4,7 +4,7 @@ llama.vim and others) call for autocomplete.
 The request (llama-server's field names): ``input_prefix`` (the code before the cursor),
 ``input_suffix`` (after it), ``input_extra`` (``[{"filename", "text"}]``, other files as context),
 ``prompt`` (the start of the middle already written), and of ``/completion``'s options the ones
-listed in ``HONOURED``. The prompt is built from the model's own fill-in-the-middle tokens
+listed in ``HONOURED`` (``cache_prompt`` false: the prefix cache is neither read nor written). The prompt is built from the model's own fill-in-the-middle tokens
 (``fim``). Sampling defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
 0.05), so a client that sends none samples as it would there. ``ACCEPTED`` are hints to
 llama-server's own prompt cache and scheduler, and its sampler order: accepted and not applied.
@@ -16,7 +16,8 @@ The response is llama-server's: ``{"content", "tokens", "stop": true, "stop_type
 token, then one with ``"stop": true`` and the rest (no ``[DONE]``, as llama-server). ``n_indent``
 ends the middle before a line (after its first) indented less than that many spaces or tabs;
 ``t_max_predict_ms`` ends it once that long has passed since its first token and it has a newline;
-``response_fields`` keeps only the fields named (``"timings/prompt_n"`` reads into ``timings``, and
+``tokens_cached`` and ``timings.cache_n`` count the prompt tokens the prefix cache gave,
+``timings.prompt_n`` those prefilled (as llama-server's); ``response_fields`` keeps only the fields named (``"timings/prompt_n"`` reads into ``timings``, and
 the key is the path).
 """
 
@@ -34,13 +35,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from .errors import APIError, bad_request, is_int, kind_of, show
 from .responses import error_of, merged, speculative_usage
 from .scheduler import Failed, Finished, Ticket, Token
-from .schema import MAX_INT32, SEED_RANGE, CompletionRequest, number_field, speculative_field, stop_field
+from .schema import (MAX_INT32, SEED_RANGE, CompletionRequest, flag_field, number_field, speculative_field,
+                     stop_field)
 
 HONOURED = {"input_prefix", "input_suffix", "input_extra", "prompt", "model", "n_predict", "max_tokens",
             "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stream", "presence_penalty",
             "frequency_penalty", "repeat_penalty", "n_indent", "t_max_predict_ms", "return_tokens",
-            "response_fields", "speculative"}
-ACCEPTED = {"cache_prompt", "t_max_prompt_ms", "id_slot", "samplers", "timings_per_token"}
+            "response_fields", "speculative", "cache_prompt"}
+ACCEPTED = {"t_max_prompt_ms", "id_slot", "samplers", "timings_per_token"}
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "cancelled": "limit"}
 
 
@@ -108,7 +110,7 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, InfillOptions]:
         frequency_penalty=number_field(body, "frequency_penalty", 0.0, -2.0, 2.0, "between -2 and 2 (0 = off)"),
         repetition_penalty=repetition, n=1, prompts=(texts["input_prefix"],), suffix=texts["input_suffix"],
         middle=texts["prompt"], repository=_extra(body.get("input_extra")), max_draft_depth=depth,
-        token_sources=sources)
+        token_sources=sources, cache_prompt=flag_field(body, "cache_prompt", True))
     return req, InfillOptions(int(n_indent), t_max, _flag(body, "return_tokens"),
                               None if fields is None else tuple(fields))
 
@@ -151,8 +153,7 @@ def _extra(extra: Any) -> tuple[tuple[str, str], ...]:
 
 def _check_hints(body: dict) -> None:
     """The accepted, unapplied fields must still be of their types."""
-    for name, ok, what in (("cache_prompt", lambda v: isinstance(v, bool), "true or false"),
-                           ("timings_per_token", lambda v: isinstance(v, bool), "true or false"),
+    for name, ok, what in (("timings_per_token", lambda v: isinstance(v, bool), "true or false"),
                            ("id_slot", is_int, "an integer"),
                            ("t_max_prompt_ms", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
                             "a number"),
@@ -231,15 +232,16 @@ def final_body(event: Finished, content: str, prompt_tokens: int, model: str, me
                stop_type: str, word: str) -> dict[str, Any]:
     """llama-server's last answer of an infill (the whole one, unstreamed)."""
     stats, n = event.stats, len(event.token_ids)
+    cached = stats.cached_tokens if stats is not None else 0  # prompt tokens from the prefix cache
     prompt_ms = stats.prefill_s * 1e3 if stats is not None else 0.0
     predicted_ms = max(stats.wall_s - stats.prefill_s, 0.0) * 1e3 if stats is not None else 0.0
     body = {"index": 0, "content": content, "tokens": list(event.token_ids) if options.return_tokens else [],
             "id_slot": 0, "stop": True, "model": model, "tokens_predicted": n, "tokens_evaluated": prompt_tokens,
             "has_new_line": "\n" in content, "truncated": False, "stop_type": stop_type, "stopping_word": word,
-            "tokens_cached": 0,
-            "timings": {"prompt_n": prompt_tokens, "prompt_ms": prompt_ms,
-                        "prompt_per_token_ms": prompt_ms / prompt_tokens if prompt_tokens else 0.0,
-                        "prompt_per_second": prompt_tokens / prompt_ms * 1e3 if prompt_ms else 0.0,
+            "tokens_cached": cached,
+            "timings": {"cache_n": cached, "prompt_n": prompt_tokens - cached, "prompt_ms": prompt_ms,
+                        "prompt_per_token_ms": prompt_ms / (prompt_tokens - cached) if prompt_tokens > cached else 0.0,
+                        "prompt_per_second": (prompt_tokens - cached) / prompt_ms * 1e3 if prompt_ms else 0.0,
                         "predicted_n": n, "predicted_ms": predicted_ms,
                         "predicted_per_token_ms": predicted_ms / n if n else 0.0,
                         "predicted_per_second": n / predicted_ms * 1e3 if predicted_ms else 0.0},

@@ -1,19 +1,67 @@
 """The server's Prometheus metrics (``GET /metrics``), in a registry of their own, labelled by the
 decoding method: requests by endpoint and status, the queue, time to first token, tokens per
 second, tokens per target call, and the acceptance of drafted tokens by depth (accepted over
-drafted, as two counters per depth)."""
+drafted, as two counters per depth); prompt tokens read and of them those the prefix cache gave.
+
+The prefix cache's and the KV memory's figures (``MemoryCollector``) are read when ``/metrics``
+is scraped, not counted per request: the cache's own counters are the truth, and a gauge of
+bytes is only right at the moment it is read. The decoding thread owns the cache; the scrape
+reads its integers (and the size of its dict of blocks), never iterates it.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+class MemoryCollector:
+    """The prefix cache's and the decoder's KV memory, read at scrape time (module doc): gauges
+    ``speculant_prefix_cache_bytes`` (its blocks), ``_budget_bytes`` (``--cache-ram``),
+    ``_blocks``, ``speculant_kv_memory_bytes`` (``SpeculativeDecoder.kv_memory_bytes``: every
+    target and draft backend's KV slab, idle ones included, plus the prefix cache's blocks), and
+    counters ``speculant_prefix_cache_hits_total``, ``_misses_total``, ``_evictions_total``,
+    ``speculant_prefix_tokens_reused_total``. Without a prefix cache (``--cache-ram 0``, the
+    transformers runtime) its figures are 0."""
+
+    def __init__(self, decoder, method: str):
+        self.decoder, self.method = decoder, method
+
+    def collect(self):
+        pc = getattr(self.decoder, "prefix_cache", None)
+        on = pc is not None  # (not `if pc`: an empty cache has len 0)
+        kv = getattr(self.decoder, "kv_memory_bytes", None)
+        figures = [
+            (GaugeMetricFamily, "speculant_prefix_cache_bytes", "memory the prefix cache's KV blocks take",
+             pc.bytes if on else 0),
+            (GaugeMetricFamily, "speculant_prefix_cache_budget_bytes", "the prefix cache's memory budget (--cache-ram)",
+             pc.budget_bytes if on else 0),
+            (GaugeMetricFamily, "speculant_prefix_cache_blocks", "KV blocks in the prefix cache (16 tokens each)",
+             len(pc) if on else 0),
+            (GaugeMetricFamily, "speculant_kv_memory_bytes", "KV memory held: every target and draft backend's "
+             "cache slab (idle ones included) plus the prefix cache's blocks", kv() if callable(kv) else 0),
+            (CounterMetricFamily, "speculant_prefix_cache_hits", "prefills that started from a cached prefix",
+             pc.hits if on else 0),
+            (CounterMetricFamily, "speculant_prefix_cache_misses", "prefills that found no cached prefix",
+             pc.misses if on else 0),
+            (CounterMetricFamily, "speculant_prefix_cache_evictions", "blocks evicted to stay within the budget",
+             pc.evictions if on else 0),
+            (CounterMetricFamily, "speculant_prefix_tokens_reused", "prompt tokens copied from the prefix cache "
+             "instead of prefilled", pc.tokens_reused if on else 0)]
+        for family, name, doc, value in figures:
+            metric = family(name, doc, labels=["method"])
+            metric.add_metric([self.method], value)
+            yield metric
+
+
 class Metrics:
-    def __init__(self, method: str):
+    def __init__(self, method: str, decoder=None):
         self.method = method
         self.registry = r = CollectorRegistry()
+        if decoder is not None:
+            r.register(MemoryCollector(decoder, method))
         self.requests = Counter("speculant_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status", "method"], registry=r)
         self.queue = Gauge("speculant_queue_length", "requests waiting for the decoder", ["method"], registry=r)
@@ -26,6 +74,10 @@ class Metrics:
                                          ["method"], buckets=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0), registry=r)
         self.completion_tokens = Counter("speculant_completion_tokens", "tokens generated", ["method"], registry=r)
         self.prompt_tokens = Counter("speculant_prompt_tokens", "prompt tokens read", ["method"], registry=r)
+        self.prompt_cached = Counter("speculant_prompt_tokens_cached", "prompt tokens the prefix cache gave "
+                                     "(of speculant_prompt_tokens)", ["method"], registry=r)
+        for counter in (self.prompt_tokens, self.prompt_cached, self.completion_tokens):
+            counter.labels(method)  # exposed (0) before the first generation
         self.finished = Counter("speculant_generations", "generations by how they ended",
                                 ["method", "finish_reason"], registry=r)
         self.drafted = Counter("speculant_drafted_by_depth", "steps that drafted a token at this depth",
@@ -48,6 +100,7 @@ class Metrics:
         self.finished.labels(m, finish_reason).inc()
         self.prompt_tokens.labels(m).inc(prompt_tokens)
         self.completion_tokens.labels(m).inc(new_tokens)
+        self.prompt_cached.labels(m).inc(getattr(stats, "cached_tokens", 0) if stats is not None else 0)
         if stats is None or not stats.target_calls:
             return
         if stats.wall_s > 0:

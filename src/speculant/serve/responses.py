@@ -6,7 +6,8 @@ time, the model) and each choice's own parsing state (``Choice``: its tool-call 
 logprobs). A whole body lists the choices by index; a stream interleaves their chunks as their
 tokens come (``stream``), each chunk naming its choice's ``index``, each choice ending with its own
 chunk carrying ``finish_reason``, and the usage chunk, if asked for, after all of them. Usage
-counts each prompt once and every choice's tokens; ``usage.speculative`` adds up the choices' target
+counts each prompt once (and, in ``prompt_tokens_details.cached_tokens``, its tokens that its
+first choice had from the prefix cache) and every choice's tokens; ``usage.speculative`` adds up the choices' target
 passes, tokens and accepted drafts. A completions request with several prompts has ``n`` choices
 per prompt, prompt i's at indices ``i * n`` to ``i * n + n - 1``. With a ``prediction``,
 ``usage.completion_tokens_details`` counts its draft tokens the target accepted and refused.
@@ -112,10 +113,14 @@ class Response:
         return sum(t.prompt_tokens for t in tickets[::self.per_prompt])
 
     def usage(self, events: Sequence[Finished], prompt_tokens: int) -> dict[str, Any]:
+        """The request's usage: each prompt's tokens once, and of them the ones its first choice
+        had from the prefix cache (``prompt_tokens_details.cached_tokens``, OpenAI's field), every
+        choice's completion tokens."""
         stats = [e.stats for e in events if e.stats is not None]
         n = sum(len(e.token_ids) for e in events)
+        cached = sum(e.stats.cached_tokens for e in events[::self.per_prompt] if e.stats is not None)
         usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                                 "total_tokens": prompt_tokens + n}
+                                 "total_tokens": prompt_tokens + n, "prompt_tokens_details": {"cached_tokens": cached}}
         if self.prediction:
             usage["completion_tokens_details"] = {
                 "accepted_prediction_tokens": sum(s.prediction_accepted for s in stats),

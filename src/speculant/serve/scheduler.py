@@ -61,6 +61,7 @@ class Job:
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's too (Started.prompt_logprobs)
     prediction: str | None = None  # SpeculativeDecoder.start's (text the output is expected to be)
     end_tokens: tuple[int, ...] = ()  # SpeculativeDecoder.start's (token ids that end it, beside the model's)
+    cache_prompt: bool = True  # SpeculativeDecoder.start's (False: the prefix cache neither read nor written)
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,7 @@ class Scheduler:
                             frequency_penalty=job.frequency_penalty, repetition_penalty=job.repetition_penalty,
                             logit_bias=dict(job.logit_bias), logprobs=job.logprobs,
                             response_format=job.response_format, max_draft_depth=job.max_draft_depth,
-                            prediction=job.prediction, end_tokens=job.end_tokens)
+                            prediction=job.prediction, end_tokens=job.end_tokens, cache_prompt=job.cache_prompt)
         except Exception as e:  # noqa: BLE001 -- encoding the prompt failed: this job alone
             return _failure(e)
         context = dec.max_length

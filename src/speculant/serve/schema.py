@@ -6,7 +6,8 @@ the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature`
 ``frequency_penalty`` (-2..2), ``logit_bias`` ({"token id": -100..100}) and ``logprobs`` (chat:
 true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
 extensions ``top_k``, ``min_p`` ([0, 1)), ``repetition_penalty`` (> 0, 1 off) and
-``speculative`` (false: plain decoding for this request; ``{"max_depth": k}``: drafts at most k
+``cache_prompt`` (llama-server's: true by default; false keeps the request out of the prefix
+cache, neither reading nor writing it) and ``speculative`` (false: plain decoding for this request; ``{"max_depth": k}``: drafts at most k
 tokens deep; the output is the same either way; ``"sources": true``: each streamed token's chunk
 names its source, "draft" or "target"). ``echo`` (completions): the prompt comes back before
 the completion, with ``logprobs`` its tokens' too (the first one's null), and ``max_tokens`` 0 then
@@ -63,7 +64,7 @@ _OFF: dict[str, tuple] = {"echo": (None, False), "best_of": (None, 1),
                           "reasoning_effort": (None,), "web_search_options": (None,)}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
-           "repetition_penalty", "min_p", "response_format", "speculative", "prediction"}
+           "repetition_penalty", "min_p", "response_format", "speculative", "prediction", "cache_prompt"}
 FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                              "parallel_tool_calls", "functions", "function_call", "chat_template_kwargs",
                              "reasoning_effort"},
@@ -120,6 +121,7 @@ class CompletionRequest:
     functions: bool = False  # the tools came as the deprecated functions: a call comes back as function_call
     template_variables: dict = dataclasses.field(default_factory=dict)  # chat: extra chat-template variables
     reasoning_effort: str | None = None  # chat: as asked (its enable_thinking is in template_variables)
+    cache_prompt: bool = True  # llama-server's: False keeps this request out of the prefix cache (reads and writes)
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
@@ -229,7 +231,17 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
                              _logit_bias(body.get("logit_bias")), tools, choice, tool_name, parallel, fmt, int(n),
                              *speculative_field(body.get("speculative")), echo=echo, prompts=prompts, suffix=suffix,
                              prediction=prediction, functions=functions, template_variables=variables,
-                             reasoning_effort=effort)
+                             reasoning_effort=effort, cache_prompt=flag_field(body, "cache_prompt", True))
+
+
+def flag_field(body: dict, name: str, default: bool) -> bool:
+    """A true-or-false field (null or absent: ``default``)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false, got {show(value)}", param=name)
+    return value
 
 
 def speculative_field(value: Any) -> tuple[int | None, bool]:
