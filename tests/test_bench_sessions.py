@@ -161,7 +161,7 @@ def test_a_tool_call_answer_is_followed_by_its_results():
     assert got[4] == {"role": "user", "content": "it says 42"}
     body = request_body(parse_row("ar"), s, [], 16)
     assert body["tools"] == [TOOL] and body["max_tokens"] == 16 and body["temperature"] == 0 and body["stream"]
-    assert "cache_prompt" not in body  # speculant serve refuses fields it does not know
+    assert "cache_prompt" not in body  # speculant serve's default is true
     assert request_body(parse_row("llama-server"), s, [], 16)["cache_prompt"] is True
 
 

@@ -177,13 +177,11 @@ def stream_chat(url: str, body: dict[str, Any], timeout: float = 3600.0) -> dict
 
 
 def request_body(row: str, question: str, max_new_tokens: int) -> dict[str, Any]:
-    """The same greedy request for every row; llama-server also gets its own switches that keep it
-    from reusing an earlier request's prompt cache (every row pays its prefill)."""
-    body = {"model": "default", "messages": [{"role": "user", "content": question}], "max_tokens": max_new_tokens,
-            "temperature": 0.0, "top_k": 1, "stream": True, "stream_options": {"include_usage": True}}
-    if row.startswith("llama-server"):
-        body["cache_prompt"] = False
-    return body
+    """The same greedy request for every row, with ``cache_prompt`` false, which both servers take:
+    neither reuses an earlier request's prompt cache (every row pays its whole prefill)."""
+    return {"model": "default", "messages": [{"role": "user", "content": question}], "max_tokens": max_new_tokens,
+            "temperature": 0.0, "top_k": 1, "stream": True, "stream_options": {"include_usage": True},
+            "cache_prompt": False}
 
 
 def _summary(runs: list[dict]) -> dict[str, Any]:

@@ -15,8 +15,8 @@ Prompt caches are on, as their users run them: ``speculant serve`` with its defa
 editors) and ``cache_prompt: true`` in every request. A row may change that with options
 (``NAME@KEY=VALUE``, :data:`ROW_OPTIONS`): ``@cache-ram=MB`` (both servers' ``--cache-ram``; 0 =
 off) and ``@cache-reuse=N`` (llama-server's), e.g. ``auto,auto@cache-ram=0`` for speculant with and
-without its prefix cache. ``cache_prompt`` is sent to llama-server only: ``speculant serve`` refuses
-fields it does not know, and its prefix cache is on by default.
+without its prefix cache. ``cache_prompt`` is sent to llama-server only: ``speculant serve`` takes it
+too, and true is its default.
 
 Measured per turn, on the client's clock (seconds): ``ttft_s`` (sending the request to the first
 chunk with content or a tool call), ``wall_s`` (to the end of the stream); and from the usage
