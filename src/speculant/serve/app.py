@@ -17,7 +17,10 @@ as ``message.tool_calls`` (streamed: ``delta.tool_calls``) with ``finish_reason`
 including a fault after a stream has begun (an error event, then the stream ends). A client that
 goes away has its generation cancelled within one decoding step. If the scheduler's worker stops
 for good, ``/health`` answers 503 with the reason, new requests get 503, and
-``app.state.shutdown(reason)`` (set by ``server.serve``) is called to end the process. ``GET /``
+``app.state.shutdown(reason)`` (set by ``server.serve``) is called to end the process. A request's
+prompt starts from the decoder's prefix cache unless it sends ``"cache_prompt": false``; its usage
+says how many prompt tokens came from there (``prompt_tokens_details.cached_tokens``), and
+``/metrics`` has the cache's figures (``metrics.MemoryCollector``). ``GET /``
 is a chat page (``static/``: plain HTML, CSS and JavaScript, no build step) that streams answers
 with each token coloured by its source (the extension ``speculative.sources``).
 """
