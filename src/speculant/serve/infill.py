@@ -7,7 +7,7 @@ The request (llama-server's field names): ``input_prefix`` (the code before the 
 listed in ``HONOURED`` (``cache_prompt`` false: the prefix cache is neither read nor written). The prompt is built from the model's own fill-in-the-middle tokens
 (``fim``). Sampling defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
 0.05), so a client that sends none samples as it would there. ``ACCEPTED`` are hints to
-llama-server's own prompt cache and scheduler, and its sampler order: accepted and not applied.
+llama-server's own scheduler, and its sampler order: accepted and not applied.
 Any other field is refused with a 400 naming it.
 
 The response is llama-server's: ``{"content", "tokens", "stop": true, "stop_type", "stopping_word",
