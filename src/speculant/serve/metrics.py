@@ -40,16 +40,17 @@ class MemoryCollector:
              pc.budget_bytes if on else 0),
             (GaugeMetricFamily, "speculant_prefix_cache_blocks", "KV blocks in the prefix cache (16 tokens each)",
              len(pc) if on else 0),
-            (GaugeMetricFamily, "speculant_kv_memory_bytes", "KV memory held: every target and draft backend's "
-             "cache slab (idle ones included) plus the prefix cache's blocks", kv() if callable(kv) else 0),
+            (GaugeMetricFamily, "speculant_kv_memory_bytes", ("KV memory held: every target and draft backend's "
+                                                              "cache slab (idle ones included) plus the prefix "
+                                                              "cache's blocks"), kv() if callable(kv) else 0),
             (CounterMetricFamily, "speculant_prefix_cache_hits", "prefills that started from a cached prefix",
              pc.hits if on else 0),
             (CounterMetricFamily, "speculant_prefix_cache_misses", "prefills that found no cached prefix",
              pc.misses if on else 0),
             (CounterMetricFamily, "speculant_prefix_cache_evictions", "blocks evicted to stay within the budget",
              pc.evictions if on else 0),
-            (CounterMetricFamily, "speculant_prefix_tokens_reused", "prompt tokens copied from the prefix cache "
-             "instead of prefilled", pc.tokens_reused if on else 0)]
+            (CounterMetricFamily, "speculant_prefix_tokens_reused",
+             "prompt tokens copied from the prefix cache instead of prefilled", pc.tokens_reused if on else 0)]
         for family, name, doc, value in figures:
             metric = family(name, doc, labels=["method"])
             metric.add_metric([self.method], value)
