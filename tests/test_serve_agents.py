@@ -198,3 +198,43 @@ def test_tokenize_detokenize_and_context(server, reference):
     assert server.post("/detokenize", {"tokens": [10**9]}).status_code == 400
     entry = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert entry["context_length"] == entry["max_model_len"] == reference.max_length
+
+
+# --- the request adapters, without a server -------------------------------------------------------
+
+def test_messages_request_as_chat():
+    from speculant.serve.anthropic import chat_body
+
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 50, "system": "sys", "stop_sequences": ["END"],
+            "metadata": {"user_id": "u"}, "tools": [dict(WEATHER, cache_control={"type": "ephemeral"})],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "thinking": {"type": "disabled"},
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                            "input": {"city": "Paris"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                       "content": "boom", "is_error": True},
+                                                      {"type": "text", "text": "and?"}]}]}
+    chat, stops = chat_body(body, "served", lambda on: {} if on is None else {"chat_template_kwargs": {"x": on}})
+    assert stops == ["END"] and chat["model"] == "served" and chat["stop"] == ["END"]
+    assert chat["tool_choice"] == "required" and chat["parallel_tool_calls"] is False
+    assert chat["tools"][0]["function"]["parameters"] == WEATHER["input_schema"]
+    assert chat["chat_template_kwargs"] == {"x": False}
+    roles = [m["role"] for m in chat["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "user"]
+    assert chat["messages"][2]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert chat["messages"][3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: boom"}
+
+
+def test_responses_input_as_chat():
+    from speculant.serve.openai_responses import input_messages
+
+    messages = input_messages([
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+        {"role": "user", "content": "go"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd": "ls"}'},
+        {"type": "function_call", "call_id": "c2", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt"}])
+    assert [m["role"] for m in messages] == ["developer", "user", "assistant", "tool"]
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]
+    assert messages[3] == {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}
