@@ -19,7 +19,9 @@ goes away has its generation cancelled within one decoding step. If the schedule
 for good, ``/health`` answers 503 with the reason, new requests get 503, and
 ``app.state.shutdown(reason)`` (set by ``server.serve``) is called to end the process. ``GET /``
 is a chat page (``static/``: plain HTML, CSS and JavaScript, no build step) that streams answers
-with each token coloured by its source (the extension ``speculative.sources``).
+with each token coloured by its source (the extension ``speculative.sources``). Anthropic's
+Messages (``anthropic``) and OpenAI's Responses (``openai_responses``) are adapters that run a chat
+request through ``complete`` (``conversation``); ``/tokenize`` and ``/detokenize`` are ``tokenize``'s.
 """
 
 from __future__ import annotations
