@@ -22,7 +22,9 @@ prompt starts from the decoder's prefix cache unless it sends ``"cache_prompt": 
 says how many prompt tokens came from there (``prompt_tokens_details.cached_tokens``), and
 ``/metrics`` has the cache's figures (``metrics.MemoryCollector``). ``GET /``
 is a chat page (``static/``: plain HTML, CSS and JavaScript, no build step) that streams answers
-with each token coloured by its source (the extension ``speculative.sources``).
+with each token coloured by its source (the extension ``speculative.sources``). Anthropic's
+Messages (``anthropic``) and OpenAI's Responses (``openai_responses``) are adapters that run a chat
+request through ``complete`` (``conversation``); ``/tokenize`` and ``/detokenize`` are ``tokenize``'s.
 """
 
 from __future__ import annotations
@@ -52,7 +54,11 @@ from .infill import infill_reply, parse_infill
 from .inputs import check_vocabulary
 from .logprobs import Logprobs, token_strings
 from .responses import ClientGone, Response as Reply, error_of, merged, next_event, stream, stopped
+from .anthropic import add_messages_routes
+from .conversation import ChatPath, Observer
 from .metrics import Metrics
+from .openai_responses import add_responses_routes
+from .tokenize import add_tokenizer_routes
 from .reasoning import Thinking
 from .scheduler import Failed, Finished, Job, QueueFull, Scheduler, Started, Ticket, WorkerStopped
 from .schema import MAX_DEPTH, CompletionRequest, parse_request, show
@@ -170,18 +176,22 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     async def _http_error(request: Request, e: StarletteHTTPException):
         what = "no such endpoint" if e.status_code == 404 else str(e.detail)
         return APIError(e.status_code, f"{what}: {request.method} {request.url.path} (see GET /v1/models, "
-                                       "POST /v1/chat/completions, POST /v1/completions, POST /infill)",
+                                       "POST /v1/chat/completions, POST /v1/completions, POST /infill, "
+                                       "POST /v1/messages, POST /v1/responses)",
                         code="not_found" if e.status_code == 404 else None).response()
 
     def authorize(request: Request) -> None:
+        """The key as ``Authorization: Bearer <key>`` or (Anthropic's clients) ``x-api-key: <key>``."""
         if config.api_key is None:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+        if scheme.lower() != "bearer":
+            token = request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
             raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>' "
-                                "with the key the server was started with", type="authentication_error",
-                           code="invalid_api_key")
+                                "(or 'x-api-key: <key>') with the key the server was started with",
+                           type="authentication_error", code="invalid_api_key")
 
     async def read_json(request: Request) -> Any:
         length = request.headers.get("content-length")
@@ -209,18 +219,23 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         except ValueError as e:  # NaN / Infinity, or an integer of thousands of digits
             raise bad_request(f"the request body is not valid JSON: {e}") from None
 
-    async def complete(request: Request, kind: str) -> Response:
+    async def complete(request: Request, kind: str, body: Any = None, observer: Observer | None = None) -> Response:
+        """One request of ``kind``; ``body`` and ``observer``: a chat request an adapter built
+        (``conversation``: Anthropic's Messages, OpenAI's Responses), with any model name, whose
+        prompt size and finished generations the observer is given."""
         endpoint, arrived = request.url.path, time.perf_counter()
         tickets: list[Ticket] = []
         try:
             authorize(request)
-            body = await read_json(request)
+            if body is None:
+                body = await read_json(request)
             req, infill_options = parse_infill(body) if kind == "infill" else (parse_request(body, kind), None)
-            if req.model not in (model_id, "default"):
+            if observer is None and req.model not in (model_id, "default"):
                 raise APIError(404, f"the model {show(req.model)} is not served here; use {model_id!r} "
                                     "(GET /v1/models lists it)", param="model", code="model_not_found")
             context = decoder.max_length
-            if req.max_tokens is not None and context is not None and req.max_tokens >= context:
+            capped = observer is not None and observer.cap_tokens  # max_tokens a cap: cut to the room left
+            if not capped and req.max_tokens is not None and context is not None and req.max_tokens >= context:
                 raise bad_request(f"max_tokens is {req.max_tokens} but the model's context is {context} tokens "
                                   "(prompt included): ask for fewer", param="max_tokens")
             outside = [t for t, _ in req.logit_bias if t >= decoder.vocab_size]
@@ -236,6 +251,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
             if kind == "chat":
                 thinking.check(req.template_variables, req.reasoning_effort)
                 ids, text = await asyncio.get_running_loop().run_in_executor(None, chat_prompt, req)
+                if capped and context is not None and req.max_tokens is not None and len(ids) < context:
+                    req = dataclasses.replace(req, max_tokens=min(req.max_tokens, context - len(ids)))
                 prompts, opened = [ids], (thinking.opened(text) if thinking.tags else None)
             else:
                 prompts = await asyncio.get_running_loop().run_in_executor(None, job_prompts, req,
@@ -308,10 +325,12 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                       prediction=req.prediction is not None, functions=req.functions, reasoning=opened)
         for index, first in enumerate(starts):
             reply.started(index, first)
+        if observer is not None:
+            observer.prompt_tokens = reply.prompt_tokens(tickets)
         if req.stream:
             metrics.request(endpoint, 200)
             return StreamingResponse(stream(tickets, req.include_usage, reply, problem,
-                                            req.token_sources),
+                                            req.token_sources, observer),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -328,6 +347,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                     elif not isinstance(event, Started):
                         reply.token(index, event)
             answer = JSONResponse(reply.body([events[i] for i in range(len(tickets))], reply.prompt_tokens(tickets)))
+            if observer is not None:
+                observer.finished = [events[i] for i in range(len(tickets))]
         except ClientGone:
             for ticket in tickets:
                 ticket.cancel()
@@ -359,7 +380,16 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
     async def models(request: Request):
         authorize(request)
         metrics.request("/v1/models", 200)
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "speculant"}]}
+        entry = {"id": model_id, "object": "model", "created": 0, "owned_by": "speculant"}
+        if decoder.max_length is not None:  # the context, under the names OpenAI-compatible servers use
+            entry.update(context_length=decoder.max_length, max_model_len=decoder.max_length,
+                         meta={"n_ctx_train": decoder.max_length, "n_vocab": decoder.vocab_size})
+        return {"object": "list", "data": [entry]}
+
+    add_tokenizer_routes(app, decoder.tokenizer, decoder.vocab_size, authorize, read_json)
+    chat = ChatPath(model_id, complete, authorize, read_json, chat_prompt, thinking, decoder.tokenizer)
+    add_messages_routes(app, chat)
+    add_responses_routes(app, chat)
 
     @app.get("/health")
     async def health():

@@ -266,9 +266,10 @@ async def merged(tickets: Sequence[Ticket], problem: Callable[[], str | None],
 
 
 async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Response,
-                 problem: Callable[[], str | None], sources: bool = False) -> AsyncIterator[str]:
+                 problem: Callable[[], str | None], sources: bool = False, observer: Any = None) -> AsyncIterator[str]:
     """The server-sent events of one request (module doc); the client going away cancels every
-    choice's generation. A fault after the stream has begun is sent as OpenAI does, ``data:
+    choice's generation. ``observer`` (an adapter's, ``conversation.Observer``) gets the Finished
+    events in ``finished`` before the usage chunk. A fault after the stream has begun is sent as OpenAI does, ``data:
     {"error": {...}}``, and ends it (the other choices are cancelled)."""
     finished: dict[int, Finished] = {}
     try:
@@ -307,6 +308,8 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
                     break
                 elif isinstance(event, Started):
                     continue
+        if observer is not None and len(finished) == len(tickets):
+            observer.finished = [finished[i] for i in range(len(tickets))]
         if include_usage and len(finished) == len(tickets):
             yield response.chunk(usage=response.usage([finished[i] for i in range(len(tickets))],
                                                       response.prompt_tokens(tickets)))
