@@ -22,7 +22,7 @@ from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TRE
 from .config import DecoderConfig, SamplingConfig, default_cache_ram
 from .batching import Batch, Member, run_alone
 from .decoding import DecodeState, SequenceRun, Stats, Step, TokenLogprob, token_logprobs  # noqa: F401 (re-exported)
-from .generation import Generation, GenerationResult, TokenEvent  # noqa: F401 (re-exported)
+from .generation import Generation, GenerationResult, TokenEvent  # re-exported
 from .penalties import Penalties
 from .constraints import DEFAULT_ENGINE, Constraint, parse_response_format
 from .grammars import CompiledGrammar, GrammarEngine, GrammarSpec, make_engine

@@ -41,9 +41,7 @@ import dataclasses
 import json
 import os
 import resource
-import shlex
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -405,7 +403,7 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
     source = provenance(cfg_source, git_info())
     if (why := provenance_warning(source)) is not None:
         Console(stderr=True).print(f"[yellow]speculant bench: {why}[/yellow]")
-    result = {"config": {k: v for k, v in cfg.__dict__.items()}, "command": command, "date": date,
+    result = {"config": dict(cfg.__dict__), "command": command, "date": date,
               "machine": machine_info(), **source, "eos_token_ids": sorted(eos_ids), "skipped": skipped,
               "peers": details,
               "best_peer": {"tokens_per_s": best.get("best_peer"), "decode_tokens_per_s": best.get("best_peer_decode")},

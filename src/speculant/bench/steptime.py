@@ -52,7 +52,7 @@ def measure(target: str, configs, rows, context: int, reps: int, dtype: str = "b
     cpu = {c: {r: [] for r in rows} for c in configs}
     prefill = {c: [] for c in configs}
     with torch.inference_mode():
-        for c, b in backends.items():  # warm-up: one prefill and one pass per width
+        for b in backends.values():  # warm-up: one prefill and one pass per width
             b.reset()
             b.forward(ctx, rows=torch.empty(0, dtype=torch.long))
             for r in rows:

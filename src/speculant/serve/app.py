@@ -276,7 +276,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 ticket.cancel()
             metrics.request(endpoint, 499)
             return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001 -- a fault of this request's own: a 500 in OpenAI's shape
+        except Exception as e:  # a fault of this request's own: a 500 in OpenAI's shape
             log.exception("request failed")
             for ticket in tickets:
                 ticket.cancel()
@@ -291,7 +291,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 tickets[0].cancel()
                 metrics.request(endpoint, 499)
                 return Response(status_code=499)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 log.exception("request failed")
                 tickets[0].cancel()
                 metrics.request(endpoint, 500)
@@ -329,7 +329,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 ticket.cancel()
             metrics.request(endpoint, 499)
             return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.exception("request failed")
             for ticket in tickets:
                 ticket.cancel()

@@ -189,7 +189,7 @@ class Scheduler:
         """Run the worker loop; if anything escapes it, stop for good and say so (module doc)."""
         try:
             work()
-        except BaseException as e:  # noqa: BLE001 -- nothing may end the worker unreported
+        except BaseException as e:  # nothing may end the worker unreported
             reason = f"{type(e).__name__}: {e}"
             log.critical("the decoding worker stopped: %s", reason, exc_info=True)
             self._stop(reason)
@@ -205,7 +205,7 @@ class Scheduler:
         if self.on_fatal is not None:
             try:
                 self.on_fatal(reason)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("on_fatal failed")
 
     def _take(self, block: bool = True) -> Ticket | None:
@@ -223,7 +223,7 @@ class Scheduler:
         if self.on_finish is not None:
             try:
                 self.on_finish(ticket, event)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("metrics update failed")
 
     def _work(self) -> None:
@@ -248,7 +248,7 @@ class Scheduler:
             """End ``gen`` with ``event`` (Failed), taking it out of the batch if it is still in."""
             try:
                 self.decoder.leave(batch, gen)
-            except Exception:  # noqa: BLE001 -- it is out of ``live``; the batch drops it on its next fault
+            except Exception:  # it is out of ``live``; the batch drops it on its next fault
                 log.exception("taking a generation out of the batch failed")
             ticket = live.pop(gen, None)
             if ticket is not None:
