@@ -391,7 +391,8 @@ class SpeculativeDecoder:
             raise ConfigError(f"{what} must be a list of token ids, got {type(ids).__name__}")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ConfigError(f"{what} has the token id {bad[0]}, outside the vocabulary (ids 0 to {self.vocab_size - 1})")
+            raise ConfigError(f"{what} has the token id {bad[0]}, "
+                              f"outside the vocabulary (ids 0 to {self.vocab_size - 1})")
         return list(ids)
 
     def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationResult | list[GenerationResult]:

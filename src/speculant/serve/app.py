@@ -199,7 +199,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         try:
             return json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
-            raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+            raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} "
+                              f"column {e.colno}") from None
         except RecursionError:
             raise bad_request(f"the request body is nested too deeply to read (at most {MAX_DEPTH} levels): "
                               "send a flatter body") from None

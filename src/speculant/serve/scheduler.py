@@ -9,9 +9,9 @@ Continuous batching (``max_batch`` > 1): the worker keeps up to ``max_batch`` ge
 ``batching.Batch``: every step verifies all of their trees in one target pass. Between steps,
 queued jobs join (their prefill rides in the next pass) and finished or cancelled ones leave at
 once, so a new request never waits for the others to end. With ``max_batch`` 1 the jobs run one
-after another, on the same path (a batch of one). ``Ticket.cancel`` ends its generation before the next step (or skips it if it
-has not started). A job that fails is reported and the next one starts clean: every generation
-gets a KV cache and a drafter of its own.
+after another, on the same path (a batch of one). ``Ticket.cancel`` ends its generation before
+the next step (or skips it if it has not started). A job that fails is reported and the next one
+starts clean: every generation gets a KV cache and a drafter of its own.
 
 Whatever one job's preparation or decoding raises ends that job alone (``Failed``: 400 for input
 it cannot take, 500 otherwise) and the worker goes on. Should the worker itself stop (a fault
@@ -227,8 +227,8 @@ class Scheduler:
                 log.exception("metrics update failed")
 
     def _work(self) -> None:
-        """The worker: continuous batching of up to ``max_batch`` jobs (see the module doc). Every call that belongs to one job
-        is guarded so that its fault ends that job alone."""
+        """The worker: continuous batching of up to ``max_batch`` jobs (see the module doc). Every
+        call that belongs to one job is guarded so that its fault ends that job alone."""
         batch = Batch(self.max_batch, self.decoder.batch_pacer)
         live: dict[Any, Ticket] = {}  # generation -> its ticket
         closing = False
