@@ -63,12 +63,12 @@ from ..store.chat import chat_prompt
 from ..store.models import check_vocab_compatible, load
 from ..output_paths import check_output_file
 from .llama_server import LlamaServer, llama_server_unavailable
-from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401
+from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401 (re-exported)
                       read_tree, response_format_of, split_method, tree_budget_of)
 from .openvino import OpenVINOPeer, openvino_unavailable
 from .pair import check_pair, check_spec, no_draft, plan_peers, uses_draft
 from .quality import sampled_nll
-from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401
+from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401 (re-exported)
                      summarize)
 
 

@@ -271,7 +271,7 @@ class Scheduler:
                 if ticket.cancelled and gen.finish_reason is None:
                     try:
                         self.decoder.leave(batch, gen)
-                    except Exception as e:  # noqa: BLE001
+                    except Exception as e:  # noqa: BLE001 -- this generation fails alone
                         drop(gen, _failure(e))
             self._running = len(batch)
             if len(batch):
@@ -288,7 +288,7 @@ class Scheduler:
                     del live[gen]
                     try:
                         event = Finished(list(gen.token_ids), gen.text, gen.finish_reason, gen.stats)
-                    except Exception as e:  # noqa: BLE001
+                    except Exception as e:  # noqa: BLE001 -- this request gets the fault, the others go on
                         event = _failure(e)
                     self._end(ticket, event)
             self._running = len(batch)
