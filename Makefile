@@ -32,7 +32,7 @@ demo: install
 # type check of src/ (settings in pyproject.toml)
 test: install install-browser
 	$(PY) -m ruff check src
-	$(PY) -m mypy
+	$(PY) -m mypy src
 	$(PY) -m pytest -q -ra --durations=10 -m statistical -n 2
 	$(PY) -m pytest -q -ra --durations=30 -m "not statistical" -n 2 --dist loadfile
 
