@@ -28,8 +28,11 @@ demo: install
 # the statistical tests (tiny models, one thread each, bound by Python) two at a time on two
 # processes (pytest-xdist), then everything else on two processes too, a file per process at a
 # time (--dist loadfile: a file's real model is loaded once; the cache's conversions and int4
-# stores are taken under file locks, so two processes never write one entry)
+# stores are taken under file locks, so two processes never write one entry); first the lint and the
+# type check of src/ (settings in pyproject.toml)
 test: install install-browser
+	$(PY) -m ruff check src
+	$(PY) -m mypy src
 	$(PY) -m pytest -q -ra --durations=10 -m statistical -n 2
 	$(PY) -m pytest -q -ra --durations=30 -m "not statistical" -n 2 --dist loadfile
 

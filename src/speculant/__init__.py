@@ -14,6 +14,6 @@ from .store.models import load
 from .runtime.process import tune_allocator
 
 __all__ = ["load", "generate", "SpeculativeDecoder", "DecoderConfig", "Generation", "GenerationResult", "TokenEvent",
-           "SamplingConfig", "AcceptanceConfig", "SpeculantError", "ConfigError", "ModelLoadError", "VocabMismatchError",
-           "tune_allocator"]
+           "SamplingConfig", "AcceptanceConfig", "SpeculantError", "ConfigError", "ModelLoadError",
+           "VocabMismatchError", "tune_allocator"]
 __version__ = "0.1.0"

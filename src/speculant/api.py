@@ -22,7 +22,7 @@ from .config import BACKENDS, DEFAULT_HYDRA_TREE, DEFAULT_MAX_ROWS, METHODS, TRE
 from .config import DecoderConfig, SamplingConfig, default_cache_ram
 from .batching import Batch, Member, run_alone
 from .decoding import DecodeState, SequenceRun, Stats, Step, TokenLogprob, token_logprobs  # noqa: F401 (re-exported)
-from .generation import Generation, GenerationResult, TokenEvent  # noqa: F401 (re-exported)
+from .generation import Generation, GenerationResult, TokenEvent  # re-exported
 from .penalties import Penalties
 from .constraints import DEFAULT_ENGINE, Constraint, parse_response_format
 from .grammars import CompiledGrammar, GrammarEngine, GrammarSpec, make_engine
@@ -414,7 +414,8 @@ class SpeculativeDecoder:
             raise ConfigError(f"{what} must be a list of token ids, got {type(ids).__name__}")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ConfigError(f"{what} has the token id {bad[0]}, outside the vocabulary (ids 0 to {self.vocab_size - 1})")
+            raise ConfigError(f"{what} has the token id {bad[0]}, "
+                              f"outside the vocabulary (ids 0 to {self.vocab_size - 1})")
         return list(ids)
 
     def generate(self, prompt, max_new_tokens: int = 128, **options) -> GenerationResult | list[GenerationResult]:

@@ -275,7 +275,8 @@ class SequenceRun:
         st.prefill_s += seconds
         st.verify_s += seconds
         need = self.drafter.hidden_need
-        hidden = None if out is None or out.hidden is None else out.hidden[-1] if need is HiddenNeed.LAST else out.hidden
+        hidden = (None if out is None or out.hidden is None
+                  else out.hidden[-1] if need is HiddenNeed.LAST else out.hidden)
         cached = self._cached_features
         if cached is not None and hidden is not None:  # (cached, W) then the pass's (n, W): (T-1, W)
             hidden = torch.cat([cached.to(hidden.dtype), hidden])

@@ -111,10 +111,12 @@ def choose_runtime(target, dtype, backend: str = "auto", target_quant: str = "au
         quant_head = target_quant != "none"
     if backend == "native" and not why:
         what = f"int4 weights ({kernel} kernel)" if target_quant == "int4" else \
-            f"the GGUF file's own blocks (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as they are, int4 for layers of other types ({kernel} kernel)" \
+            ("the GGUF file's own blocks (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as they are, "
+             f"int4 for layers of other types ({kernel} kernel)") \
             if target_quant == "gguf" else f"{target_quant} weights" \
             if target_quant != "none" else str(dtype).removeprefix("torch.") + " weights"
-        why = f"speculant's native runtime, {what}{', output layer included' if quant_head and target_quant != 'none' else ''}"
+        head = ", output layer included" if quant_head and target_quant != "none" else ""
+        why = f"speculant's native runtime, {what}{head}"
     return Runtime(backend, target_quant, bool(quant_head), why)
 
 

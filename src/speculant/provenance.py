@@ -22,7 +22,8 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_t
 
 def machine_info() -> dict:
     """CPU model, its relevant ISA flags, cores, torch's threads and version."""
-    cpu, flags = None, set()
+    cpu: str | None = None
+    flags: set[str] = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")

@@ -265,7 +265,7 @@ class NativeBackend(CacheBacked):
             tables = [[((f.cos() * rope.scale).contiguous(), (f.sin() * rope.scale).contiguous()) if rope.scale != 1.0
                        else (f.cos().contiguous(), f.sin().contiguous()) for f, rope in zip(fs, m.ropes)]
                       for *_, fs in seqs]
-            norm = lambda t, w: fused.rms_norm(t.contiguous(), w, m.eps, 0)  # noqa: E731
+            norm = lambda t, w: fused.rms_norm(t.contiguous(), w, m.eps, 0)  # noqa: E731 -- rebound below to a 1-argument norm
             for i, blk in enumerate(m.blocks):
                 if i in tapped:
                     taps[i] = x
@@ -282,7 +282,8 @@ class NativeBackend(CacheBacked):
                 o = linear(blk.o_proj, outs[0] if len(outs) == 1 else torch.cat(outs))
                 x = x + (norm(o, blk.attn_out_norm) if blk.attn_out_norm is not None else o)
                 h = norm(x, blk.post_norm)
-                gu = linear(blk.gate_up, h) if blk.gate_up is not None else torch.cat([blk.gate_proj(h), blk.up_proj(h)], -1)
+                gu = (linear(blk.gate_up, h) if blk.gate_up is not None
+                      else torch.cat([blk.gate_proj(h), blk.up_proj(h)], -1))
                 if gelu:
                     gate, up = gu.chunk(2, dim=-1)
                     act = F.gelu(gate, approximate="tanh") * up
@@ -323,7 +324,7 @@ class NativeBackend(CacheBacked):
         norm = (lambda t: fused.rms_norm(t.contiguous(), m.norm, m.eps, 0)) if fused is not None else \
             (lambda t: rms_norm(t, m.norm, m.eps))
         picked, counts = [], []  # the rows that get logits, all sequences' at once through the output layer
-        for (b, past, n, r0, *_), r in zip(seqs, requests):
+        for (_, _, n, r0, *_), r in zip(seqs, requests):
             sel = torch.arange(r0, r0 + n) if r.rows is None else r.rows + r0
             picked.append(sel)
             counts.append(sel.shape[0])
@@ -335,7 +336,7 @@ class NativeBackend(CacheBacked):
             logits = torch.tanh(logits / m.arch.final_softcap) * m.arch.final_softcap
         full = norm(x) if any(r.want_hidden is HiddenNeed.ALL for r in requests) else None  # (N, H)
         results, at = [], 0
-        for (b, past, n, r0, *_), r, c, sel in zip(seqs, requests, counts, picked):
+        for (_, _, n, r0, *_), r, c, sel in zip(seqs, requests, counts, picked):
             hidden = None
             if r.want_hidden is HiddenNeed.ALL:
                 hidden = full[r0:r0 + n]

@@ -63,7 +63,7 @@ def storable(model) -> bool:
     """Whether every linear layer of ``model`` (a NativeModel) is one this file holds: int4 of
     speculant's layout or a GGUF file's blocks (the output layer may also be dense or tied)."""
     layers = [getattr(blk, n) for blk in model.blocks for n in PROJECTIONS]
-    return all(_layer_kind(l) is not None for l in layers) and (
+    return all(_layer_kind(lin) is not None for lin in layers) and (
         _layer_kind(model.lm_head) is not None or type(model.lm_head) is nn.Linear)
 
 

@@ -175,7 +175,10 @@ class NativeModel(nn.Module):
         arch = arch_for(cfg)
         _check_quant(quant, next(model.parameters()).dtype)
         decoder = model.get_decoder()
-        q = lambda lin: lin if quant == "none" else quantize_linear(lin, quant, group_size, keep_dense)
+
+        def q(lin):
+            return lin if quant == "none" else quantize_linear(lin, quant, group_size, keep_dense)
+
         blocks = []
         qkv_widths, gu_widths = _fused_widths(cfg)
         for layer in decoder.layers:
@@ -219,9 +222,10 @@ class NativeModel(nn.Module):
         for f in files:
             try:
                 with safe_open(str(path / f), framework="pt") as h:
-                    where.update({k: path / f for k in h.keys()})
-            except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-                raise ModelLoadError(f"cannot read the weights file {path / f} ({type(e).__name__}: {e}): it is damaged "
+                    where.update(dict.fromkeys(h.keys(), path / f))
+            except Exception as e:  # safetensors raises its own error types
+                raise ModelLoadError(f"cannot read the weights file {path / f} ({type(e).__name__}: {e}): "
+                                     "it is damaged "
                                      "or incomplete; if it is in speculant's cache, delete its directory to have the "
                                      "model converted again") from e
         prefix = "model." if any(k.startswith("model.layers.") for k in where) else ""
@@ -243,7 +247,8 @@ class NativeModel(nn.Module):
             remove_partial_saves(store)
             print(f"speculant: quantizing {path.name} to int4 once for this machine's kernel ({kind}); "
                   f"saved to {store}", file=sys.stderr, flush=True)
-            model = cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size, keep_dense)
+            model = cls._read_dir(path, files, where, prefix, cfg, gen, dtype, quant, quant_head, group_size,
+                                  keep_dense)
             if all(b.qkv is not None and b.gate_up is not None for b in model.blocks):
                 try:
                     save_store(model, store, kind, group_size, quant_head)
@@ -313,7 +318,8 @@ class NativeModel(nn.Module):
             else:
                 proj = {n: linear(p + ("self_attn." if n in PROJECTIONS[:4] else "mlp.") + n, True)
                         for n in PROJECTIONS}
-            norms = block_norms(arch, lambda name: get(p + name + ".weight") if p + name + ".weight" in where else None)
+            norms = block_norms(arch, lambda name, p=p: get(p + name + ".weight")
+                                if p + name + ".weight" in where else None)
             blocks.append(NativeBlock(norms.pop("in_norm"), norms.pop("post_norm"), proj, **norms))
             if quant != "none":
                 release_memory()  # the layer's dense weights and quantizing temporaries, freed: give them back
@@ -345,7 +351,7 @@ def read_dir_config(path: Path) -> tuple:
     arch_for(cfg)
     try:
         gen = GenerationConfig.from_pretrained(str(path))
-    except Exception:
+    except Exception:  # noqa: BLE001 -- a missing or unreadable generation_config.json: the defaults
         gen = None
     index = path / "model.safetensors.index.json"
     if index.is_file():

@@ -44,7 +44,8 @@ NORMS = ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")  # a block's norms
 def source_digest(source: Path, files: list[Path], also: tuple[Path, ...] = ()) -> str:
     """12 hex digits naming the model directory ``source`` with the sizes and times of its weight
     ``files`` (by name) and of the files ``also`` (by full path): another source, another digest."""
-    ident = "|".join([str(source.resolve())] + [f"{a.resolve()}:{a.stat().st_size}:{a.stat().st_mtime_ns}" for a in also]
+    ident = "|".join([str(source.resolve())]
+                     + [f"{a.resolve()}:{a.stat().st_size}:{a.stat().st_mtime_ns}" for a in also]
                      + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files])
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 

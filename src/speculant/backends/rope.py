@@ -66,11 +66,13 @@ def rope_for(cfg, head_dim: int, layer_type: str | None = None) -> Rope:
         raise ConfigError(f"the native backend does not know the RoPE scaling {kind!r} (it knows default, "
                           f"{', '.join(ROPE_INIT_FUNCTIONS)}): use backend='hf'")
     try:
-        inv, scale = init(cfg, torch.device("cpu"), layer_type=layer_type) if layer_type else init(cfg, torch.device("cpu"))
+        inv, scale = (init(cfg, torch.device("cpu"), layer_type=layer_type) if layer_type
+                      else init(cfg, torch.device("cpu")))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ConfigError(f"cannot read the model's {kind} RoPE parameters ({type(e).__name__}: {e})") from None
     limit = 0
     if kind in LENGTH_DEPENDENT:
         limit = int(params.get("original_max_position_embeddings")
-                    or getattr(cfg, "original_max_position_embeddings", 0) or getattr(cfg, "max_position_embeddings", 0))
+                    or getattr(cfg, "original_max_position_embeddings", 0)
+                    or getattr(cfg, "max_position_embeddings", 0))
     return Rope(inv.float(), float(scale), limit, kind)

@@ -52,8 +52,8 @@ def run_demo(max_new_tokens: int = 128, methods: str = "auto") -> None:
             decoders[name] = SpeculativeDecoder(target, draft, method=method, gamma=4, tree="2x1x1x1", chat=True,
                                                 draft_quant="none" if rt.backend == "native" else "auto")
         else:
-            decoders[name] = SpeculativeDecoder(target, method=method, lookup_branch=DEFAULT_LOOKUP_BRANCH if lookup else 0,
-                                                chat=True)
+            decoders[name] = SpeculativeDecoder(target, method=method,
+                                                lookup_branch=DEFAULT_LOOKUP_BRANCH if lookup else 0, chat=True)
     for dec in (plain, *decoders.values()):  # warm-up
         dec.generate(PROMPT, 4)
     console.print(f"[dim]prompt:[/dim] {PROMPT}\n")
@@ -62,12 +62,13 @@ def run_demo(max_new_tokens: int = 128, methods: str = "auto") -> None:
     console.print(r_plain.text, markup=False, highlight=False)
     a = r_plain.stats.to_dict()
     console.print()
-    console.print(f"plain decoding : {a['tokens_per_s']:6.2f} tokens/s ({len(r_plain.token_ids)} tokens, {a['wall_s']:.1f} s)")
+    console.print(f"plain decoding : {a['tokens_per_s']:6.2f} tokens/s ({len(r_plain.token_ids)} tokens, "
+                  f"{a['wall_s']:.1f} s)")
     for name, r in results.items():
         s = r.stats.to_dict()
-        console.print(f"{name:<15}: {s['tokens_per_s']:6.2f} tokens/s ({len(r.token_ids)} tokens, {s['wall_s']:.1f} s), "
-                      f"{s['tokens_per_call']:.2f} tokens per target call; [bold]{s['tokens_per_s'] / a['tokens_per_s']:.2f}x"
-                      "[/bold] over plain decoding")
+        console.print(f"{name:<15}: {s['tokens_per_s']:6.2f} tokens/s ({len(r.token_ids)} tokens, "
+                      f"{s['wall_s']:.1f} s), {s['tokens_per_call']:.2f} tokens per target call; "
+                      f"[bold]{s['tokens_per_s'] / a['tokens_per_s']:.2f}x[/bold] over plain decoding")
         n = min(len(r.token_ids), len(r_plain.token_ids))
         same = next((i for i, (x, y) in enumerate(zip(r.token_ids, r_plain.token_ids)) if x != y), n)
         if s["plain_steps"]:

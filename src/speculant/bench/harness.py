@@ -41,9 +41,7 @@ import dataclasses
 import json
 import os
 import resource
-import shlex
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -65,12 +63,12 @@ from ..store.chat import chat_prompt
 from ..store.models import check_vocab_compatible, load
 from ..output_paths import check_output_file
 from .llama_server import LlamaServer, llama_server_unavailable
-from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401
+from .methods import (LLAMA_SERVER, OPENVINO, OURS, PEERS, is_peer, parse_method, plain_of,  # noqa: F401 (re-exported)
                       read_tree, response_format_of, split_method, tree_budget_of)
 from .openvino import OpenVINOPeer, openvino_unavailable
 from .pair import check_pair, check_spec, no_draft, plan_peers, uses_draft
 from .quality import sampled_nll
-from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401
+from .report import (CATEGORY_ORDER, cut_at_eos, final_number, print_summary, quality_scores,  # noqa: F401 (re-exported)
                      summarize)
 
 
@@ -406,7 +404,7 @@ def _run(cfg: BenchConfig, methods: list[str], peers: dict, files: dict, skipped
     source = provenance(cfg_source, git_info())
     if (why := provenance_warning(source)) is not None:
         Console(stderr=True).print(f"[yellow]speculant bench: {why}[/yellow]")
-    result = {"config": {k: v for k, v in cfg.__dict__.items()}, "command": command, "date": date,
+    result = {"config": dict(cfg.__dict__), "command": command, "date": date,
               "machine": machine_info(), **source, "eos_token_ids": sorted(eos_ids), "skipped": skipped,
               "peers": details,
               "best_peer": {"tokens_per_s": best.get("best_peer"), "decode_tokens_per_s": best.get("best_peer_decode")},

@@ -233,7 +233,7 @@ class LlamaServer:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 -- __del__ must not raise (also at interpreter shutdown)
             pass
 
     # ---------------------------------------------------------------------------------------

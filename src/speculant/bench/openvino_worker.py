@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                         pass
                 try:  # one entry per target model inference (prefill, then each verification)
                     stats["target_calls"] = len(ext.main_model_metrics.raw_metrics.m_durations)
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - absent in another version
                     pass
             reply({"ids": out, "wall_s": wall, "prefill_s": ttft, "decode_s": max(gen - ttft, 0.0),
                    "finish": res.finish_reasons[0].name.lower() if getattr(res, "finish_reasons", None) else None,

@@ -63,7 +63,8 @@ def plot_result(result: dict, path: str | Path) -> Path:
     width = 0.8 / max(len(methods), 1)
     for i, m in enumerate(methods):
         xs = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
-        top.bar(xs, [speedup(m, c) for c in groups], width, label=row_label(result, m) + (" (peer)" if m in peers else ""),
+        top.bar(xs, [speedup(m, c) for c in groups], width,
+                label=row_label(result, m) + (" (peer)" if m in peers else ""),
                 color=colors[i], hatch="//" if m in peers else None, edgecolor="white" if m in peers else None,
                 linewidth=0)
     top.axhline(1.0, color="black", linewidth=0.8)

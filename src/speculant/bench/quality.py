@@ -60,7 +60,8 @@ def quality_text() -> str:
 
 
 @torch.inference_mode()
-def text_scores(backend, ids: torch.Tensor, reference: torch.Tensor | None = None) -> tuple[float, float, float, torch.Tensor]:
+def text_scores(backend, ids: torch.Tensor,
+                reference: torch.Tensor | None = None) -> tuple[float, float, float, torch.Tensor]:
     """(perplexity of ids[1:] given their prefixes, mean KL from ``reference``, top-1 agreement
     with it, this model's log-probabilities (T-1, V) as float16 to serve as a reference)."""
     backend.reset()
@@ -112,8 +113,8 @@ def greedy(backend, ids: torch.Tensor, n: int, eos: set[int]) -> list[int]:
     """Plain greedy decoding, sped up losslessly by prompt lookup (same output as ``ar``)."""
     state = None
     with torch.inference_mode():
-        for state, _ in decode(backend, LookupDrafter(4), ids, max_new_tokens=n, sampling=SamplingConfig(),
-                               eos_token_ids=eos):
+        for state, _ in decode(backend, LookupDrafter(4), ids, max_new_tokens=n,  # noqa: B007 -- the last state is the result
+                               sampling=SamplingConfig(), eos_token_ids=eos):
             pass
     return state.generated
 
@@ -130,7 +131,8 @@ def teacher_forced(backend, prompt: torch.Tensor, ref: list[int]) -> tuple[int, 
     return sum(same), len(ref), first
 
 
-# gguf: int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks
+# gguf: int4, with the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the
+# file's own blocks
 MODES = ("none", "int8", "int4", "int8+head", "int4+head", "gguf", "gguf+head")
 LLAMA_CPP = "llama.cpp"  # not a runtime of ours: llama.cpp's scores of the file, the reference of vs_llama_cpp
 
@@ -160,9 +162,10 @@ def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: st
         from .llama_reference import llama_reference
 
         llama = llama_reference(source_gguf(target), quality_text())
-        results[LLAMA_CPP] = {"perplexity": llama.perplexity, "positions": int(llama.logprobs.shape[0] * llama.logprobs.shape[1])}
-        print(f"{LLAMA_CPP:>10}: perplexity {llama.perplexity:.4f} (llama-perplexity, chunks of {llama.tokens.shape[1]} "
-              f"tokens, the second half of each scored)", flush=True)
+        results[LLAMA_CPP] = {"perplexity": llama.perplexity,
+                              "positions": int(llama.logprobs.shape[0] * llama.logprobs.shape[1])}
+        print(f"{LLAMA_CPP:>10}: perplexity {llama.perplexity:.4f} (llama-perplexity, chunks of "
+              f"{llama.tokens.shape[1]} tokens, the second half of each scored)", flush=True)
     for mode in ("none",) + tuple(m for m in modes if m not in ("none", LLAMA_CPP)):
         quant, _, head = mode.partition("+")
         t = time.perf_counter()
@@ -192,10 +195,12 @@ def run_quality(target: str, modes=MODES, max_new_tokens: int = 64, json_out: st
             from .llama_reference import protocol_scores
 
             results[mode]["vs_llama_cpp"] = vs = protocol_scores(backend, llama)
-            print(f"{'':>10}  on llama.cpp's tokens: perplexity {vs['perplexity']:.4f} (llama.cpp {llama.perplexity:.4f}, "
-                  f"{100 * (vs['perplexity'] / llama.perplexity - 1):+.2f}%)  KL from llama.cpp {vs['kl_from_llama_cpp']:.4f}"
+            print(f"{'':>10}  on llama.cpp's tokens: perplexity {vs['perplexity']:.4f} "
+                  f"(llama.cpp {llama.perplexity:.4f}, {100 * (vs['perplexity'] / llama.perplexity - 1):+.2f}%)  "
+                  f"KL from llama.cpp {vs['kl_from_llama_cpp']:.4f}"
                   f"  top-1 as llama.cpp {vs['top1_as_llama_cpp']:.3f}", flush=True)
-        print(f"{mode:>10}: perplexity {ppl:.4f}  KL from bf16 {kl:.4f}  top-1 as bf16 {top1:.3f}  greedy agreement {results[mode]['agreement']:.3f}  "
+        print(f"{mode:>10}: perplexity {ppl:.4f}  KL from bf16 {kl:.4f}  top-1 as bf16 {top1:.3f}  "
+              f"greedy agreement {results[mode]['agreement']:.3f}  "
               f"first difference after {results[mode]['mean_tokens_before_first_difference']:.1f} tokens "
               f"(per prompt {results[mode]['per_prompt_first_difference']})", flush=True)
         del backend

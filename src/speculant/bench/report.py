@@ -230,7 +230,7 @@ def print_summary(summary: dict, title: str) -> None:
         table.add_row(m, f"{s['tokens_per_s']:.2f}", _num(s.get("decode_tokens_per_s")), _x(s.get("speedup")),
                       _x(s.get("decode_speedup")), _x(s.get("vs_best_peer")), _x(s.get("decode_vs_best_peer")),
                       _num(s.get("tokens_per_call")), _num(s.get("acceptance_rate")), _last_cell(s, sampled))
-    first = next(iter(summary.values()), {})
+    first: dict = next(iter(summary.values()), {})
     best, best_decode = first.get("best_peer"), first.get("best_peer_decode")
     if best:
         note = f"best peer: {best} ({summary[best]['tokens_per_s']:.2f} tok/s, prefill included)"

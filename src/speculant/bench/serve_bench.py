@@ -292,8 +292,8 @@ def format_table(result: dict[str, Any]) -> str:
     row, and how many outputs equal that runtime's plain output."""
     lines = _single_table(result["rows"]) if result["rows"] else []
     if result.get("concurrency"):
-        lines += ["", "| clients | server | tok/s in all | per request | first token (median ms) | vs best llama-server "
-                      "| same as plain |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| clients | server | tok/s in all | per request | first token (median ms) "
+                      "| vs best llama-server | same as plain |", "|---|---|---|---|---|---|---|"]
         for c, by_row in result["concurrency"].items():
             peers = [s["total_tok_s"] for name, s in by_row.items() if name.startswith("llama-server")]
             best = max(peers) if peers else None

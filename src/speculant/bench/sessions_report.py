@@ -143,8 +143,8 @@ def format_tables(result: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                       for n in rows)] for i in summary["compared"]]
     ttft = [[i if k == 0 else "", str(k + 1), *(_ms(_at(rows[n]["per_session"].get(i), k)) for n in rows)]
             for i in summary["compared"] for k in range(kinds[i][1])]
-    title = (f"bench --sessions, sessions compared: {len(summary['compared'])} (TTFT: time to first token, median ms; vs best "
-             f"peer: tok/s over {best or 'the best peer'}'s)")
+    title = (f"bench --sessions, sessions compared: {len(summary['compared'])} "
+             f"(TTFT: time to first token, median ms; vs best peer: tok/s over {best or 'the best peer'}'s)")
     return [(title, head, body),
             ("seconds per session", ["session", "kind", "turns", *rows], per_session),
             ("time to first token of each turn, ms", ["session", "turn", *rows], ttft)]

@@ -231,7 +231,8 @@ def play_session(url: str, row: Row, session: Session, max_tokens: int, timeout:
         r = {"turn": k + 1, "messages": len(body["messages"]), **r}
         turns.append(r)
         answers.append(Answer(r["text"], tuple(r["tool_calls"])))
-        cached = "" if r["cached_tokens"] is None else f", {r['cached_tokens']}/{r['prompt_tokens']} prompt tokens cached"
+        cached = ("" if r["cached_tokens"] is None
+                  else f", {r['cached_tokens']}/{r['prompt_tokens']} prompt tokens cached")
         log(f"{row.text:>24} {session.id:<18} turn {k + 1}: {r['completion_tokens']:4d} tokens, first token "
             f"{r['ttft_s'] * 1e3:7.0f} ms, {r['completion_tokens'] / max(r['wall_s'], 1e-9):6.2f} tok/s{cached}")
     return {"id": session.id, "kind": session.kind, "turns": turns, "error": None}

@@ -48,11 +48,11 @@ def measure(target: str, configs, rows, context: int, reps: int, dtype: str = "b
     backends = {c: made[c] for c in configs}
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(100, 20000, (context,), generator=g)
-    times = {c: {r: [] for r in rows} for c in configs}
-    cpu = {c: {r: [] for r in rows} for c in configs}
-    prefill = {c: [] for c in configs}
+    times: dict[str, dict[int, list[float]]] = {c: {r: [] for r in rows} for c in configs}
+    cpu: dict[str, dict[int, list[float]]] = {c: {r: [] for r in rows} for c in configs}
+    prefill: dict[str, list[float]] = {c: [] for c in configs}
     with torch.inference_mode():
-        for c, b in backends.items():  # warm-up: one prefill and one pass per width
+        for b in backends.values():  # warm-up: one prefill and one pass per width
             b.reset()
             b.forward(ctx, rows=torch.empty(0, dtype=torch.long))
             for r in rows:

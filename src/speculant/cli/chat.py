@@ -245,7 +245,8 @@ class Chat:
                          f"tokens{cached}; finish reason {gen.finish_reason}")
         lines.append(f"session: {plural(self.answers, 'answer')}, {self.tokens} tokens in {self.seconds:.2f} s, "
                      f"{rate(self.tokens, self.seconds)} tokens/s; {self.passes} target passes, "
-                     f"τ {ratio(self.tokens, self.passes)} tokens/pass; conversation {plural(len(self.history), 'message')}"
+                     f"τ {ratio(self.tokens, self.passes)} tokens/pass; "
+                     f"conversation {plural(len(self.history), 'message')}"
                      + ("; system prompt set" if self.system else ""))
         return "\n".join(lines)
 

@@ -23,7 +23,8 @@ SESSION_ROWS = ("auto", "ar", "llama-server", "llama-server+ngram-mod")  # bench
 
 
 def _decoder_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help="model directory, .gguf file or preset (default: %(default)s)")
     p.add_argument("--draft", default=None, help="draft model for sd/mcsd (directory, .gguf or preset)")
     p.add_argument("--lora", default=None, metavar="DIR",
                    help="a peft LoRA adapter directory merged into the target's weights as it loads, before any "
@@ -204,8 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sb = sub.add_parser("bench-serve", help="speculant serve against llama-server: time to first token and tokens/s, "
                                              "one streaming client, same prompts, same run")
-    sb.add_argument("--rows", default=None, help="comma-separated, of speculant (its default method), speculant-ar, "
-                                                   "llama-server, llama-server+draft, llama-server+ngram (default: all)")
+    sb.add_argument("--rows", default=None,
+                    help="comma-separated, of speculant (its default method), speculant-ar, "
+                         "llama-server, llama-server+draft, llama-server+ngram (default: all)")
     sb.add_argument("--per-category", type=int, default=1, help="Spec-Bench questions per category (default: 1)")
     sb.add_argument("--categories", default=None)
     sb.add_argument("--questions", default=None, help="a Spec-Bench-style JSONL file (default: the bundled one)")
@@ -219,10 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(default: %(default)s)")
 
     q = sub.add_parser("quant-eval", help="quality cost of target quantization: perplexity and greedy agreement")
-    q.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    q.add_argument("--target", default=DEFAULT_TARGET,
+                   help="model directory, .gguf file or preset (default: %(default)s)")
     q.add_argument("--modes", default="none,int8,int4,int8+head,int4+head",
                    help="comma-separated quantizations; '+head' also quantizes the output layer; gguf: int4 with "
-                        "the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file running the file's own blocks; "
+                        "the layers that are Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in the GGUF file "
+                        "running the file's own blocks; "
                         "llama.cpp: llama.cpp's own llama-perplexity on the same text (make install-llama-server), and "
                         "every mode also scored on its tokens against its distribution (default: %(default)s)")
     q.add_argument("--max-new-tokens", type=int, default=64, help="per agreement prompt (default: %(default)s)")
@@ -244,11 +248,13 @@ def _stdin_text() -> str:
     """The prompt piped in on standard input, which must be UTF-8 text."""
     from ..errors import ConfigError
 
-    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    data = (sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer")
+            else sys.stdin.read().encode("utf-8", "surrogateescape"))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"the prompt on standard input is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 4]!r}); "
+        raise ConfigError(f"the prompt on standard input is not UTF-8 text "
+                          f"(byte {e.start}: {data[e.start:e.start + 4]!r}); "
                           "convert it first, e.g. `iconv -f latin1 -t utf-8 FILE | speculant generate -`") from None
 
 
@@ -314,7 +320,8 @@ def cmd_generate(args) -> int:
     dec = _decoder(args)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
               min_p=args.min_p, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-              repetition_penalty=args.repetition_penalty, logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs)
+              repetition_penalty=args.repetition_penalty, logit_bias=_logit_bias(args.logit_bias),
+              logprobs=args.logprobs)
     gen = dec.start(prompt, args.max_new_tokens, **kw)
     if args.json:
         try:
@@ -342,7 +349,8 @@ def cmd_generate(args) -> int:
     s = gen.stats.to_dict()
     console.print(f"[{s['target_calls']} target calls, {s['tokens_per_call']:.2f} tokens/call, "
                   f"α={s['acceptance_rate']:.2f}, {s['tokens_per_s']:.2f} tokens/s"
-                  + ("" if s["lossless"] else f"; APPROXIMATE acceptance {s['acceptance']}: output may differ from the target's")
+                  + ("" if s["lossless"]
+                     else f"; APPROXIMATE acceptance {s['acceptance']}: output may differ from the target's")
                   + (f"; {s['plain_steps']} of {s['target_calls']} steps without drafting (it did not pay there)"
                      if s["plain_steps"] else "")
                   + ("; green = accepted draft tokens" if color and dec.config.spec.drafts else "") + "]",
@@ -391,7 +399,8 @@ def cmd_serve(args) -> int:
 
     args.chat = False  # /v1/chat/completions applies the chat template; /v1/completions sends raw text
     serve(_decoder(args), ServeConfig(host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
-                                      max_batch=args.max_batch, max_body_bytes=args.max_body_bytes, model_id=args.model_id))
+                                      max_batch=args.max_batch, max_body_bytes=args.max_body_bytes,
+                                      model_id=args.model_id))
     return 0
 
 
@@ -446,7 +455,8 @@ def _bench_sessions(args, argv: list[str] | None) -> int:
     rows = tuple(r for r in args.methods.split(",") if r.strip()) if args.methods else None
     cfg = SessionsBenchConfig(sessions=args.sessions, **({"rows": rows} if rows is not None else {}),
                               max_new_tokens=args.max_new_tokens,
-                              kinds=tuple(k for k in args.sessions_kinds.split(",") if k) if args.sessions_kinds else None,
+                              kinds=(tuple(k for k in args.sessions_kinds.split(",") if k)
+                                     if args.sessions_kinds else None),
                               limit=args.limit, target=args.target, draft=draft,
                               serve_args=_changed_decoder_args(args, skip=("target", "draft")), json_out=args.json_out)
     result = run_sessions_bench(cfg, command=command_line(argv))
@@ -558,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tune_allocator()
     try:
-        commands = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": lambda a: cmd_bench(a, argv),
+        commands = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve,
+                    "bench": lambda a: cmd_bench(a, argv),
                     "bench-report": cmd_bench_report, "bench-serve": lambda a: cmd_bench_serve(a, argv),
                     "demo": cmd_demo,
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree,

@@ -24,7 +24,8 @@ def add_drafter_parser(sub) -> None:
                     f"Expected on 2 cores for a 1.5B model: ~{hours['features']:g} h for the hidden states and "
                     f"~{hours['training']:g} h for {d.steps} training steps (the families of the native runtime: "
                     "Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3).")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help="model directory, .gguf file or preset (default: %(default)s)")
     p.add_argument("--out", required=True, help="the run's directory (conversations, features, checkpoints, drafter)")
     p.add_argument("--tokens", type=int, default=d.tokens, help="answer tokens of conversations (default: %(default)s)")
     p.add_argument("--sources", default=",".join(d.sources),
@@ -47,7 +48,8 @@ def add_drafter_parser(sub) -> None:
                        description="Greedy-chain accuracy by depth and each drafter's tree table (what auto's "
                                    "forecast reads from a drafter's accuracy.json) for sequential heads and EAGLE "
                                    "drafters on the same positions of a corpus.")
-    a.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    a.add_argument("--target", default=DEFAULT_TARGET,
+                   help="model directory, .gguf file or preset (default: %(default)s)")
     a.add_argument("--data", required=True, help="the corpus JSONL (make-corpus, make-conversations, or answers)")
     a.add_argument("--features", help="train-eagle's DIR/features for --data (default: computed for the measured "
                                       "records)")

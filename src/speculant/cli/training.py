@@ -16,7 +16,8 @@ from ..errors import ConfigError
 def add_training_parsers(sub) -> None:
     """Add the training commands (module docstring) to the CLI's subcommands ``sub``."""
     t = sub.add_parser("train-heads", help="self-distil the target on non-eval prompts and train Medusa heads")
-    t.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    t.add_argument("--target", default=DEFAULT_TARGET,
+                   help="model directory, .gguf file or preset (default: %(default)s)")
     t.add_argument("--out", required=True, help="output directory: heads (Medusa layout), report, checkpoints")
     t.add_argument("--data", nargs="+", default=None,
                    help="distillation JSONL file(s) to train on (default: OUT/distill.jsonl); the first is made "
@@ -56,7 +57,8 @@ def add_training_parsers(sub) -> None:
                         "states computed once (default: %(default)s)")
     t.add_argument("--train-vocab", choices=["full", "data"], default="full",
                    help="cross-entropy over the whole vocabulary (full) or only the tokens in the training records "
-                        "(data: ~20x cheaper for large vocabularies; held-out metrics stay full) (default: %(default)s)")
+                        "(data: ~20x cheaper for large vocabularies; held-out metrics stay full) "
+                        "(default: %(default)s)")
     t.add_argument("--draft-vocab", type=int, default=0,
                    help="sequential heads: propose only N tokens (the training answers' most frequent, then the "
                         "lowest ids), so each depth reads N rows of the output layer instead of all "
@@ -122,7 +124,8 @@ def add_training_parsers(sub) -> None:
     ex.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
 
     mc = sub.add_parser("make-corpus", help="a drafter's training corpus: the target's own answers to non-eval prompts")
-    mc.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    mc.add_argument("--target", default=DEFAULT_TARGET,
+                    help="model directory, .gguf file or preset (default: %(default)s)")
     mc.add_argument("--out", required=True, help="directory of corpus.jsonl and manifest.json (resumed if present)")
     mc.add_argument("--tokens", type=int, default=1_000_000, help="answer tokens to reach (default: %(default)s)")
     mc.add_argument("--batch", type=int, default=16, help="prompts answered together (default: %(default)s)")
@@ -140,7 +143,8 @@ def add_training_parsers(sub) -> None:
 
     mv = sub.add_parser("make-conversations",
                         help="a drafter's training corpus from real human conversations (ShareGPT), teacher-forced")
-    mv.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    mv.add_argument("--target", default=DEFAULT_TARGET,
+                    help="model directory, .gguf file or preset (default: %(default)s)")
     mv.add_argument("--out", required=True, help="directory of corpus.jsonl and manifest.json (written anew)")
     mv.add_argument("--tokens", type=int, default=4_000_000, help="answer tokens to reach (default: %(default)s)")
     mv.add_argument("--sources", default="sharegpt",
@@ -150,7 +154,8 @@ def add_training_parsers(sub) -> None:
     mv.add_argument("--seed", type=int, default=0)
 
     te = sub.add_parser("train-eagle", help="train an EAGLE drafter (--method eagle) on a corpus (make-corpus)")
-    te.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    te.add_argument("--target", default=DEFAULT_TARGET,
+                    help="model directory, .gguf file or preset (default: %(default)s)")
     te.add_argument("--data", nargs="+", required=True,
                     help="corpus JSONL file(s) (make-corpus's corpus.jsonl); FILE@N: N of its records, evenly spread; "
                          "FILE@START:END: its records START to END - 1, in order")
@@ -372,7 +377,8 @@ def cmd_train_heads(args) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("n_stdlib", "n_wmt"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (leave it out for all), got {getattr(args, name)}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (leave it out for all), "
+                              f"got {getattr(args, name)}")
     if not args.skip_distill and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("several processes can train but not distil (each would write the same file): make the "
                           "data first with one process (speculant train-heads without accelerate launch, e.g. with "
@@ -392,12 +398,14 @@ def cmd_train_heads(args) -> int:
                       dec.target.logits_dim, shared_lm_head=not args.per_head_projection,
                       base_model=dec.target.name, kind=args.head_kind, draft_vocab=args.draft_vocab,
                       context_size=args.context_layer)
-    report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps, epochs=args.epochs,
+    report = train_heads(dec.target, cfg, data, out, init_from=args.init_from, mode=args.mode, steps=args.steps,
+                         epochs=args.epochs,
                          batch_size=args.batch_size, rows_per_batch=args.rows_per_batch,
                          train_vocab=args.train_vocab, feature_weight=args.feature_weight,
                          teacher_weight=args.teacher_weight,
                          feature_cache=args.feature_cache, feature_noise=args.feature_noise,
-                         weight_decay=args.weight_decay, eval_every=args.eval_every, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                         weight_decay=args.weight_decay, eval_every=args.eval_every, grad_accum=args.grad_accum,
+                         seq_len=args.seq_len,
                          lr_heads=args.lr_heads, lr_context=args.lr_context, lr_backbone=args.lr_backbone, lam=args.lam,
                          heads_weight=args.heads_weight, warmup_heads_steps=args.warmup_heads_steps,
                          lora_r=args.lora_r, held_out_fraction=args.held_out, save_every=args.save_every,

@@ -71,7 +71,8 @@ class DraftModelDrafter:
         q = None if self.sampling.greedy else torch.zeros(N, self.V)
         self.backend.rollback(self.committed)
         pending = context[self.committed:]
-        out = yield ModelPass(self.backend, ForwardRequest(pending, rows=torch.tensor([pending.shape[0] - 1]), prefill=True))
+        out = yield ModelPass(self.backend,
+                              ForwardRequest(pending, rows=torch.tensor([pending.shape[0] - 1]), prefill=True))
         logits = out.logits[:, :self.V]
         self.committed = L
         self._context_len = L
@@ -81,7 +82,8 @@ class DraftModelDrafter:
             if d > 0:
                 new = tree.levels[d]
                 seen = tree.mask[new][:, 1:int(new[-1]) + 1]  # (m, nodes of depth 1..d)
-                out = yield ModelPass(self.backend, ForwardRequest(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen))
+                out = yield ModelPass(self.backend,
+                                      ForwardRequest(tokens[new].clamp(min=0), L - 1 + tree.depths[new], seen))
                 logits = out.logits[:, :self.V]
             if self.constraint is not None:
                 logits = self.constraint.mask_nodes(logits, tree, tokens, parents)

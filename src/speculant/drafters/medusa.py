@@ -32,7 +32,7 @@ __all__ = ["BlockwiseDrafter", "DynamicTree", "DynamicTreeDrafter", "HeadsLike",
 
 def MedusaDrafter(heads: HeadsLike, tree: TreeBuffers, vocab_size: int, lookup: LookupDrafter | None = None,
                   dynamic: DynamicTree | None = None,
-                  sizer: TreeSizer | None = None) -> StaticTreeDrafter | DynamicTreeDrafter:  # noqa: N802
+                  sizer: TreeSizer | None = None) -> StaticTreeDrafter | DynamicTreeDrafter:
     """The drafter of ``heads`` (any the proposers take: Medusa heads, sequential heads, an EAGLE
     drafter; ``proposers.proposer_for``) for ``tree`` (:class:`StaticTreeDrafter`) or, with ``dynamic``, for a tree
     grown at every step (:class:`DynamicTreeDrafter`, ``tree`` unused), sized against the pass cost

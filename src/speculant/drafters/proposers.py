@@ -30,7 +30,8 @@ from ..trees.buffers import TreeBuffers
 from .base import HiddenNeed, Job, PassPlan
 from ..tuning.sizing import TreeSizer
 
-__all__ = ["DepthBudget", "FollowsTarget", "Growth", "StepSource", "Stepwise", "TreeProposer", "check_tree", "proposer_for"]
+__all__ = ["DepthBudget", "FollowsTarget", "Growth", "StepSource", "Stepwise", "TreeProposer", "check_tree",
+           "proposer_for"]
 
 # what a dynamic tree's growth returns: the chosen nodes' paths (ranks among their parent's
 # children), their tokens (n,) long and scores (log Π p along the path), best first

@@ -58,7 +58,7 @@ def load_eagle(path: str | Path, target_model: nn.Module, dtype: torch.dtype | N
         raise ModelLoadError(f"{directory / CONFIG_NAME} is invalid: {e}") from None
     try:
         state = load_file(str(directory / WEIGHTS_NAME))
-    except Exception as e:  # safetensors raises its own error types for truncated / bad headers
+    except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for truncated / bad headers
         raise ModelLoadError(f"{directory / WEIGHTS_NAME} is corrupt ({e}); re-save the drafter") from None
     with torch.device("meta"):
         model = EagleModel(config, target_model.get_output_embeddings(), target_model.get_input_embeddings())

@@ -123,9 +123,9 @@ class EagleSteps:
 
     # ---- the committed pairs ---------------------------------------------------------------
     def _commit(self, hidden: torch.Tensor | None, tokens: torch.Tensor) -> None:
-        """Pairs (hidden (n, W): [h ; the fused layers' states], tokens (n,)); the last one's feature becomes the next root's. No
-        hidden states (a loop that does not pass them): the cache can no longer follow, and every
-        later step proposes the root alone (plain decoding)."""
+        """Pairs (hidden (n, W): [h ; the fused layers' states], tokens (n,)); the last one's feature
+        becomes the next root's. No hidden states (a loop that does not pass them): the cache can no
+        longer follow, and every later step proposes the root alone (plain decoding)."""
         if hidden is None or self.cache is None:
             self.cache, self.state = None, None
             return
@@ -181,7 +181,7 @@ class EagleSteps:
             self.model.draft_topk(torch.zeros(1, self.model.config.hidden_size, dtype=self.model.dtype), 1, self.V)
 
 
-def EagleDrafter(model: EagleModel, dynamic: DynamicTree, vocab_size: int,  # noqa: N802
+def EagleDrafter(model: EagleModel, dynamic: DynamicTree, vocab_size: int,
                  lookup: LookupDrafter | None = None, sizer: TreeSizer | None = None) -> DynamicTreeDrafter:
     """The EAGLE drafter of the decoding loop: a dynamic tree (``dynamic``, ``lookup`` and
     ``sizer`` as for ``DynamicTreeDrafter``, depth at most ``model.config.depth``) grown by

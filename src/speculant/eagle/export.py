@@ -160,9 +160,9 @@ def export_eagle(model: EagleModel, out: str | Path, fmt: str = "vllm", base_mod
                           "Medusa heads are exported with speculant export-heads")
     if model.config.fused_layers:
         raise ConfigError(f"this drafter also reads the target's states entering layers "
-                          f"{list(model.config.fused_layers)} (speculant's fusion, fc over [embedding ; feature] plus a "
-                          "projection of those states), which neither the EAGLE-1 layouts of vLLM and SGLang nor "
-                          "EAGLE-3's carry: export a drafter trained without --fuse-layers")
+                          f"{list(model.config.fused_layers)} (speculant's fusion, fc over [embedding ; feature] "
+                          "plus a projection of those states), which neither the EAGLE-1 layouts of vLLM and SGLang "
+                          "nor EAGLE-3's carry: export a drafter trained without --fuse-layers")
     if dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype {dtype}: use torch.float16, torch.bfloat16 or torch.float32")
     out = Path(out)

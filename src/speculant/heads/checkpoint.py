@@ -104,7 +104,7 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
         if (directory / name).is_file():
             try:
                 return load_file(str(directory / name))
-            except Exception as e:  # safetensors raises its own error types for truncated / bad headers
+            except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for truncated / bad headers
                 raise ModelLoadError(f"{directory / name} is corrupt ({e}); re-save or re-download the heads") from None
     hint = " (a .pt checkpoint: convert it to safetensors first)" if any(directory.glob("*.pt")) else ""
     raise ModelLoadError(f"{directory} has no {WEIGHTS_NAME}{hint}: a heads checkpoint needs its weights "

@@ -88,11 +88,13 @@ def export_heads(heads, out: str | Path, fmt: str, base_model: str, dtype: torch
     else:
         tensors = {}
         for (k, j), lin in blocks.items():
-            tensors[f"blocks.{k}.layers.{j}.weight"], tensors[f"blocks.{k}.layers.{j}.bias"] = t(lin.weight), t(lin.bias)
+            tensors[f"blocks.{k}.layers.{j}.weight"] = t(lin.weight)
+            tensors[f"blocks.{k}.layers.{j}.bias"] = t(lin.bias)
         for k in range(1 if cfg.shared_lm_head else K):
             tensors[f"lm_heads.{k}.weight"] = t(projection(k))
         config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
-                  "num_heads": K, "num_hidden_layers": n, "medusa_fc_bias": True, "original_lm_head": cfg.shared_lm_head,
+                  "num_heads": K, "num_hidden_layers": n, "medusa_fc_bias": True,
+                  "original_lm_head": cfg.shared_lm_head,
                   "truncated_vocab_size": V, "max_paths": 64, "topk": 10,
                   "torch_dtype": str(dtype).removeprefix("torch."), "base_model_name_or_path": base_model}
         weights_name = "model.safetensors"

@@ -96,7 +96,8 @@ class ContextLayer(nn.Module):
 
     def _qkv(self, h: torch.Tensor, pos: torch.Tensor):
         """h (..., T, H) -> q, k, v (..., heads, T, D), q and k rotated."""
-        q, k, v = self.qkv(self.norm1(h)).unflatten(-1, (3, self.n_heads, self.head_dim)).movedim(-3, 0).transpose(-3, -2)
+        qkv = self.qkv(self.norm1(h)).unflatten(-1, (3, self.n_heads, self.head_dim))
+        q, k, v = qkv.movedim(-3, 0).transpose(-3, -2)
         return self._rope(q, pos), self._rope(k, pos), v
 
     def _rest(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,8 @@ from ..errors import ConfigError, ModelLoadError
 from ..runtime.weights import weights_of
 from .config import HeadsConfig
 
-__all__ = ["COARSE_EXTRA", "DraftVocabulary", "check_lm_head", "coarse_ranker", "frozen_projection", "layer_dtype", "layer_shape",
-           "shortlist_topk"]
+__all__ = ["COARSE_EXTRA", "DraftVocabulary", "check_lm_head", "coarse_ranker", "frozen_projection", "layer_dtype",
+           "layer_shape", "shortlist_topk"]
 
 
 COARSE_EXTRA = 8  # shortlist k + this many tokens with the int4 copy, then rank them exactly
@@ -54,7 +54,7 @@ def coarse_ranker(rows: torch.Tensor | None):
         try:
             int4 = Int4Linear(layer, keep_dense=False)
             return int4 if padded.shape[0] == n else _FirstOutputs(int4, n)
-        except Exception:  # neither int4 path runs here (no kernel, no PyTorch int4 op): try int8
+        except Exception:  # noqa: BLE001 -- neither int4 path runs here (no kernel, no PyTorch int4 op): try int8
             pass
     layer = nn.Linear(rows.shape[1], n, bias=False, device="meta")
     layer.weight = nn.Parameter(rows.to(torch.bfloat16), requires_grad=False)

@@ -6,9 +6,9 @@ AVX-512, AVX2 and portable C++ path that give the same bits).
 ``int4_x86.cpp``: the int4-weight matmul of every x86-64 CPU, one packed layout
 (:func:`pack_int4_x86`) for all of its code paths: AVX-512 VNNI, AVX2 with or without AVX-VNNI,
 portable C++, and on AMX CPUs (Intel Sapphire Rapids and later) AMX tiles for passes of 10 rows
-or more (32 for a GGUF file's blocks: ``int4_amx_x86.cpp``). Activations are quantized per row and per group of inputs to int8,
-as llama.cpp does, and every row is computed on its own, so a tree verification pass gives each
-row exactly what a one-row pass gives, on every path alike.
+or more (32 for a GGUF file's blocks: ``int4_amx_x86.cpp``). Activations are quantized per row
+and per group of inputs to int8, as llama.cpp does, and every row is computed on its own, so a
+tree verification pass gives each row exactly what a one-row pass gives, on every path alike.
 
 ``bf16_amx.cpp``: a bf16 matmul on AMX tiles, each weight tile used by up to 32 rows (measurements:
 docs/design-notes.md#bf16-kernel-with-amx). Needs AMX and AVX-512 BF16 (Intel Sapphire Rapids and
@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["amx_kernels", "GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels", "dequantize_int4_x86",
-           "int4_isa", "kernels_name", "pack_bf16", "pack_f32scales_x86", "pack_int4_x86", "pack_kquant_x86", "pack_q5k_x86", "pack_q6k_x86",
-           "unpack_int4_x86", "unpack_q5k_x86", "unpack_q6k_x86",
+__all__ = ["amx_kernels", "GROUP", "INT4_ISAS", "cpu_has_amx_int8", "cpu_has_avx512_bf16", "cpu_kernels",
+           "dequantize_int4_x86", "int4_isa", "kernels_name", "pack_bf16", "pack_f32scales_x86", "pack_int4_x86",
+           "pack_kquant_x86", "pack_q5k_x86", "pack_q6k_x86", "unpack_int4_x86", "unpack_q5k_x86", "unpack_q6k_x86",
            "x86_kernels"]
 
 GROUP = 64  # input channels per (scale, offset) group: one AMX tile step; docs/design-notes.md#int4-group-size
@@ -173,7 +173,8 @@ def x86_kernels():
     (not x86, no compiler) or ``SPECULANT_NO_KERNELS`` is set. Built (or loaded) once per process."""
     if os.environ.get("SPECULANT_NO_KERNELS") or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    return _build("speculant_x86_kernels", ["int4_x86.cpp", "int4_amx_x86.cpp", "attention_x86.cpp", "layer_x86.cpp", "x86_module.cpp"],
+    return _build("speculant_x86_kernels",
+                  ["int4_x86.cpp", "int4_amx_x86.cpp", "attention_x86.cpp", "layer_x86.cpp", "x86_module.cpp"],
                   ["-O3", "-ffp-contract=off", "-fopenmp"])
 
 

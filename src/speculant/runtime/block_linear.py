@@ -69,19 +69,19 @@ class BlockLinear(LinearWeights, nn.Module):
         """One layer computing ``layers`` side by side (e.g. q, k and v: one kernel call, the same
         bits per output); ``layers`` become views of its tensors."""
         first = layers[0]
-        if any(type(l) is not type(first) or l.in_features != first.in_features or l.dtype != first.dtype
-               or l.kind != first.kind for l in layers):
+        if any(type(lin) is not type(first) or lin.in_features != first.in_features or lin.dtype != first.dtype
+               or lin.kind != first.kind for lin in layers):
             raise ValueError("concat needs layers of one type, one input size and one dtype")
-        bias = (torch.cat([l.bias32 if l.bias32.numel() else torch.zeros(l.out_features) for l in layers])
-                if any(l.bias32.numel() for l in layers) else None)
-        out = first.from_parts({n: torch.cat([l.parts()[n] for l in layers]) for n in first._names}, bias)
+        bias = (torch.cat([lin.bias32 if lin.bias32.numel() else torch.zeros(lin.out_features) for lin in layers])
+                if any(lin.bias32.numel() for lin in layers) else None)
+        out = first.from_parts({n: torch.cat([lin.parts()[n] for lin in layers]) for n in first._names}, bias)
         start = 0
-        for l in layers:
-            part = out.rows(start, start + l.out_features)
+        for lin in layers:
+            part = out.rows(start, start + lin.out_features)
             for name, t in part.parts().items():
-                setattr(l, name, t)
-            l.bias32 = part.bias32
-            start += l.out_features
+                setattr(lin, name, t)
+            lin.bias32 = part.bias32
+            start += lin.out_features
         return out
 
     def rows(self, start: int, stop: int) -> "BlockLinear":

@@ -37,7 +37,8 @@ import numpy as np
 
 from ..errors import ModelLoadError
 
-__all__ = ["BLOCK", "LEGACY", "dequantize_legacy", "legacy_blocks", "Q4K_BYTES", "Q5K_BYTES", "Q6K_BYTES", "dequantize_q4_k", "dequantize_q5_k", "dequantize_q6_k",
+__all__ = ["BLOCK", "LEGACY", "dequantize_legacy", "legacy_blocks", "Q4K_BYTES", "Q5K_BYTES", "Q6K_BYTES",
+           "dequantize_q4_k", "dequantize_q5_k", "dequantize_q6_k",
            "q4_k_blocks", "q4_k_parts", "q5_k_blocks", "q6_k_blocks", "q6_k_parts"]
 
 BLOCK = 256  # weights per k-quant block (QK_K)

@@ -44,7 +44,10 @@ class SlabLayer(CacheLayerMixin):
         if needed <= self._k.shape[2]:
             return
         cap = max(needed, 2 * self._k.shape[2])
-        grow = lambda t: torch.cat([t, t.new_zeros(*t.shape[:2], cap - t.shape[2], t.shape[3])], dim=2)
+
+        def grow(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros(*t.shape[:2], cap - t.shape[2], t.shape[3])], dim=2)
+
         self._k, self._v = grow(self._k), grow(self._v)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

@@ -33,7 +33,8 @@ def tune_allocator(mmap_threshold: int = 64 << 20, trim_threshold: int = 256 << 
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl and others have no mallopt
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+    return (bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)))
+            and bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold))))
 
 
 def release_memory() -> bool:

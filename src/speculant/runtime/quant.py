@@ -155,19 +155,21 @@ class Int4Linear(_WeightOnly):
         computes every channel on its own). Only for speculant's layout, without dense weights.
         ``layers`` become views of the joined layer's buffers (no second copy of the weights)."""
         first = layers[0]
-        if any(l.kind != first.kind or l.kind == "torch" or l.weight is not None or l.in_features != first.in_features
-               or l.dtype != first.dtype or l.group_size != first.group_size or l.out_features % 16 for l in layers):
+        if any(lin.kind != first.kind or lin.kind == "torch" or lin.weight is not None
+               or lin.in_features != first.in_features or lin.dtype != first.dtype
+               or lin.group_size != first.group_size or lin.out_features % 16 for lin in layers):
             raise ValueError("concat needs int4 layers of speculant's layout, one input size, no dense weights")
-        biases = [l.bias32 if l.bias32.numel() else torch.zeros(l.out_features) for l in layers]
-        bias = torch.cat(biases) if any(l.bias32.numel() for l in layers) else None
-        out = cls.from_packed(torch.cat([l.qweight for l in layers]), torch.cat([l.scales_zeros for l in layers]),
+        biases = [lin.bias32 if lin.bias32.numel() else torch.zeros(lin.out_features) for lin in layers]
+        bias = torch.cat(biases) if any(lin.bias32.numel() for lin in layers) else None
+        out = cls.from_packed(torch.cat([lin.qweight for lin in layers]),
+                              torch.cat([lin.scales_zeros for lin in layers]),
                               bias, first.kind, first.in_features, first.dtype, first.group_size)
         start = 0
-        for l in layers:
-            part = out.rows(start, start + l.out_features)
-            l.qweight, l.scales_zeros, l.bias32 = part.qweight, part.scales_zeros, part.bias32
-            l.bias = None  # the float32 bias, a view of the joined one, is added by the kernel
-            start += l.out_features
+        for lin in layers:
+            part = out.rows(start, start + lin.out_features)
+            lin.qweight, lin.scales_zeros, lin.bias32 = part.qweight, part.scales_zeros, part.bias32
+            lin.bias = None  # the float32 bias, a view of the joined one, is added by the kernel
+            start += lin.out_features
         return out
 
     def rows(self, start: int, stop: int) -> "Int4Linear":
@@ -303,6 +305,6 @@ def quantize_linears(model: nn.Module, mode: str, group_size: int = 64) -> nn.Mo
 def joined(layers: list[nn.Module]) -> nn.Module | None:
     """:meth:`Int4Linear.concat` of ``layers`` (e.g. q, k and v projections: one kernel call, the
     same bits) if they are int4 layers of speculant's layout it can join, else None."""
-    if all(isinstance(l, Int4Linear) and l.kind != "torch" and l.weight is None for l in layers):
+    if all(isinstance(lin, Int4Linear) and lin.kind != "torch" and lin.weight is None for lin in layers):
         return Int4Linear.concat(layers)
     return None

@@ -8,4 +8,4 @@
 - ``server``: uvicorn around it (``serve``).
 """
 
-from .app import ServeConfig, create_app  # noqa: F401
+from .app import ServeConfig, create_app  # noqa: F401 -- the package's API

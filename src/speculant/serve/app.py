@@ -212,7 +212,8 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
         try:
             return json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
-            raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+            raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} "
+                              f"column {e.colno}") from None
         except RecursionError:
             raise bad_request(f"the request body is nested too deeply to read (at most {MAX_DEPTH} levels): "
                               "send a flatter body") from None
@@ -297,7 +298,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 ticket.cancel()
             metrics.request(endpoint, 499)
             return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001 -- a fault of this request's own: a 500 in OpenAI's shape
+        except Exception as e:  # a fault of this request's own: a 500 in OpenAI's shape
             log.exception("request failed")
             for ticket in tickets:
                 ticket.cancel()
@@ -312,7 +313,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 tickets[0].cancel()
                 metrics.request(endpoint, 499)
                 return Response(status_code=499)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 log.exception("request failed")
                 tickets[0].cancel()
                 metrics.request(endpoint, 500)
@@ -354,7 +355,7 @@ def create_app(decoder, config: ServeConfig = ServeConfig()) -> FastAPI:
                 ticket.cancel()
             metrics.request(endpoint, 499)
             return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.exception("request failed")
             for ticket in tickets:
                 ticket.cancel()

@@ -71,8 +71,9 @@ class Metrics:
                               ["method"], buckets=_SECONDS, registry=r)
         self.tokens_per_s = Histogram("speculant_tokens_per_second", "a generation's new tokens per second",
                                       ["method"], buckets=(1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200), registry=r)
-        self.tokens_per_call = Histogram("speculant_tokens_per_target_call", "a generation's new tokens per target pass",
-                                         ["method"], buckets=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0), registry=r)
+        self.tokens_per_call = Histogram("speculant_tokens_per_target_call",
+                                         "a generation's new tokens per target pass", ["method"],
+                                         buckets=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0), registry=r)
         self.completion_tokens = Counter("speculant_completion_tokens", "tokens generated", ["method"], registry=r)
         self.prompt_tokens = Counter("speculant_prompt_tokens", "prompt tokens read", ["method"], registry=r)
         self.prompt_cached = Counter("speculant_prompt_tokens_cached", "prompt tokens the prefix cache gave "

@@ -313,7 +313,7 @@ async def stream(tickets: Sequence[Ticket], include_usage: bool, response: Respo
         if include_usage and len(finished) == len(tickets):
             yield response.chunk(usage=response.usage([finished[i] for i in range(len(tickets))],
                                                       response.prompt_tokens(tickets)))
-    except Exception as e:  # noqa: BLE001 -- the headers are sent: the fault goes in the stream
+    except Exception as e:  # the headers are sent: the fault goes in the stream
         log.exception("stream failed")
         error = APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error")
         yield f"data: {json.dumps(error.body())}\n\n"

@@ -9,9 +9,9 @@ Continuous batching (``max_batch`` > 1): the worker keeps up to ``max_batch`` ge
 ``batching.Batch``: every step verifies all of their trees in one target pass. Between steps,
 queued jobs join (their prefill rides in the next pass) and finished or cancelled ones leave at
 once, so a new request never waits for the others to end. With ``max_batch`` 1 the jobs run one
-after another, on the same path (a batch of one). ``Ticket.cancel`` ends its generation before the next step (or skips it if it
-has not started). A job that fails is reported and the next one starts clean: every generation
-gets a KV cache and a drafter of its own.
+after another, on the same path (a batch of one). ``Ticket.cancel`` ends its generation before
+the next step (or skips it if it has not started). A job that fails is reported and the next one
+starts clean: every generation gets a KV cache and a drafter of its own.
 
 Whatever one job's preparation or decoding raises ends that job alone (``Failed``: 400 for input
 it cannot take, 500 otherwise) and the worker goes on. Should the worker itself stop (a fault
@@ -190,7 +190,7 @@ class Scheduler:
         """Run the worker loop; if anything escapes it, stop for good and say so (module doc)."""
         try:
             work()
-        except BaseException as e:  # noqa: BLE001 -- nothing may end the worker unreported
+        except BaseException as e:  # nothing may end the worker unreported
             reason = f"{type(e).__name__}: {e}"
             log.critical("the decoding worker stopped: %s", reason, exc_info=True)
             self._stop(reason)
@@ -206,7 +206,7 @@ class Scheduler:
         if self.on_fatal is not None:
             try:
                 self.on_fatal(reason)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("on_fatal failed")
 
     def _take(self, block: bool = True) -> Ticket | None:
@@ -224,12 +224,12 @@ class Scheduler:
         if self.on_finish is not None:
             try:
                 self.on_finish(ticket, event)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("metrics update failed")
 
     def _work(self) -> None:
-        """The worker: continuous batching of up to ``max_batch`` jobs (see the module doc). Every call that belongs to one job
-        is guarded so that its fault ends that job alone."""
+        """The worker: continuous batching of up to ``max_batch`` jobs (see the module doc). Every
+        call that belongs to one job is guarded so that its fault ends that job alone."""
         batch = Batch(self.max_batch, self.decoder.batch_pacer)
         live: dict[Any, Ticket] = {}  # generation -> its ticket
         closing = False
@@ -249,7 +249,7 @@ class Scheduler:
             """End ``gen`` with ``event`` (Failed), taking it out of the batch if it is still in."""
             try:
                 self.decoder.leave(batch, gen)
-            except Exception:  # noqa: BLE001 -- it is out of ``live``; the batch drops it on its next fault
+            except Exception:  # it is out of ``live``; the batch drops it on its next fault
                 log.exception("taking a generation out of the batch failed")
             ticket = live.pop(gen, None)
             if ticket is not None:
@@ -272,7 +272,7 @@ class Scheduler:
                 if ticket.cancelled and gen.finish_reason is None:
                     try:
                         self.decoder.leave(batch, gen)
-                    except Exception as e:  # noqa: BLE001
+                    except Exception as e:  # noqa: BLE001 -- this generation fails alone
                         drop(gen, _failure(e))
             self._running = len(batch)
             if len(batch):
@@ -289,7 +289,7 @@ class Scheduler:
                     del live[gen]
                     try:
                         event = Finished(list(gen.token_ids), gen.text, gen.finish_reason, gen.stats)
-                    except Exception as e:  # noqa: BLE001
+                    except Exception as e:  # noqa: BLE001 -- this request gets the fault, the others go on
                         event = _failure(e)
                     self._end(ticket, event)
             self._running = len(batch)

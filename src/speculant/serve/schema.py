@@ -68,7 +68,8 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 FIELDS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                              "parallel_tool_calls", "functions", "function_call", "chat_template_kwargs",
                              "reasoning_effort"},
-          "completion": _COMMON | {"prompt", "top_logprobs", "echo", "suffix"}}  # top_logprobs: refused with a hint (_logprobs)
+          # top_logprobs: refused with a hint (_logprobs)
+          "completion": _COMMON | {"prompt", "top_logprobs", "echo", "suffix"}}
 # beyond role, content, name
 _TOOL_KEYS = {"assistant": {"tool_calls", "function_call", "reasoning_content"}, "tool": {"tool_call_id"}}
 _EMPTY_OK = {"refusal", "audio", "annotations"}  # an assistant message the client gave back

@@ -149,5 +149,5 @@ def _join(block, parts: tuple[str, ...], joined: str, new: dict) -> None:
     if not any(p in new for p in parts):
         return
     layers = [getattr(block, p) for p in parts]
-    same = all(isinstance(l, BlockLinear) for l in layers) and len({l.kind for l in layers}) == 1
+    same = all(isinstance(lin, BlockLinear) for lin in layers) and len({lin.kind for lin in layers}) == 1
     setattr(block, joined, type(layers[0]).concat(layers) if same else None)

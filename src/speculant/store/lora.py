@@ -85,7 +85,8 @@ def _check_fits(model: nn.Module, path: Path, config: dict, weights: dict) -> No
     and the adapter was made for the model's class (when it recorded one)."""
     made_for = (config.get("auto_mapping") or {}).get("base_model_class")
     base = config.get("base_model_name_or_path")
-    source = f" (made for {made_for}{f' {base}' if base else ''})" if made_for else (f" (made for {base})" if base else "")
+    source = (f" (made for {made_for}{f' {base}' if base else ''})" if made_for
+              else (f" (made for {base})" if base else ""))
     if made_for and made_for != type(model).__name__:
         raise ModelLoadError(f"lora adapter {path} was made for a {made_for}, the target is a {type(model).__name__}: "
                              "pass the adapter trained for this target")
@@ -103,12 +104,12 @@ def _check_fits(model: nn.Module, path: Path, config: dict, weights: dict) -> No
                                  "adapters on linear layers can be merged")
         if ".lora_A." in key and tensor.shape[-1] != layer.in_features:
             raise ModelLoadError(f"lora adapter {path}{source} does not fit the target: {name} takes "
-                                 f"{layer.in_features} inputs, the adapter's {tensor.shape[-1]}: it was trained for a model of another "
-                                 "size; pass the adapter trained for this target")
+                                 f"{layer.in_features} inputs, the adapter's {tensor.shape[-1]}: it was trained for a "
+                                 "model of another size; pass the adapter trained for this target")
         if ".lora_B." in key and tensor.shape[0] != layer.out_features:
             raise ModelLoadError(f"lora adapter {path}{source} does not fit the target: {name} gives "
-                                 f"{layer.out_features} outputs, the adapter's {tensor.shape[0]}: it was trained for a model of "
-                                 "another size; pass the adapter trained for this target")
+                                 f"{layer.out_features} outputs, the adapter's {tensor.shape[0]}: it was trained for a "
+                                 "model of another size; pass the adapter trained for this target")
 
 
 def merge_lora(model: nn.Module, adapter: str | os.PathLike) -> nn.Module:

@@ -47,7 +47,7 @@ import torch
 from . import gguf_meta
 from ..errors import ConfigError, ModelLoadError, VocabMismatchError
 from .presets import PRESETS, Part, Preset  # noqa: F401 - re-exported: models.PRESETS is public
-from ..runtime.process import cache_dir, file_lock  # noqa: F401 - cache_dir re-exported
+from ..runtime.process import cache_dir, file_lock  # cache_dir re-exported
 from ..runtime.weights import weights_of
 
 GGUF_MAGIC = b"GGUF"

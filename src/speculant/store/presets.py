@@ -47,7 +47,7 @@ class Part:
         else:
             try:
                 path = Path(getattr(importlib.import_module(self.module), str(self.function))())
-            except Exception:  # a broken install counts as missing: the fix is the same
+            except Exception:  # noqa: BLE001 -- a broken install counts as missing: the fix is the same
                 return None
         return path if path.is_file() else None
 

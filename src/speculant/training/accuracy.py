@@ -34,7 +34,8 @@ __all__ = ["build_tree", "head_topk_accuracy"]
 
 
 @torch.no_grad()
-def head_topk_accuracy(target, heads: MedusaHeads | SequentialHeads, sequences: Sequence[Sequence[int]], max_rank: int, *,
+def head_topk_accuracy(target, heads: MedusaHeads | SequentialHeads, sequences: Sequence[Sequence[int]],
+                       max_rank: int, *,
                        prompt_lens: Sequence[int] | None = None, chunk: int = 64,
                        return_counts: bool = False):
     """-> ``acc`` as a K x ``max_rank`` list of floats (and the (K,) counts with ``return_counts``).

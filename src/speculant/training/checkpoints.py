@@ -76,7 +76,8 @@ def load_checkpoint(path: Path) -> dict:
     if missing:
         raise Unreadable(f"state.pt lacks {', '.join(missing)}")
     heads = read(path, "heads/model.safetensors", lambda f: load_file(str(f)))
-    lora = read(path, "lora/adapter_model.safetensors", lambda f: load_file(str(f))) if (path / "lora").exists() else None
+    lora = (read(path, "lora/adapter_model.safetensors", lambda f: load_file(str(f)))
+            if (path / "lora").exists() else None)
     return {"state": state, "heads": heads, "lora": lora}
 
 
@@ -90,7 +91,7 @@ def read(path: Path, name: str, load):
         raise Unreadable(f"{name} is missing")
     try:
         return load(f)
-    except Exception as e:  # noqa: BLE001 - whatever the reader says, the file cannot be trusted
+    except Exception as e:  # whatever the reader says, the file cannot be trusted
         first = str(e).splitlines()[0] if str(e) else "no message"
         raise Unreadable(f"{name} is truncated or damaged: {type(e).__name__}: {first}") from e
 

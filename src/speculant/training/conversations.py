@@ -13,9 +13,9 @@ included), ``prompt_len`` the first span's start.
 
 Filtering (counts in the manifest): a conversation is read up to its first turn that breaks the
 human/assistant alternation or is empty (from its first human turn: ShareGPT splits long
-conversations into parts, the later ones starting with an answer); dropped when it has no answer left, is a repeat (the same
-first exchange), is mostly in scripts other than Latin (CJK, Hangul, ...: ``max_foreign``), or
-shares a word n-gram (``overlap_n``) with any Spec-Bench question or reference (the evaluation
+conversations into parts, the later ones starting with an answer); dropped when it has no answer
+left, is a repeat (the same first exchange), is mostly in scripts other than Latin (CJK, Hangul,
+...: ``max_foreign``), or shares a word n-gram (``overlap_n``) with any Spec-Bench question or reference (the evaluation
 set: never training data); conversations are cut at ``max_len`` tokens, at the end of the last
 assistant turn that fits, else inside the first answer.
 """

@@ -46,8 +46,8 @@ from .asked import asked_families, grow_asked
 from .prompts import de_en_prompts, english_prompt_families, german_sentences, german_writing_prompts, \
     more_chat_prompts
 
-__all__ = ["ASKED_SOURCES", "CORPUS_NAME", "FAMILY_SETS", "MANIFEST_NAME", "PACKED_NAME", "SOURCES", "code_edit_prompts",
-           "corpus_families", "german_sources",
+__all__ = ["ASKED_SOURCES", "CORPUS_NAME", "FAMILY_SETS", "MANIFEST_NAME", "PACKED_NAME", "SOURCES",
+           "code_edit_prompts", "corpus_families", "german_sources",
            "make_corpus"]
 
 CORPUS_NAME, MANIFEST_NAME, PACKED_NAME = "corpus.jsonl", "manifest.json", "answers.jsonl.gz"
@@ -210,7 +210,7 @@ def make_corpus(decoder, out: str | os.PathLike, tokens: int, *, batch_size: int
         records = load_records(path)
         grow(prompts, records, decoder.tokenizer)  # the families that grow with the target's answers
         order = interleave(prompts, batch_size)
-        family = dict((p, f) for f, p in order)
+        family = {p: f for f, p in order}
         done = {r["prompt"] for r in records}
         todo = [p for _, p in order if p not in done]
         have = _answer_tokens(records)

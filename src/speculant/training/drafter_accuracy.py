@@ -120,7 +120,8 @@ def drafter_accuracy(decoder, data: str | Path, hydra: Sequence[str] = (), eagle
             raise ConfigError(f"{path}: heads with a context layer are not measured here")
         out["drafters"].append({"kind": "hydra", "path": Path(path).name,
                                 "greedy": heads_accuracy(heads, recs, final, at, depth, per_record),
-                                "tree": tree_accepts(DynamicTreeDrafter(proposer_for(heads, V), shape(DEFAULT_HYDRA_TREE), V),
+                                "tree": tree_accepts(DynamicTreeDrafter(proposer_for(heads, V),
+                                                                        shape(DEFAULT_HYDRA_TREE), V),
                                                      recs, final, at, positions)})
     for path, model in eagles:
         states = hidden if model.config.fused_layers else final

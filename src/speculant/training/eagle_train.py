@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .eagle_features import FeatureRows, compute_features, features_cost, load_features
+from .eagle_features import compute_features, features_cost, load_features
 from ..eagle.model import EagleCache, EagleModel
 from ..runtime.weights import weights_of
 
@@ -217,7 +217,8 @@ def _drafted_rows(model: EagleModel) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def depth_accuracy(model: EagleModel, records: Sequence[dict], hidden: torch.Tensor, starts: torch.Tensor,
-                   depth: int, per_record: int = 16, seed: int = 0, top_k: Sequence[int] = (1,)) -> dict[int, list[float]]:
+                   depth: int, per_record: int = 16, seed: int = 0,
+                   top_k: Sequence[int] = (1,)) -> dict[int, list[float]]:
     """For each k of ``top_k``: acc[d-1], the share of sampled answer positions where the target's
     next d tokens are each among the drafter's top k guesses, the drafter following that path on
     its own features after the first step (one walk serves every k). k = 1: what a greedy chain of
@@ -285,7 +286,8 @@ def train_eagle(model: EagleModel, records: Sequence[dict], features: tuple[torc
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
+        opt, lambda s: (min(1.0, (s + 1) / max(cfg.warmup, 1))
+                        * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps))))
     model, opt, sched = acc.prepare(model, opt, sched)
     core = acc.unwrap_model(model)
     ckpts = out_dir / "checkpoints"

@@ -209,16 +209,23 @@ def evaluate(trainable: Trainable, batches: list[list[int]], items: list, cfg, d
             _, hl = trainable(None, None, hidden=h, tokens=table.inputs[rows].to(device), seq=seq)
             _, per, t1, t5, n = medusa_loss_rows(hl, table.targets[rows].to(device), cfg.lam, top5=True)
             n = n.double()
-            loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
+            loss_s += per.double() * n
+            top1_s += t1.double() * n
+            top5_s += t5.double() * n
+            n_s += n
     else:
         for idx in batches[rank::world]:
             ids, attn, mask = (t.to(device) for t in collate([items[j] for j in idx]))
             lm, hl = trainable(ids, attn, joint=joint)
             _, per, t1, t5 = medusa_loss(hl, ids, mask, cfg.lam)
             n = head_valid_counts(mask, K).cpu().double()
-            loss_s += per.double() * n; top1_s += t1.double() * n; top5_s += t5.double() * n; n_s += n
+            loss_s += per.double() * n
+            top1_s += t1.double() * n
+            top5_s += t5.double() * n
+            n_s += n
             if lm is not None:
-                lm_s += float(lm_loss(lm, ids, mask)) * int(mask[:, 1:].sum()); lm_n += int(mask[:, 1:].sum())
+                lm_s += float(lm_loss(lm, ids, mask)) * int(mask[:, 1:].sum())
+                lm_n += int(mask[:, 1:].sum())
     if world > 1:
         sums = torch.cat([loss_s, top1_s, top5_s, n_s, torch.tensor([lm_s, lm_n], dtype=torch.float64)])
         sums = accelerator.reduce(sums.to(accelerator.device), "sum").cpu()

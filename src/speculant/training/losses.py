@@ -89,7 +89,8 @@ def lm_loss(lm_logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -
 
 def combined_loss(lm_logits: torch.Tensor, head_logits: torch.Tensor, tokens: torch.Tensor,
                   mask: torch.Tensor, lam: float = 0.8, heads_weight: float = 0.2,
-                  scale: torch.Tensor | None = None, lm_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  scale: torch.Tensor | None = None, lm_scale: float = 1.0
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Medusa-2: ``CE_lm + heads_weight · medusa_loss``.
 
     lm_logits (B, T, V), head_logits (K, B, T, V). Returns ``(loss, lm (), heads (),
@@ -128,7 +129,8 @@ def row_inputs(tokens: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def medusa_loss_rows(head_logits: torch.Tensor, targets: torch.Tensor, lam: float = 0.8, top5: bool = False,
-                     scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     scale: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ_k λ^k · CE_k over independent rows: head_logits (K, n, V), targets (n, K) long (-1 = no target).
 
     The same loss as :func:`medusa_loss` once each (position, head) pair is a row (heads act

@@ -194,7 +194,8 @@ QUESTIONS2 = (
 QA3 = (
     "Who wrote the novel Don Quixote?", "What is the capital of Argentina?", "How many continents are there?",
     "Who painted the ceiling of the Sistine Chapel?", "What is the largest lake in Africa?",
-    "When did the French Revolution begin?", "Who was the first person in space?", "What is the chemical formula of water?",
+    "When did the French Revolution begin?", "Who was the first person in space?",
+    "What is the chemical formula of water?",
     "Which is the smallest planet in the solar system?", "Who discovered the electron?",
     "What language is spoken in Austria?", "How many chambers does the human heart have?",
     "Who composed the Ninth Symphony with the Ode to Joy?", "What is the deepest point in the ocean?",
@@ -306,7 +307,8 @@ def english_prompt_families(german: Sequence[str] = (), seed: int = 0, part: int
                   if (i + j) % 3 == 0]
     return {
         "write": write,
-        "explain": [tpl.format(c=c) for i, c in enumerate(CONCEPTS) for j, tpl in enumerate(EXPLAIN) if (i + j) % 2 == part],
+        "explain": [tpl.format(c=c) for i, c in enumerate(CONCEPTS) for j, tpl in enumerate(EXPLAIN)
+                    if (i + j) % 2 == part],
         "role": [f"Pretend to be {p} for the rest of this conversation and speak like one. {q}"
                  for i, p in enumerate(PERSONAS) for j, q in enumerate(QUESTIONS) if (i + j) % 3 == part],
         "qa": list(QA if part == 0 else QA2),

@@ -86,7 +86,8 @@ def prepare_data(data_path: str | os.PathLike | Sequence[str | os.PathLike], cfg
                               "that project through the shared output layer")
         vocab = torch.tensor(sorted({t for r in records for t in r["ids"]}), dtype=torch.long)
         if int(vocab[-1]) >= heads_cfg.vocab_size:
-            raise ConfigError(f"the records hold token {int(vocab[-1])}, outside the {heads_cfg.vocab_size}-token vocabulary")
+            raise ConfigError(f"the records hold token {int(vocab[-1])}, "
+                              f"outside the {heads_cfg.vocab_size}-token vocabulary")
         remap = torch.full((heads_cfg.vocab_size + 1,), -1, dtype=torch.long)  # remap[-1] == -1: no target
         remap[vocab] = torch.arange(len(vocab))
         data.vocab, data.remap = vocab, remap

@@ -29,7 +29,7 @@ def draft_vocabulary(records: Sequence[dict], n: int, vocab_size: int,
     """The ``n`` token ids a drafter may propose: the answer tokens of ``records`` by decreasing
     frequency, then the lowest ids not taken yet (byte-level BPE vocabularies number tokens in
     merge order, so low ids are the frequent ones); only ids of ``within`` when given. Sorted (n,) long."""
-    allowed = None if within is None else set(int(t) for t in within)
+    allowed = None if within is None else {int(t) for t in within}
     pool = range(vocab_size) if allowed is None else sorted(t for t in allowed if 0 <= t < vocab_size)
     if n > len(pool):
         raise ConfigError(f"a draft vocabulary of {n} tokens cannot be drawn from {len(pool)}")
@@ -76,7 +76,7 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
         raise ModelLoadError(f"{src / CONFIG_NAME} is corrupt (not valid JSON: {e})") from None
     try:
         state = load_file(str(src / WEIGHTS_NAME))
-    except Exception as e:  # safetensors raises its own error types for truncated / bad headers
+    except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for truncated / bad headers
         raise ModelLoadError(f"{src / WEIGHTS_NAME} is corrupt ({e}); re-save the drafter") from None
     holder, key = _size_field(config)
     old = state.get("draft_vocab")
@@ -84,7 +84,8 @@ def cut_draft_vocab(drafter: str | Path, records: Sequence[dict], n: int, out: s
         raise ConfigError(f"{src} proposes from the whole vocabulary (no draft vocabulary to cut); train it with "
                           "--draft-vocab N instead")
     if not isinstance(n, int) or not 0 < n <= old.numel():
-        raise ConfigError(f"the cut draft vocabulary must have 1 to {old.numel()} tokens (the drafter's own), got {n!r}")
+        raise ConfigError(f"the cut draft vocabulary must have 1 to {old.numel()} tokens (the drafter's own), "
+                          f"got {n!r}")
     state["draft_vocab"] = draft_vocabulary(records, n, int(holder["vocab_size"]), within=old.tolist())
     holder[key] = n
     if dtype is not None:

@@ -86,7 +86,8 @@ def normalize_paths(paths: Sequence[Sequence[int]]) -> tuple[Path, ...]:
         norm.add(tp)
     for p in norm:
         if len(p) > 1 and p[:-1] not in norm:
-            raise ConfigError(f"tree path {list(p)} has no parent {list(p[:-1])}: every prefix of a path must be in the tree")
+            raise ConfigError(f"tree path {list(p)} has no parent {list(p[:-1])}: "
+                              "every prefix of a path must be in the tree")
         if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in norm:
             raise ConfigError(
                 f"tree path {list(p)} skips rank {p[-1] - 1}: sibling ranks must be 0, 1, ... without gaps")

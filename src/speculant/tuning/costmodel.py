@@ -149,7 +149,7 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
     after one untimed round; the median of each width's times counts. The cache is rolled back
     after every pass and reset at the end. Passes ask for every row's logits and hidden state, as
     a heads method's verification does."""
-    widths = sorted(set(int(w) for w in widths))
+    widths = sorted({int(w) for w in widths})
     if not widths or widths[0] != 1:
         raise ConfigError(f"pass-cost widths must include 1 (plain decoding), got {widths}")
     if context < 1 or reps < 1 or (long_context and long_context <= context):
@@ -185,7 +185,8 @@ def measure_pass_cost(backend, widths=WIDTHS, context: int = 64, long_context: i
         at = tuple((far[w] - short[w]) / (long_context - context) for w in lw)
         slope = tuple(max(_interp(tuple(lw), at, w), 0.0) for w in widths)
     wait1 = runqueue_wait_s()
-    waited = waited_share(time.perf_counter() - wall0, wait1 - wait0) if wait0 is not None and wait1 is not None else 0.0
+    waited = (waited_share(time.perf_counter() - wall0, wait1 - wait0)
+              if wait0 is not None and wait1 is not None else 0.0)
     backend.reset()
     return replace(PassCost.monotone(widths, [short[w] for w in widths], context, slope), waited=waited)
 
@@ -256,9 +257,9 @@ def pass_cost(backend, key: str, *, path: Path | None = None, quiet: bool = Fals
               file=sys.stderr, flush=True)
     if cost.waited > BUSY_WAIT:  # other jobs held the cores: use it for this process only
         if not quiet:
-            print(f"speculant: the CPU was busy with other jobs while measuring (speculant's threads waited {cost.waited:.0%} of "
-                  f"their time for a core), so the measurement is used for this run only and not cached; it is "
-                  f"taken again next time", file=sys.stderr, flush=True)
+            print(f"speculant: the CPU was busy with other jobs while measuring (speculant's threads waited "
+                  f"{cost.waited:.0%} of their time for a core), so the measurement is used for this run only "
+                  f"and not cached; it is taken again next time", file=sys.stderr, flush=True)
         return cost
     curves = dict(saved.get("curves", {})) if saved else {}
     curves[key] = cost.to_dict()

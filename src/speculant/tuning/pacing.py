@@ -99,4 +99,5 @@ class Pacer:
     def to_dict(self) -> dict:
         d, p = self.rate(True), self.rate(False)
         return {"drafted_steps": self.steps[True], "plain_steps": self.steps[False],
-                "draft_tokens_per_s": None if d is None else d * 1e3, "plain_tokens_per_s": None if p is None else p * 1e3}
+                "draft_tokens_per_s": None if d is None else d * 1e3,
+                "plain_tokens_per_s": None if p is None else p * 1e3}
