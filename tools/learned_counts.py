@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     p.add_argument("--per-group", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--cold", action="store_true", help="recycle: start from an empty table, saved nowhere")
+    p.add_argument("--no-pacing", action="store_true", help="draft at every step (pacing off)")
+    p.add_argument("--fixed", action="store_true", help="tree_budget fixed: trees not sized against the pass cost")
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
     from speculant.api import SpeculativeDecoder
@@ -33,7 +35,8 @@ def main(argv=None) -> int:
     prompts = [q["turns"][0] for g in sorted(by_group) for q in by_group[g][:args.per_group]]
     rows = []
     for method in args.methods.split(","):
-        dec = SpeculativeDecoder(DEFAULT_TARGET, method=method, chat=True)
+        dec = SpeculativeDecoder(DEFAULT_TARGET, method=method, chat=True, pacing=not args.no_pacing,
+                                 tree_budget="fixed" if args.fixed else "auto")
         table = dec._parts.table
         if table is not None and args.cold:
             from speculant.drafters.recycling import RecycledTable
