@@ -13,6 +13,7 @@ from speculant.decoding import decode
 from speculant.drafters.base import NoDrafter
 from speculant.drafters.draft_model import DraftModelDrafter
 from speculant.drafters.lookup import LookupDrafter
+from speculant.drafters.recycling import RecycledTable, RecyclingDrafter
 from speculant.trees.buffers import build_tree, chain
 
 from tiny import perturbed, tiny_llama
@@ -68,6 +69,9 @@ CASES = {
     "mcsd-3x2-norepl": (lambda t, d: lambda g: DraftModelDrafter(HFBackend(d), build_tree("3x2"), SAMPLING, V,
                                                                   replacement=False, generator=g), False),
     "lookup": (lambda t, d: lambda g: LookupDrafter(2), True),
+    # the table (shared by every generation, as a decoder's) learns from the passes as they go
+    "recycle": (lambda t, d: (lambda table: lambda g: RecyclingDrafter(table, True, gamma=2, nodes=3))(
+        RecycledTable(V, 2)), True),
 }
 
 

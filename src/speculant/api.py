@@ -90,7 +90,8 @@ class SpeculativeDecoder:
         self.eos_token_ids = _eos_token_ids(self.target)
         self.heads, self.tree, self.dynamic, self.sizer = self.plan.heads, self.plan.tree, self.plan.dynamic, \
             self.plan.sizer
-        self._parts = DraftParts(self.tree, self.vocab_size, self.dynamic, self.sizer, self.draft_backend, self.heads)
+        self._parts = DraftParts(self.tree, self.vocab_size, self.dynamic, self.sizer, self.draft_backend, self.heads,
+                                 *_learned_parts(c, self.target, self.vocab_size))
         self._idle_targets = [self.target_backend]  # backends (KV caches) free for a sequence of a batch
         self.batch_pacer = Pacer()  # whether drafting pays while several sequences decode together (kept
         # across batches: what it learned about this machine and these models holds for the next one)
@@ -479,6 +480,20 @@ def is_prompt_list(prompt) -> bool:
     if not isinstance(prompt, (list, tuple)) or not prompt:
         return False
     return all(isinstance(p, str) for p in prompt) or all(isinstance(p, (list, tuple, torch.Tensor)) for p in prompt)
+
+
+def _learned_parts(config: DecoderConfig, target: LoadedModel, vocab_size: int) -> tuple:
+    """(table, answers) for the methods that learn from use (suffix, recycle), else (None, None):
+    the recycled table loaded from the model's cache file, and an empty answer store."""
+    kind = config.spec.drafter
+    if kind not in ("suffix", "recycle"):
+        return None, None
+    from .drafters.recycling import DEFAULT_K, RecycledTable, table_path
+    from .drafters.suffix import AnswerStore
+
+    table = RecycledTable.load_or_new(vocab_size, DEFAULT_K, table_path(target.name, target.path, vocab_size,
+                                                                         DEFAULT_K)) if kind == "recycle" else None
+    return table, AnswerStore()
 
 
 def _backend(kind: str, model: LoadedModel, name: str) -> Backend:

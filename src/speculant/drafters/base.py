@@ -88,6 +88,10 @@ class Drafter(Protocol):
     hidden_need: HiddenNeed
     hidden_layers: tuple[int, ...]
     sizer: Any  # tuning.sizing.TreeSizer sizing its trees against the pass cost, or None
+    # Optional: ``topk_need`` k > 0 asks the loop for the target's top-k next tokens after every
+    # verified node: ``observe_pass(node_tokens (N,) long, topk (N, k) long)``, called once per
+    # pass before ``observe``, at no extra target cost (drafters.recycling). ``finish(context)``:
+    # the generation ended with ``context`` (L,) (drafters.suffix keeps the answer).
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Start a new sequence; ``prompt`` (T,) long."""

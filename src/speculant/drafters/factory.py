@@ -65,6 +65,8 @@ class DraftParts:
     sizer: TreeSizer | None = None
     draft: Backend | None = None
     heads: torch.nn.Module | None = None
+    table: object | None = None  # recycle: the decoder's RecycledTable (drafters.recycling)
+    answers: object | None = None  # suffix, recycle: the decoder's AnswerStore (drafters.suffix)
 
 
 def plan_tree(config: DecoderConfig, heads_source=None, num_heads: int | None = None,
@@ -182,7 +184,20 @@ def _draft_model(config, parts, sampling, generator, constraint, prediction) -> 
                              generator=generator, constraint=constraint)
 
 
-_BUILDERS = {"none": _no_drafter, "lookup": _lookup, "heads tree": _heads_tree, "eagle": _eagle,
+def _suffix(config, parts, sampling, generator, constraint, prediction) -> Drafter:
+    from .suffix import SuffixDrafter
+
+    return SuffixDrafter(max(config.gamma, 8), parts.answers, sizer=parts.sizer)
+
+
+def _recycle(config, parts, sampling, generator, constraint, prediction) -> Drafter:
+    from .recycling import RecyclingDrafter
+
+    return RecyclingDrafter(parts.table, parts.answers if parts.answers is not None else True,
+                            gamma=max(config.gamma, 8), sizer=parts.sizer)
+
+
+_BUILDERS = {"none": _no_drafter, "lookup": _lookup, "suffix": _suffix, "recycle": _recycle, "heads tree": _heads_tree, "eagle": _eagle,
              "blockwise": _blockwise, "draft model": _draft_model}
 
 
