@@ -45,7 +45,8 @@ def add_drafter_parser(sub) -> None:
 
     w = sub.add_parser("warm-drafts", help="fill --method recycle's table of the target's next tokens by prefill "
                                            "over real conversations (saved per model, read at every start)")
-    w.add_argument("--target", default=DEFAULT_TARGET, help="model directory, .gguf file or preset (default: %(default)s)")
+    w.add_argument("--target", default=DEFAULT_TARGET,
+                   help="model directory, .gguf file or preset (default: %(default)s)")
     w.add_argument("--corpus", choices=["chitchat", "sharegpt"], default="chitchat")
     w.add_argument("--limit", type=int, default=200, help="conversations to prefill (default: %(default)s)")
     w.add_argument("--max-len", type=int, default=1024, help="tokens per conversation (default: %(default)s)")

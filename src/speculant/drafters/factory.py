@@ -197,8 +197,8 @@ def _recycle(config, parts, sampling, generator, constraint, prediction) -> Draf
                             gamma=max(config.gamma, 8), sizer=parts.sizer)
 
 
-_BUILDERS = {"none": _no_drafter, "lookup": _lookup, "suffix": _suffix, "recycle": _recycle, "heads tree": _heads_tree, "eagle": _eagle,
-             "blockwise": _blockwise, "draft model": _draft_model}
+_BUILDERS = {"none": _no_drafter, "lookup": _lookup, "suffix": _suffix, "recycle": _recycle, "heads tree": _heads_tree,
+             "eagle": _eagle, "blockwise": _blockwise, "draft model": _draft_model}
 
 
 @torch.inference_mode()

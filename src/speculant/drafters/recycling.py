@@ -14,7 +14,6 @@ Deterministic: the target verifies every token, so the output is that of plain d
 from __future__ import annotations
 
 import heapq
-import math
 import os
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..trees.buffers import chain
+from ..trees.buffers import TreeBuffers, chain
 from ..trees.draft import Draft
 from .base import HiddenNeed, ProposesAlone
 from .dynamic_tree import fixed_split
@@ -143,16 +142,20 @@ class RecycledTable:
             self.hits *= 0.5
             self.offered *= 0.5
 
-    def grow(self, root: int, nodes: int, depth: int = MAX_DEPTH) -> tuple[list[tuple[int, ...]], list[int], list[float]]:
+    def grow(self, root: int, nodes: int,
+             depth: int = MAX_DEPTH) -> tuple[list[tuple[int, ...]], list[int], list[float]]:
         """The best ``nodes`` nodes under ``root`` (paths of ranks, tokens, log-scores), best first
         (every prefix a tree: a rank's next sibling is pushed only once it is taken)."""
         scores = self.rank_scores()
         rows = self.rows
-        out_paths, out_tokens, out_scores = [], [], []
+        out_paths: list[tuple[int, ...]] = []
+        out_tokens: list[int] = []
+        out_scores: list[float] = []
         first = rows[root].tolist() if 0 <= root < self.V else [-1]
         if first[0] < 0 or nodes < 1:
             return out_paths, out_tokens, out_scores
-        heap = [(-scores[0][0], (0,), first)]  # (-score, path, the parent's row)
+        # (-score, path, the parent's row)
+        heap: list[tuple[float, tuple[int, ...], list[int]]] = [(-scores[0][0], (0,), first)]
         while heap and len(out_paths) < nodes:
             neg, path, parent_row = heapq.heappop(heap)
             d, r = len(path) - 1, path[-1]
@@ -186,7 +189,7 @@ class RecyclingDrafter(ProposesAlone):
         self.store = suffix if isinstance(suffix, AnswerStore) else None
         self.source = SuffixSource(self.store) if self.use_suffix else None
         self._prompt_len = 0
-        self._tree = None  # the last draft's tree and its table nodes {path: (depth index, rank)}
+        self._tree: TreeBuffers | None = None  # the last draft's tree and its table nodes {path: (depth index, rank)}
         self._table_nodes: dict[tuple[int, ...], tuple[int, int]] = {}
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None = None) -> None:

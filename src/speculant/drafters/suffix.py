@@ -198,6 +198,7 @@ class SuffixSource:
             end = sam.earlier(own)
             sam.seen[own] = len(sam) - 1  # the next time this class matches, continue from here
             return sam.continuation(end, n), own_len
+        assert self.store is not None and self.matcher is not None  # other_len > own_len >= 0
         store = self.store.sam
         return store.continuation(store.earlier(self.matcher.state), n), other_len
 

@@ -104,7 +104,8 @@ def _thinking(value: Any) -> bool | None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind not in ("enabled", "disabled", "adaptive"):
-        raise bad_request("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}",
+        raise bad_request("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} "
+                          "or {\"type\": \"disabled\"}",
                           param="thinking")
     return kind != "disabled"
 
@@ -239,7 +240,8 @@ def _event(name: str, data: dict) -> str:
 async def events(chunks: Chunks, chat: ChatPath, model: str, stops: list[str]) -> AsyncIterator[str]:
     """Anthropic's stream of a streamed chat answer: one content block per thinking, text or call."""
     observer = chunks.observer
-    start = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "model": model, "content": [],
+    start: dict[str, Any] = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "model": model,
+                             "content": [],
              "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": observer.prompt_tokens, "output_tokens": 0}}
     yield _event("message_start", {"message": start})
@@ -269,7 +271,8 @@ async def events(chunks: Chunks, chat: ChatPath, model: str, stops: list[str]) -
                         open_kind = kind
                     yield _event("content_block_start", {"index": index, "content_block": block})
                 if kind == "text":
-                    yield _event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": piece[1]}})
+                    delta = {"type": "text_delta", "text": piece[1]}
+                    yield _event("content_block_delta", {"index": index, "delta": delta})
                 elif kind == "thinking":
                     yield _event("content_block_delta",
                                  {"index": index, "delta": {"type": "thinking_delta", "thinking": piece[1]}})
@@ -285,7 +288,7 @@ async def events(chunks: Chunks, chat: ChatPath, model: str, stops: list[str]) -
         yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                        "usage": usage(observer)})
         yield _event("message_stop", {})
-    except Exception as e:  # noqa: BLE001 -- the headers are sent: the fault goes in the stream
+    except Exception as e:
         log.exception("stream failed")
         error = APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error")
         yield f"event: error\ndata: {json.dumps(error_body(error))}\n\n"

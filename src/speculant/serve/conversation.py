@@ -23,7 +23,7 @@ import asyncio
 import json
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterable, Callable
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -65,7 +65,7 @@ class Answer:
 class Chunks:
     """A streamed answer: ``chunks`` yields the chat chunks as dicts (an ``{"error": ...}`` one
     for a fault after the start)."""
-    chunks: AsyncIterator[dict]
+    chunks: AsyncGenerator[dict, None]
     observer: Observer
 
 
@@ -128,10 +128,10 @@ class Gone(Exception):
     """The client went away (the chat handler answered 499)."""
 
 
-async def _chunks(lines: AsyncIterator[str]) -> AsyncIterator[dict]:
+async def _chunks(lines: AsyncIterable[Any]) -> AsyncGenerator[dict, None]:
     """The chat stream's chunks as dicts, until ``[DONE]``; closing this closes the stream (which
     cancels the generation)."""
-    async with aclosing(lines) as source:
+    async with aclosing(lines) as source:  # type: ignore[type-var]  # Starlette types its body as an iterable
         async for line in source:
             for event in line.split("\n\n"):
                 if not event.startswith("data: "):

@@ -4,8 +4,9 @@ llama.vim and others) call for autocomplete.
 The request (llama-server's field names): ``input_prefix`` (the code before the cursor),
 ``input_suffix`` (after it), ``input_extra`` (``[{"filename", "text"}]``, other files as context),
 ``prompt`` (the start of the middle already written), and of ``/completion``'s options the ones
-listed in ``HONOURED`` (``cache_prompt`` false: the prefix cache is neither read nor written). The prompt is built from the model's own fill-in-the-middle tokens
-(``fim``). Sampling defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
+listed in ``HONOURED`` (``cache_prompt`` false: the prefix cache is neither read nor written).
+The prompt is built from the model's own fill-in-the-middle tokens (``fim``). Sampling
+defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
 0.05), so a client that sends none samples as it would there. ``ACCEPTED`` are hints to
 llama-server's own scheduler, and its sampler order: accepted and not applied.
 Any other field is refused with a 400 naming it.
@@ -17,8 +18,8 @@ token, then one with ``"stop": true`` and the rest (no ``[DONE]``, as llama-serv
 ends the middle before a line (after its first) indented less than that many spaces or tabs;
 ``t_max_predict_ms`` ends it once that long has passed since its first token and it has a newline;
 ``tokens_cached`` and ``timings.cache_n`` count the prompt tokens the prefix cache gave,
-``timings.prompt_n`` those prefilled (as llama-server's); ``response_fields`` keeps only the fields named (``"timings/prompt_n"`` reads into ``timings``, and
-the key is the path).
+``timings.prompt_n`` those prefilled (as llama-server's); ``response_fields`` keeps only the
+fields named (``"timings/prompt_n"`` reads into ``timings``, and the key is the path).
 """
 
 from __future__ import annotations

@@ -31,26 +31,26 @@ class MemoryCollector:
 
     def collect(self):
         pc = getattr(self.decoder, "prefix_cache", None)
-        on = pc is not None  # (not `if pc`: an empty cache has len 0)
         kv = getattr(self.decoder, "kv_memory_bytes", None)
         figures = [
             (GaugeMetricFamily, "speculant_prefix_cache_bytes", "memory the prefix cache's KV blocks take",
-             pc.bytes if on else 0),
+             pc.bytes if pc is not None else 0),
             (GaugeMetricFamily, "speculant_prefix_cache_budget_bytes", "the prefix cache's memory budget (--cache-ram)",
-             pc.budget_bytes if on else 0),
+             pc.budget_bytes if pc is not None else 0),
             (GaugeMetricFamily, "speculant_prefix_cache_blocks", "KV blocks in the prefix cache (16 tokens each)",
-             len(pc) if on else 0),
+             len(pc) if pc is not None else 0),
             (GaugeMetricFamily, "speculant_kv_memory_bytes", ("KV memory held: every target and draft backend's "
                                                               "cache slab (idle ones included) plus the prefix "
                                                               "cache's blocks"), kv() if callable(kv) else 0),
             (CounterMetricFamily, "speculant_prefix_cache_hits", "prefills that started from a cached prefix",
-             pc.hits if on else 0),
+             pc.hits if pc is not None else 0),
             (CounterMetricFamily, "speculant_prefix_cache_misses", "prefills that found no cached prefix",
-             pc.misses if on else 0),
+             pc.misses if pc is not None else 0),
             (CounterMetricFamily, "speculant_prefix_cache_evictions", "blocks evicted to stay within the budget",
-             pc.evictions if on else 0),
+             pc.evictions if pc is not None else 0),
             (CounterMetricFamily, "speculant_prefix_tokens_reused",
-             "prompt tokens copied from the prefix cache instead of prefilled", pc.tokens_reused if on else 0)]
+             "prompt tokens copied from the prefix cache instead of prefilled",
+             pc.tokens_reused if pc is not None else 0)]
         for family, name, doc, value in figures:
             metric = family(name, doc, labels=["method"])
             metric.add_metric([self.method], value)

@@ -36,7 +36,8 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .conversation import ChatPath, Chunks, Gone, Observer, pieces_of_delta, pieces_of_message, text_of_blocks, tool_function
+from .conversation import (ChatPath, Chunks, Gone, Observer, pieces_of_delta, pieces_of_message, text_of_blocks,
+                           tool_function)
 from .errors import APIError, bad_request, kind_of
 
 log = logging.getLogger("speculant.serve")
@@ -52,7 +53,8 @@ class Store:
     """The stored responses' conversations (chat messages), the last ``size`` used."""
 
     def __init__(self, size: int = STORED):
-        self.size, self._kept = size, OrderedDict()
+        self.size = size
+        self._kept: OrderedDict[str, Any] = OrderedDict()
 
     def get(self, key: str) -> list[dict]:
         if key not in self._kept:
@@ -324,7 +326,7 @@ async def events(chunks: Chunks, key: str, model: str, chat: ChatPath, finish) -
                 yield line
         finish(output)
         yield event("response.completed", response=response(key, created, model, output, chunks.observer, chat))
-    except Exception as e:  # noqa: BLE001 -- the headers are sent: the fault goes in the stream
+    except Exception as e:
         log.exception("stream failed")
         yield event("error", code="server_error", message=f"the request failed: {type(e).__name__}: {e}", param=None)
     finally:

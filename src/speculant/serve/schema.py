@@ -7,8 +7,9 @@ the basics (``model``, ``messages`` / ``prompt``, ``max_tokens``, ``temperature`
 true, with ``top_logprobs`` 0..20; completions: the number of top tokens, 0..20), and the
 extensions ``top_k``, ``min_p`` ([0, 1)), ``repetition_penalty`` (> 0, 1 off) and
 ``cache_prompt`` (llama-server's: true by default; false keeps the request out of the prefix
-cache, neither reading nor writing it) and ``speculative`` (false: plain decoding for this request; ``{"max_depth": k}``: drafts at most k
-tokens deep; the output is the same either way; ``"sources": true``: each streamed token's chunk
+cache, neither reading nor writing it) and ``speculative`` (false: plain decoding for this
+request; ``{"max_depth": k}``: drafts at most k tokens deep; the output is the same either way;
+``"sources": true``: each streamed token's chunk
 names its source, "draft" or "target"). ``echo`` (completions): the prompt comes back before
 the completion, with ``logprobs`` its tokens' too (the first one's null), and ``max_tokens`` 0 then
 only scores the prompt. The completions ``prompt`` in every form OpenAI takes (one string, a list

@@ -6,6 +6,8 @@ table saved. ``speculant warm-drafts --corpus chitchat --limit N``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..errors import ConfigError
@@ -32,7 +34,7 @@ def warm_table(dec, corpus: str = "chitchat", limit: int = 100, max_len: int = 1
     n_gram = ConversationFilter().overlap_n
     banned = eval_ngrams(n_gram)
     backend, V = dec.target_backend, dec.vocab_size
-    counts = {"read": 0, "spec_bench_overlap": 0, "used": 0, "tokens": 0}
+    counts: dict[str, Any] = {"read": 0, "spec_bench_overlap": 0, "used": 0, "tokens": 0}
     with torch.inference_mode():
         for _, raw in readers[corpus]():
             if counts["used"] >= limit:
