@@ -8,9 +8,10 @@ cached by the earlier turns) and cold (``cache_prompt=False``: the whole prompt 
 history goes on with the cached answer. Written per turn: prompt and cached tokens, whether the
 two answers are the same tokens, and where they first differ.
 
-On the native runtime a cold prompt of >= 96 tokens is prefilled with PyTorch's flash attention
-(and on AMX CPUs widened bf16 weights), a cached continuation with the row-invariant kernels, so
-the two can differ in the last bits and, rarely, in a token; with ``--exact-prefill``
+With the prefix cache on, the native runtime prefills prompts on its decoding kernels on CPUs
+without AMX, so there the two must agree. On AMX CPUs a cold prompt of >= 96 tokens is prefilled
+on widened bf16 weights and flash attention by default, a cached continuation on the row-invariant
+kernels, so the two can differ in the last bits and, rarely, in a token; with ``--exact-prefill``
 (``SPECULANT_EXACT_PREFILL=1``) every prompt runs on the decoding kernels and they must agree.
 
     python tools/prefix_exactness.py --json-out benchmarks/DATE-CPU-prefix-exactness.json
