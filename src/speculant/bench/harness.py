@@ -102,7 +102,10 @@ class BenchConfig:
     temperature: float = 0.0  # > 0: every row samples (prompt i with seed seed + i); the peers run greedy only
     seed: int = 0
     lora: str | None = None  # a LoRA adapter merged into the target (speculant.store.lora); the peers are skipped
-    cache_ram: int | None = None  # our rows' prefix cache in MiB (DecoderConfig.cache_ram; None: its default)
+    # our rows' prefix cache in MiB (DecoderConfig.cache_ram; None: its default). Off by default: the
+    # bench times single fresh requests with the peers' caches off, and the warm-up's prompt is the
+    # first timed one, so a cache would halve that row's prefill
+    cache_ram: int | None = 0
 
     def __post_init__(self):
         for m in self.methods:

@@ -422,7 +422,7 @@ def cmd_bench(args, argv: list[str] | None = None) -> int:
                       hydra_heads=args.hydra_heads, replacement=not args.no_replacement, dtype=args.dtype,
                       draft_quant=args.draft_quant, backend=args.backend, target_quant=args.target_quant,
                       quant_head=args.quant_head, tree_budget=args.tree_budget, pacing=not args.no_pacing,
-                      lora=args.lora, cache_ram=args.cache_ram,
+                      lora=args.lora, cache_ram=0 if args.cache_ram is None else args.cache_ram,
                       categories=tuple(args.categories.split(",")) if args.categories else None,
                       questions=args.questions, json_out=args.json_out, temperature=args.temperature,
                       seed=args.seed)
