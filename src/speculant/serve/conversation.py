@@ -14,7 +14,11 @@ sequence ended the text (``stop_of``). ``Observer.cap_tokens``: the request's to
 (Anthropic's required ``max_tokens``, which agents set near the context), cut to the room the
 prompt leaves instead of refused.
 
-Errors stay :class:`~speculant.serve.errors.APIError` until the adapter renders them in its shape.
+What a real agent sends that cannot be applied here (a field this server does not know, a tool it
+cannot run, a block the model cannot read inside a tool result) is left out and logged once
+(``ignore``) rather than refused: the agents' command lines add fields from one version to the
+next. Errors stay :class:`~speculant.serve.errors.APIError` until the adapter renders them in its
+shape.
 """
 
 from __future__ import annotations
@@ -22,14 +26,25 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import aclosing
+import logging
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterable, Callable, cast
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .errors import APIError, bad_request
 from .schema import parse_request
+
+log = logging.getLogger("speculant.serve")
+_IGNORED: set[tuple[str, str]] = set()  # what ``ignore`` has logged already
+
+
+def ignore(api: str, what: str, why: str) -> None:
+    """Log, once per ``api`` and ``what``, that a request's ``what`` was left out, and ``why``."""
+    if (api, what) not in _IGNORED:
+        _IGNORED.add((api, what))
+        log.warning("speculant: %s: ignoring %s (%s)", api, what, why)
 
 
 @dataclass
@@ -65,7 +80,7 @@ class Answer:
 class Chunks:
     """A streamed answer: ``chunks`` yields the chat chunks as dicts (an ``{"error": ...}`` one
     for a fault after the start)."""
-    chunks: AsyncIterator[dict]
+    chunks: AsyncGenerator[dict, None]
     observer: Observer
 
 
@@ -128,10 +143,10 @@ class Gone(Exception):
     """The client went away (the chat handler answered 499)."""
 
 
-async def _chunks(lines: AsyncIterator[str]) -> AsyncIterator[dict]:
+async def _chunks(lines: AsyncIterable[Any]) -> AsyncGenerator[dict, None]:
     """The chat stream's chunks as dicts, until ``[DONE]``; closing this closes the stream (which
     cancels the generation)."""
-    async with aclosing(lines) as source:
+    async with aclosing(cast(AsyncGenerator[Any, None], lines)) as source:
         async for line in source:
             for event in line.split("\n\n"):
                 if not event.startswith("data: "):
