@@ -24,7 +24,8 @@ reads text only) and a malformed field.
 Response: ``{"type": "message", "content": [thinking | text | tool_use blocks], "stop_reason":
 "end_turn" | "max_tokens" | "stop_sequence" | "tool_use", "usage": {...}}``; streamed, Anthropic's
 events (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``,
-``message_stop``, a ``ping`` after the start). Errors ``{"type": "error", "error": {"type",
+``message_stop``, a ``ping`` after the start and whenever the stream has been quiet for
+``conversation.KEEPALIVE`` seconds). Errors ``{"type": "error", "error": {"type",
 "message"}}``.
 """
 
@@ -38,8 +39,8 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .conversation import (Answer, ChatPath, Chunks, Gone, Observer, arguments_object, ignore, pieces_of_delta,
-                           pieces_of_message, text_of_blocks, tool_function)
+from .conversation import (Answer, ChatPath, Chunks, Gone, Observer, arguments_object, ignore, paced,
+                           pieces_of_delta, pieces_of_message, text_of_blocks, tool_function)
 from .errors import APIError, bad_request, kind_of
 
 log = logging.getLogger("speculant.serve")
@@ -291,7 +292,10 @@ async def events(chunks: Chunks, chat: ChatPath, model: str, stops: list[str]) -
     yield _event("ping", {})
     index, open_kind, open_call, finish = -1, None, None, None
     try:
-        async for chunk in chunks.chunks:
+        async for chunk in paced(chunks.chunks):
+            if chunk is None:  # quiet for a while: Anthropic's keep-alive
+                yield _event("ping", {})
+                continue
             if "error" in chunk:
                 e = APIError(500, chunk["error"].get("message", "the request failed"))
                 yield f"event: error\ndata: {json.dumps(error_body(e))}\n\n"

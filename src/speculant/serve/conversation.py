@@ -10,7 +10,10 @@ here into one sequence of pieces both adapters render in their own shapes: ``("t
 (``pieces_of_delta`` for a streamed chunk, ``pieces_of_message`` for a whole message). The
 ``Observer`` an adapter passes is told the prompt's size and given the finished generations, for
 what the chat body does not carry: the prompt tokens served from the prefix cache and which stop
-sequence ended the text (``stop_of``). ``Observer.cap_tokens``: the request's token limit is a cap
+sequence ended the text (``stop_of``). A streamed answer goes through ``paced``: with no chunk for
+``KEEPALIVE`` seconds (a long prefill, or a tool call, whose text is held back until it is
+whole) the adapter sends its keep-alive event, since the agents end a stream that stays quiet
+for a while (Claude Code and Codex CLI after 5 minutes). ``Observer.cap_tokens``: the request's token limit is a cap
 (Anthropic's required ``max_tokens``, which agents set near the context), cut to the room the
 prompt leaves instead of refused.
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterable, Callable, cast
@@ -37,6 +40,7 @@ from .errors import APIError, bad_request
 from .schema import parse_request
 
 log = logging.getLogger("speculant.serve")
+KEEPALIVE = 15.0  # seconds a stream may stay quiet before the adapter sends a keep-alive event
 _IGNORED: set[tuple[str, str]] = set()  # what ``ignore`` has logged already
 
 
@@ -155,6 +159,31 @@ async def _chunks(lines: AsyncIterable[Any]) -> AsyncGenerator[dict, None]:
                 if data == "[DONE]":
                     return
                 yield json.loads(data)
+
+
+async def paced(chunks: AsyncGenerator[dict, None], every: float = KEEPALIVE) -> AsyncGenerator[dict | None, None]:
+    """``chunks``, with a None whenever ``every`` seconds pass without one; closing this closes ``chunks``."""
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(chunks))
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield None
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+        await chunks.aclose()
 
 
 def pieces_of_delta(chunk: dict) -> list[tuple]:

@@ -23,7 +23,9 @@ image, file and audio inputs in a message, and a malformed field.
 
 Response: ``{"object": "response", "status": "completed" | "incomplete", "output": [reasoning,
 message, function_call items], "usage": {...}}``; streamed, the Responses events from
-``response.created`` to ``response.completed``, each with its ``sequence_number``. Errors in
+``response.created`` to ``response.completed``, each with its ``sequence_number`` (and
+``response.in_progress`` again whenever the stream has been quiet for ``conversation.KEEPALIVE``
+seconds, as a keep-alive). Errors in
 OpenAI's shape, as the chat path's.
 """
 
@@ -39,7 +41,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .conversation import (ChatPath, Chunks, Gone, Observer, ignore, pieces_of_delta, pieces_of_message,
+from .conversation import (ChatPath, Chunks, Gone, Observer, ignore, paced, pieces_of_delta, pieces_of_message,
                            text_of_blocks, tool_function)
 from .errors import APIError, bad_request, kind_of
 
@@ -319,7 +321,11 @@ async def events(chunks: Chunks, key: str, model: str, chat: ChatPath, finish) -
     yield event("response.created", response=response(key, created, model, output, None, chat, "in_progress"))
     yield event("response.in_progress", response=response(key, created, model, output, None, chat, "in_progress"))
     try:
-        async for chunk in chunks.chunks:
+        async for chunk in paced(chunks.chunks):
+            if chunk is None:  # quiet for a while: the in-progress event again, as a keep-alive
+                yield event("response.in_progress",
+                            response=response(key, created, model, output, None, chat, "in_progress"))
+                continue
             if "error" in chunk:
                 yield event("error", code="server_error", message=chunk["error"].get("message", "failed"), param=None)
                 return
