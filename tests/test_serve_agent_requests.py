@@ -66,7 +66,10 @@ def test_claude_code_request_and_tool_round_trip(scripted, tokenizer):
     assert json.loads(arguments) == {"file_path": "/tmp/notes.txt"}
     assert next(e for e in events if e["type"] == "message_delta")["delta"]["stop_reason"] == "tool_use"
     prompt = tokenizer.decode(scripted.scheduler.jobs[-1].prompt)
-    assert "# Environment" in prompt and "DeferredToolPlaceholder" in prompt and "web_search" not in prompt
+    assert "DeferredToolPlaceholder" in prompt and "web_search" not in prompt
+    # the system turn after the request joins the system prompt: one system message, the request last
+    assert prompt.count("<|im_start|>system") == 1
+    assert prompt.index("You are a coding agent.") < prompt.index("# Environment") < prompt.index("Read /tmp/notes")
 
     scripted.script["text"] = "It says hello."
     result = {"role": "user", "content": [
@@ -130,6 +133,7 @@ def test_codex_request_and_tool_round_trip(scripted, tokenizer):
     assert json.loads(call["arguments"]) == {"cmd": "ls"} and events[-1]["type"] == "response.completed"
     prompt = tokenizer.decode(scripted.scheduler.jobs[-1].prompt)
     assert "Codex CLI" in prompt and "exec_command" in prompt and "close_agent" not in prompt
+    assert prompt.count("<|im_start|>system") == 1
 
     scripted.script["text"] = "It printed notes.txt."
     items = [user, {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},

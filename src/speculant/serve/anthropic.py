@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .conversation import (Answer, ChatPath, Chunks, Gone, Observer, arguments_object, ignore, paced,
+from .conversation import (Answer, ChatPath, Chunks, Gone, Observer, arguments_object, fold_system, ignore, paced,
                            pieces_of_delta, pieces_of_message, text_of_blocks, tool_function)
 from .errors import APIError, bad_request, kind_of
 
@@ -79,7 +79,7 @@ def chat_body(body: Any, model_id: str, thinking_variables, count_only: bool = F
                           param="messages")
     for i, turn in enumerate(turns):
         messages += _turn(turn, f"messages[{i}]")
-    chat: dict[str, Any] = {"model": model_id, "messages": messages}
+    chat: dict[str, Any] = {"model": model_id, "messages": fold_system(messages)}
     if not count_only:
         limit = body.get("max_tokens")
         if limit is None:

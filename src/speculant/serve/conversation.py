@@ -13,9 +13,11 @@ what the chat body does not carry: the prompt tokens served from the prefix cach
 sequence ended the text (``stop_of``). A streamed answer goes through ``paced``: with no chunk for
 ``KEEPALIVE`` seconds (a long prefill, or a tool call, whose text is held back until it is
 whole) the adapter sends its keep-alive event, since the agents end a stream that stays quiet
-for a while (Claude Code and Codex CLI after 5 minutes). ``Observer.cap_tokens``: the request's token limit is a cap
-(Anthropic's required ``max_tokens``, which agents set near the context), cut to the room the
-prompt leaves instead of refused.
+for a while (Claude Code and Codex CLI after 5 minutes). ``fold_system`` puts the system turns
+an agent sends between the others where every chat template takes them.
+``Observer.cap_tokens``: the request's token limit is a cap (Anthropic's required
+``max_tokens``, which agents set near the context), cut to the room the prompt leaves instead
+of refused.
 
 What a real agent sends that cannot be applied here (a field this server does not know, a tool it
 cannot run, a block the model cannot read inside a tool result) is left out and logged once
@@ -223,6 +225,31 @@ def arguments_object(text: str) -> dict:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def fold_system(messages: list[dict]) -> list[dict]:
+    """Chat messages with their system (and developer) messages where chat templates take them: those
+    before the first assistant message joined into one system message first; a later one added to
+    the user message before it, or made one; consecutive user messages joined (as Anthropic's API
+    joins consecutive turns of one role). Claude Code sends its environment as a system turn after
+    the user's request, Codex CLI two developer messages: many templates refuse a system message
+    after the first, and a small model tends to continue the last message rather than answer."""
+    system: list[str] = []
+    out: list[dict] = []
+    for message in messages:
+        role = message["role"]
+        if role in ("system", "developer"):
+            if not any(m["role"] == "assistant" for m in out):
+                system.append(message["content"])
+                continue
+            message = {"role": "user", "content": message["content"]}
+            role = "user"
+        if role == "user" and out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], str) \
+                and isinstance(message["content"], str):
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + message["content"]}
+            continue
+        out.append(message)
+    return ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + out
 
 
 def text_of_blocks(value: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:

@@ -41,8 +41,8 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .conversation import (ChatPath, Chunks, Gone, Observer, ignore, paced, pieces_of_delta, pieces_of_message,
-                           text_of_blocks, tool_function)
+from .conversation import (ChatPath, Chunks, Gone, Observer, fold_system, ignore, paced, pieces_of_delta,
+                           pieces_of_message, text_of_blocks, tool_function)
 from .errors import APIError, bad_request, kind_of
 
 log = logging.getLogger("speculant.serve")
@@ -207,7 +207,7 @@ def chat_body(body: Any, model_id: str, chat: ChatPath, store: Store) -> tuple[d
         if not isinstance(body["instructions"], str):
             raise bad_request("'instructions' must be a string", param="instructions")
         messages.insert(0, {"role": "system", "content": body["instructions"]})
-    out: dict[str, Any] = {"model": model_id, "messages": messages}
+    out: dict[str, Any] = {"model": model_id, "messages": fold_system(messages)}
     for name, to in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
                      ("stream", "stream"), ("parallel_tool_calls", "parallel_tool_calls")):
         if body.get(name) is not None:
