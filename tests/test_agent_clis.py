@@ -177,8 +177,8 @@ def test_claude_print_tool_round_trip(served, tmp_path):
         done = _run(argv + ["--tools", "Read", "--output-format", "stream-json", "--verbose", prompt], env, work)
         assert done.returncode == 0, done.stderr[-3000:]
         messages = _events(done.stdout)
-        results = [block for m in messages if m.get("type") == "user"
-                   for block in m["message"]["content"] if isinstance(block, dict) and block.get("type") == "tool_result"]
+        results = [block for m in messages if m.get("type") == "user" for block in m["message"]["content"]
+                   if isinstance(block, dict) and block.get("type") == "tool_result"]
         if results:
             break
     assert results, f"the model called no tool: {done.stdout[-3000:]}"
