@@ -3,7 +3,7 @@ PY ?= python3
 PIP := $(PY) -m pip
 
 .PHONY: install demo test test-fast bench install-peers install-openvino install-llama-server docs drafter \
-	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix drafter-fused drafter-more drafter-next drafter-gguf install-browser
+	drafter-conversations drafter-finetune drafter-human-corpus drafter-human drafter-mix drafter-fused drafter-more drafter-next drafter-gguf install-browser install-agents
 
 install:
 	# the CPU build of torch, pinned (a bare `torch` would pull a multi-GB CUDA build)
@@ -21,6 +21,18 @@ install:
 install-browser:
 	command -v chromium >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
 		|| echo "make install-browser: could not install Debian's chromium (not root?); tests/test_chat_page.py will skip"
+
+# the coding agents' command lines, pinned, for tests/test_agent_clis.py (Codex CLI over /v1/responses,
+# Claude Code over /v1/messages; not needed by `make test`: the tests skip without them); each is
+# skipped when that version is already installed
+CODEX_VERSION ?= 0.171.0
+CLAUDE_CODE_VERSION ?= 2.1.332
+install-agents:
+	@command -v npm >/dev/null || { echo "make install-agents: npm is not installed (Node.js 18 or later is needed); tests/test_agent_clis.py will skip"; exit 0; }; \
+	if codex --version 2>/dev/null | grep -qx "codex-cli $(CODEX_VERSION)"; then echo "codex-cli $(CODEX_VERSION) is installed"; \
+	else npm install -g @openai/codex@$(CODEX_VERSION); fi; \
+	if claude --version 2>/dev/null | grep -q "^$(CLAUDE_CODE_VERSION) "; then echo "claude-code $(CLAUDE_CODE_VERSION) is installed"; \
+	else npm install -g @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION); fi
 
 demo: install
 	$(PY) -m speculant.cli demo

@@ -3,22 +3,29 @@ adapter over the chat path (``conversation``): what Claude Code and Anthropic's 
 
 Request: ``model`` (any name: agents send their own, e.g. ``claude-sonnet-4-5``; the served model
 answers), ``max_tokens`` (required; a cap: cut to the room the prompt leaves in the context),
-``system`` (a string or text blocks), ``messages`` (user and assistant turns, a string or blocks:
-``text``, ``tool_use`` {id, name, input}, ``tool_result`` {tool_use_id, content: a string or text
-blocks, is_error}, ``thinking`` / ``redacted_thinking`` given back), ``tools`` ({name,
-description, input_schema}), ``tool_choice`` (``auto``, ``any``, ``tool`` with a name, ``none``;
-``disable_parallel_tool_use``), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``,
-``stream``, ``thinking`` ({"type": "enabled", "budget_tokens"} or "disabled": the chat
-template's thinking switch where the model has one; a model without one answers as it always
-does). ``cache_control`` anywhere is accepted (the prefix cache keeps every prompt's blocks
-anyway) and so are ``metadata``, ``service_tier`` and the ``anthropic-version`` and
-``anthropic-beta`` headers. Refused with a 400: ``image`` and ``document`` blocks (the model reads
-text only) and server tools (``web_search_...``, ``bash_...``: a tool here is one the client runs).
+``system`` (a string or text blocks), ``messages`` (user and assistant turns, and the system turns
+Claude Code puts between them; a string or blocks: ``text``, ``tool_use`` {id, name, input},
+``tool_result`` {tool_use_id, content: a string or blocks, is_error}, ``thinking`` /
+``redacted_thinking`` given back), ``tools`` ({name, description, input_schema}), ``tool_choice``
+(``auto``, ``any``, ``tool`` with a name, ``none``; ``disable_parallel_tool_use``),
+``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``stream``, ``thinking`` ({"type":
+"enabled", "budget_tokens"}, "adaptive" or "disabled": the chat template's thinking switch where
+the model has one; a model without one answers as it always does) and ``output_config.format``
+(a ``json_schema``: the chat path's ``response_format`` grammar). ``cache_control`` anywhere is
+accepted (the prefix cache keeps every prompt's blocks anyway) and so are ``metadata``,
+``service_tier``, ``context_management``, ``output_config.effort``, a tool's ``defer_loading``
+(every tool given is in the prompt) and the ``anthropic-version`` and ``anthropic-beta`` headers.
+Left out and logged (``conversation.ignore``): other top-level fields, server tools
+(``web_search_...``, ``bash_...``: a tool here is one the client runs) and, inside a tool result,
+blocks other than text (an image becomes a line saying it was left out; a ``tool_reference``, a
+line naming the tool). Refused with a 400: ``image`` and ``document`` blocks in a turn (the model
+reads text only) and a malformed field.
 
 Response: ``{"type": "message", "content": [thinking | text | tool_use blocks], "stop_reason":
 "end_turn" | "max_tokens" | "stop_sequence" | "tool_use", "usage": {...}}``; streamed, Anthropic's
 events (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``,
-``message_stop``, a ``ping`` after the start). Errors ``{"type": "error", "error": {"type",
+``message_stop``, a ``ping`` after the start and whenever the stream has been quiet for
+``conversation.KEEPALIVE`` seconds). Errors ``{"type": "error", "error": {"type",
 "message"}}``.
 """
 
@@ -32,16 +39,17 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .conversation import (Answer, ChatPath, Chunks, Gone, Observer, arguments_object, pieces_of_delta,
-                           pieces_of_message, text_of_blocks, tool_function)
+from .conversation import (Answer, ChatPath, Chunks, Gone, Observer, arguments_object, fold_system, ignore, paced,
+                           pieces_of_delta, pieces_of_message, text_of_blocks, tool_function)
 from .errors import APIError, bad_request, kind_of
 
 log = logging.getLogger("speculant.serve")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 FIELDS = {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
-          "top_k", "tools", "tool_choice", "thinking"}
+          "top_k", "tools", "tool_choice", "thinking", "output_config"}
 IGNORED = {"metadata", "service_tier", "context_management"}  # they change nothing generated here
+API = "/v1/messages"
 
 
 def error_body(e: APIError) -> dict:
@@ -57,10 +65,8 @@ def chat_body(body: Any, model_id: str, thinking_variables, count_only: bool = F
     """The Chat Completions body of a Messages request, and its stop sequences; a 400 naming the field."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {kind_of(body)}")
-    unknown = sorted(set(body) - FIELDS - IGNORED)
-    if unknown:
-        raise bad_request(f"unknown field {unknown[0]!r}: speculant's Messages API does not support it; remove it",
-                          param=unknown[0])
+    for name in sorted(set(body) - FIELDS - IGNORED):
+        ignore(API, f"the field {name!r}", "not supported here")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required (any name: the server answers with its model)", param="model")
@@ -73,7 +79,7 @@ def chat_body(body: Any, model_id: str, thinking_variables, count_only: bool = F
                           param="messages")
     for i, turn in enumerate(turns):
         messages += _turn(turn, f"messages[{i}]")
-    chat: dict[str, Any] = {"model": model_id, "messages": messages}
+    chat: dict[str, Any] = {"model": model_id, "messages": fold_system(messages)}
     if not count_only:
         limit = body.get("max_tokens")
         if limit is None:
@@ -92,7 +98,25 @@ def chat_body(body: Any, model_id: str, thinking_variables, count_only: bool = F
     elif body.get("tool_choice") is not None and _choice_type(body["tool_choice"]) in ("any", "tool"):
         raise bad_request("'tool_choice' \"any\" or \"tool\" needs 'tools'", param="tool_choice")
     chat.update(thinking_variables(_thinking(body.get("thinking"))))
+    fmt = _output_format(body.get("output_config"))
+    if fmt is not None:
+        chat["response_format"] = fmt
     return chat, list(stops or ())
+
+
+def _output_format(config: Any) -> dict | None:
+    """``output_config``'s ``format`` as the chat path's ``response_format`` (its ``effort`` changes nothing)."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise bad_request("'output_config' must be an object ({\"format\", \"effort\"})", param="output_config")
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise bad_request("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                          param="output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
 def _choice_type(choice: Any) -> Any:
@@ -104,17 +128,18 @@ def _thinking(value: Any) -> bool | None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind not in ("enabled", "disabled", "adaptive"):
-        raise bad_request("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} "
-                          "or {\"type\": \"disabled\"}",
-                          param="thinking")
+        raise bad_request("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N}, {\"type\": "
+                          "\"adaptive\"} or {\"type\": \"disabled\"}", param="thinking")
     return kind != "disabled"
 
 
 def _turn(turn: Any, where: str) -> list[dict]:
     """One Messages turn as chat messages: a user turn's tool results become ``tool`` messages."""
-    if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant"):
+    if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant", "system"):
         raise bad_request(f"{where} must be {{\"role\": \"user\"|\"assistant\", \"content\": ...}}", param=where)
     role, content = turn["role"], turn.get("content")
+    if role == "system":  # Claude Code's system turns between the others
+        return [{"role": "system", "content": text_of_blocks(content, f"{where}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -143,7 +168,7 @@ def _turn(turn: Any, where: str) -> list[dict]:
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise bad_request(f"{at}.tool_use_id must be the id of the tool_use it answers", param=at)
-            result = text_of_blocks(block.get("content") or "", f"{at}.content")
+            result = _result_text(block.get("content") or "", f"{at}.content")
             if block.get("is_error"):
                 result = "Error: " + result
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
@@ -163,6 +188,26 @@ def _turn(turn: Any, where: str) -> list[dict]:
     return [message]
 
 
+def _result_text(content: Any, where: str) -> str:
+    """A tool result's content as text: its text blocks, and a line for each block the model cannot read."""
+    if not isinstance(content, list):
+        return text_of_blocks(content, where)
+    parts = []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "tool_reference" and isinstance(block.get("tool_name"), str):
+            parts.append(f"The tool {block['tool_name']} is available.")
+        elif isinstance(kind, str):
+            ignore(API, f"{kind!r} blocks in tool results", "the served model reads text only")
+            parts.append(f"[{kind} left out: the model reads text only]")
+        else:
+            raise bad_request(f"{where}[{i}] must be a content block {{\"type\": \"text\", \"text\": ...}}",
+                              param=f"{where}[{i}]")
+    return "\n".join(parts)
+
+
 def _tools(tools: Any, choice: Any) -> dict:
     """The chat fields of ``tools`` and ``tool_choice``."""
     if not isinstance(tools, list):
@@ -173,11 +218,11 @@ def _tools(tools: Any, choice: Any) -> dict:
         if not isinstance(tool, dict):
             raise bad_request(f"{where} must be an object {{\"name\", \"description\", \"input_schema\"}}", param=where)
         if tool.get("type") not in (None, "custom"):
-            raise bad_request(f"{where} is a server tool ({tool['type']!r}); speculant runs no tools itself: "
-                              "declare it as a client tool with \"input_schema\" and run it in the client",
-                              param=f"{where}.type")
+            ignore(API, f"server tools ({tool['type']!r}, ...)", "speculant runs no tools itself; the client runs its "
+                   "own")
+            continue
         out.append(tool_function(tool.get("name"), tool.get("description"), tool.get("input_schema"), where))
-    chat: dict[str, Any] = {"tools": out}
+    chat: dict[str, Any] = {"tools": out} if out else {}
     if choice is None:
         return chat
     kind = _choice_type(choice)
@@ -241,14 +286,16 @@ async def events(chunks: Chunks, chat: ChatPath, model: str, stops: list[str]) -
     """Anthropic's stream of a streamed chat answer: one content block per thinking, text or call."""
     observer = chunks.observer
     start: dict[str, Any] = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "model": model,
-                             "content": [],
-             "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": observer.prompt_tokens, "output_tokens": 0}}
+                             "content": [], "stop_reason": None, "stop_sequence": None,
+                             "usage": {"input_tokens": observer.prompt_tokens, "output_tokens": 0}}
     yield _event("message_start", {"message": start})
     yield _event("ping", {})
     index, open_kind, open_call, finish = -1, None, None, None
     try:
-        async for chunk in chunks.chunks:
+        async for chunk in paced(chunks.chunks):
+            if chunk is None:  # quiet for a while: Anthropic's keep-alive
+                yield _event("ping", {})
+                continue
             if "error" in chunk:
                 e = APIError(500, chunk["error"].get("message", "the request failed"))
                 yield f"event: error\ndata: {json.dumps(error_body(e))}\n\n"
@@ -271,8 +318,8 @@ async def events(chunks: Chunks, chat: ChatPath, model: str, stops: list[str]) -
                         open_kind = kind
                     yield _event("content_block_start", {"index": index, "content_block": block})
                 if kind == "text":
-                    delta = {"type": "text_delta", "text": piece[1]}
-                    yield _event("content_block_delta", {"index": index, "delta": delta})
+                    yield _event("content_block_delta",
+                                 {"index": index, "delta": {"type": "text_delta", "text": piece[1]}})
                 elif kind == "thinking":
                     yield _event("content_block_delta",
                                  {"index": index, "delta": {"type": "thinking_delta", "thinking": piece[1]}})
@@ -288,7 +335,7 @@ async def events(chunks: Chunks, chat: ChatPath, model: str, stops: list[str]) -
         yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                        "usage": usage(observer)})
         yield _event("message_stop", {})
-    except Exception as e:
+    except Exception as e:  # the headers are sent: the fault goes in the stream (logged)
         log.exception("stream failed")
         error = APIError(500, f"the request failed: {type(e).__name__}: {e}", type="server_error")
         yield f"event: error\ndata: {json.dumps(error_body(error))}\n\n"

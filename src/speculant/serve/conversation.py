@@ -10,26 +10,47 @@ here into one sequence of pieces both adapters render in their own shapes: ``("t
 (``pieces_of_delta`` for a streamed chunk, ``pieces_of_message`` for a whole message). The
 ``Observer`` an adapter passes is told the prompt's size and given the finished generations, for
 what the chat body does not carry: the prompt tokens served from the prefix cache and which stop
-sequence ended the text (``stop_of``). ``Observer.cap_tokens``: the request's token limit is a cap
-(Anthropic's required ``max_tokens``, which agents set near the context), cut to the room the
-prompt leaves instead of refused.
+sequence ended the text (``stop_of``). A streamed answer goes through ``paced``: with no chunk for
+``KEEPALIVE`` seconds (a long prefill, or a tool call, whose text is held back until it is
+whole) the adapter sends its keep-alive event, since the agents end a stream that stays quiet
+for a while (Claude Code and Codex CLI after 5 minutes). ``fold_system`` puts the system turns
+an agent sends between the others where every chat template takes them.
+``Observer.cap_tokens``: the request's token limit is a cap (Anthropic's required
+``max_tokens``, which agents set near the context), cut to the room the prompt leaves instead
+of refused.
 
-Errors stay :class:`~speculant.serve.errors.APIError` until the adapter renders them in its shape.
+What a real agent sends that cannot be applied here (a field this server does not know, a tool it
+cannot run, a block the model cannot read inside a tool result) is left out and logged once
+(``ignore``) rather than refused: the agents' command lines add fields from one version to the
+next. Errors stay :class:`~speculant.serve.errors.APIError` until the adapter renders them in its
+shape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from contextlib import aclosing
+from contextlib import aclosing, suppress
+import logging
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterable, Callable
+from typing import Any, AsyncGenerator, AsyncIterable, Callable, cast
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .errors import APIError, bad_request
 from .schema import parse_request
+
+log = logging.getLogger("speculant.serve")
+KEEPALIVE = 15.0  # seconds a stream may stay quiet before the adapter sends a keep-alive event
+_IGNORED: set[tuple[str, str]] = set()  # what ``ignore`` has logged already
+
+
+def ignore(api: str, what: str, why: str) -> None:
+    """Log, once per ``api`` and ``what``, that a request's ``what`` was left out, and ``why``."""
+    if (api, what) not in _IGNORED:
+        _IGNORED.add((api, what))
+        log.warning("speculant: %s: ignoring %s (%s)", api, what, why)
 
 
 @dataclass
@@ -131,7 +152,7 @@ class Gone(Exception):
 async def _chunks(lines: AsyncIterable[Any]) -> AsyncGenerator[dict, None]:
     """The chat stream's chunks as dicts, until ``[DONE]``; closing this closes the stream (which
     cancels the generation)."""
-    async with aclosing(lines) as source:  # type: ignore[type-var]  # Starlette types its body as an iterable
+    async with aclosing(cast(AsyncGenerator[Any, None], lines)) as source:
         async for line in source:
             for event in line.split("\n\n"):
                 if not event.startswith("data: "):
@@ -140,6 +161,31 @@ async def _chunks(lines: AsyncIterable[Any]) -> AsyncGenerator[dict, None]:
                 if data == "[DONE]":
                     return
                 yield json.loads(data)
+
+
+async def paced(chunks: AsyncGenerator[dict, None], every: float = KEEPALIVE) -> AsyncGenerator[dict | None, None]:
+    """``chunks``, with a None whenever ``every`` seconds pass without one; closing this closes ``chunks``."""
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(chunks))
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield None
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+        await chunks.aclose()
 
 
 def pieces_of_delta(chunk: dict) -> list[tuple]:
@@ -179,6 +225,31 @@ def arguments_object(text: str) -> dict:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def fold_system(messages: list[dict]) -> list[dict]:
+    """Chat messages with their system (and developer) messages where chat templates take them: those
+    before the first assistant message joined into one system message first; a later one added to
+    the user message before it, or made one; consecutive user messages joined (as Anthropic's API
+    joins consecutive turns of one role). Claude Code sends its environment as a system turn after
+    the user's request, Codex CLI two developer messages: many templates refuse a system message
+    after the first, and a small model tends to continue the last message rather than answer."""
+    system: list[str] = []
+    out: list[dict] = []
+    for message in messages:
+        role = message["role"]
+        if role in ("system", "developer"):
+            if not any(m["role"] == "assistant" for m in out):
+                system.append(message["content"])
+                continue
+            message = {"role": "user", "content": message["content"]}
+            role = "user"
+        if role == "user" and out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], str) \
+                and isinstance(message["content"], str):
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + message["content"]}
+            continue
+        out.append(message)
+    return ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + out
 
 
 def text_of_blocks(value: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:

@@ -14,13 +14,18 @@ memory, the last ``STORED`` of them (least recently used dropped first; gone on 
 request naming one continues its conversation (its input and output; not its instructions);
 naming one not kept is a 404. Accepted and ignored: ``metadata``, ``user``, ``include``,
 ``prompt_cache_key`` (the prefix cache needs no key), ``service_tier``, ``truncation``,
-``safety_identifier``. Refused with a 400: tools other than functions (``web_search``,
-``file_search``, ``computer_use``, ...: speculant runs no tools itself), image, file and audio
-inputs.
+``safety_identifier``, ``client_metadata``, ``reasoning.summary``, ``text.verbosity``. Left out and
+logged (``conversation.ignore``): other top-level fields, tools other than functions
+(``web_search``, ``namespace``, ``file_search``, ...: speculant runs no tools itself; Codex CLI
+sends some with its function tools) and input items of server-side tools (``web_search_call``,
+...); an image in a function's output becomes a line saying it was left out. Refused with a 400:
+image, file and audio inputs in a message, and a malformed field.
 
 Response: ``{"object": "response", "status": "completed" | "incomplete", "output": [reasoning,
 message, function_call items], "usage": {...}}``; streamed, the Responses events from
-``response.created`` to ``response.completed``, each with its ``sequence_number``. Errors in
+``response.created`` to ``response.completed``, each with its ``sequence_number`` (and
+``response.in_progress`` again whenever the stream has been quiet for ``conversation.KEEPALIVE``
+seconds, as a keep-alive). Errors in
 OpenAI's shape, as the chat path's.
 """
 
@@ -36,8 +41,8 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from .conversation import (ChatPath, Chunks, Gone, Observer, pieces_of_delta, pieces_of_message, text_of_blocks,
-                           tool_function)
+from .conversation import (ChatPath, Chunks, Gone, Observer, fold_system, ignore, paced, pieces_of_delta,
+                           pieces_of_message, text_of_blocks, tool_function)
 from .errors import APIError, bad_request, kind_of
 
 log = logging.getLogger("speculant.serve")
@@ -45,7 +50,8 @@ STORED = 256  # responses kept for previous_response_id
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
           "max_output_tokens", "temperature", "top_p", "reasoning", "stream", "store", "previous_response_id"}
 IGNORED = {"metadata", "user", "include", "prompt_cache_key", "service_tier", "truncation", "safety_identifier",
-           "stream_options", "background"}
+           "stream_options", "background", "client_metadata"}
+API = "/v1/responses"
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -54,7 +60,7 @@ class Store:
 
     def __init__(self, size: int = STORED):
         self.size = size
-        self._kept: OrderedDict[str, Any] = OrderedDict()
+        self._kept: OrderedDict[str, list[dict]] = OrderedDict()
 
     def get(self, key: str) -> list[dict]:
         if key not in self._kept:
@@ -69,6 +75,24 @@ class Store:
         self._kept[key] = messages
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
+
+
+def _output(value: Any, where: str) -> str:
+    """A function's output (a string or content parts) as text; a part the model cannot read becomes a line."""
+    if not isinstance(value, list):
+        return _content(value, where)
+    parts = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif isinstance(kind, str):
+            ignore(API, f"{kind!r} parts in function outputs", "the served model reads text only")
+            parts.append(f"[{kind} left out: the model reads text only]")
+        else:
+            raise bad_request(f"{where}[{j}] must be a part {{\"type\": \"input_text\", \"text\": ...}}",
+                              param=f"{where}[{j}]")
+    return "\n".join(parts)
 
 
 def _content(value: Any, where: str) -> str:
@@ -111,9 +135,11 @@ def input_messages(value: Any) -> list[dict]:
                 raise bad_request(f"{where}.call_id must be the call_id of the function_call it answers",
                                   param=f"{where}.call_id")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
-                        "content": _content(item.get("output", ""), f"{where}.output")})
+                        "content": _output(item.get("output", ""), f"{where}.output")})
         elif kind == "reasoning":
             continue
+        elif isinstance(kind, str) and kind.endswith(("_call", "_call_output")):
+            ignore(API, f"input items of type {kind!r}", "a server-side tool's; speculant runs no tools itself")
         else:
             raise bad_request(f"{where}: items of type {kind!r} are not supported (send message, function_call, "
                               "function_call_output)", param=where)
@@ -127,10 +153,12 @@ def _tools(tools: Any) -> list[dict]:
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(kind, str):
+            raise bad_request(f"{where} must be {{\"type\": \"function\", \"name\", \"parameters\"}}", param=where)
         if kind != "function":
-            raise bad_request(f"{where}: tools of type {kind!r} are not supported: speculant runs no tools itself; "
-                              "declare a function tool and run it in the client", param=f"{where}.type",
-                              code="unsupported_tool")
+            ignore(API, f"tools of type {kind!r}", "speculant runs no tools itself; only function tools are given to "
+                   "the model")
+            continue
         out.append(tool_function(tool.get("name"), tool.get("description"), tool.get("parameters"), where,
                                  tool.get("strict")))
     return out
@@ -165,10 +193,8 @@ def chat_body(body: Any, model_id: str, chat: ChatPath, store: Store) -> tuple[d
     """The Chat Completions body of a Responses request, and the conversation to store with the output."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {kind_of(body)}")
-    unknown = sorted(set(body) - FIELDS - IGNORED)
-    if unknown:
-        raise bad_request(f"unknown field {unknown[0]!r}: speculant's Responses API does not support it; remove it",
-                          param=unknown[0], code="unsupported_parameter")
+    for name in sorted(set(body) - FIELDS - IGNORED):
+        ignore(API, f"the field {name!r}", "not supported here")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required (any name: the server answers with its model)", param="model")
@@ -181,13 +207,14 @@ def chat_body(body: Any, model_id: str, chat: ChatPath, store: Store) -> tuple[d
         if not isinstance(body["instructions"], str):
             raise bad_request("'instructions' must be a string", param="instructions")
         messages.insert(0, {"role": "system", "content": body["instructions"]})
-    out: dict[str, Any] = {"model": model_id, "messages": messages}
+    out: dict[str, Any] = {"model": model_id, "messages": fold_system(messages)}
     for name, to in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
                      ("stream", "stream"), ("parallel_tool_calls", "parallel_tool_calls")):
         if body.get(name) is not None:
             out[to] = body[name]
-    if body.get("tools"):
-        out["tools"] = _tools(body["tools"])
+    tools = _tools(body["tools"]) if body.get("tools") else []
+    if tools:
+        out["tools"] = tools
     choice = _tool_choice(body.get("tool_choice"))
     if choice is not None and (out.get("tools") or choice == "none"):
         out["tool_choice"] = choice
@@ -294,7 +321,11 @@ async def events(chunks: Chunks, key: str, model: str, chat: ChatPath, finish) -
     yield event("response.created", response=response(key, created, model, output, None, chat, "in_progress"))
     yield event("response.in_progress", response=response(key, created, model, output, None, chat, "in_progress"))
     try:
-        async for chunk in chunks.chunks:
+        async for chunk in paced(chunks.chunks):
+            if chunk is None:  # quiet for a while: the in-progress event again, as a keep-alive
+                yield event("response.in_progress",
+                            response=response(key, created, model, output, None, chat, "in_progress"))
+                continue
             if "error" in chunk:
                 yield event("error", code="server_error", message=chunk["error"].get("message", "failed"), param=None)
                 return
@@ -326,7 +357,7 @@ async def events(chunks: Chunks, key: str, model: str, chat: ChatPath, finish) -
                 yield line
         finish(output)
         yield event("response.completed", response=response(key, created, model, output, chunks.observer, chat))
-    except Exception as e:
+    except Exception as e:  # the headers are sent: the fault goes in the stream (logged)
         log.exception("stream failed")
         yield event("error", code="server_error", message=f"the request failed: {type(e).__name__}: {e}", param=None)
     finally:
