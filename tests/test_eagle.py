@@ -85,6 +85,24 @@ def test_committed_pairs_equal_the_teacher_forced_forward(target):
     assert cache.length == 13
 
 
+def test_extend_last_commits_the_same_pairs_and_gives_the_last_feature(target):
+    """extend_last (what a prompt's begin and every commit run) keeps the keys and values extend
+    keeps, bit for bit, and gives extend's last row (float64), on an empty cache and after pairs."""
+    model = eagle_for(target, dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    hidden, tokens = torch.randn(13, 64, generator=g, dtype=torch.float64), torch.randint(0, V, (13,), generator=g)
+    full, last = EagleCache(), EagleCache()
+    for a, b in ((0, 9), (9, 10), (10, 13)):
+        want = model.extend(full, hidden[a:b], tokens[a:b])[-1]
+        got = model.extend_last(last, hidden[a:b], tokens[a:b])
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        assert last.length == full.length == b
+        assert torch.equal(last.view()[0], full.view()[0]) and torch.equal(last.view()[1], full.view()[1])
+    wrong = model.extend_last(EagleCache(), hidden[:9], tokens[:9].roll(1))  # negative control
+    assert not torch.allclose(wrong, model.extend(EagleCache(), hidden[:9], tokens[:9])[-1])
+
+
 def test_tree_steps_equal_each_path_committed(target):
     """A tree drafted in steps (two children of the root, each expanded; siblings must not see
     each other) gives every node the feature that committing its own path gives (float64)."""

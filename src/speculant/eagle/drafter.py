@@ -132,7 +132,7 @@ class EagleSteps:
         if hidden.dim() != 2 or hidden.shape[0] != tokens.shape[0]:
             raise ValueError(f"the EAGLE drafter needs the (n, H) target states of the {tokens.shape[0]} committed "
                              f"positions, got {tuple(hidden.shape)}")
-        self.state = self.model.extend(self.cache, hidden, tokens)[-1]
+        self.state = self.model.extend_last(self.cache, hidden, tokens)
 
     def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """``hidden`` (T-1, H): the target's states at ``prompt[:-1]``, paired with ``prompt[1:]``."""
