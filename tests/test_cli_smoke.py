@@ -26,6 +26,7 @@ LONG = " ".join(["w5"] * 600)  # more tokens than the tiny models' context of 51
 # directory, @NONE a path that does not exist, @FILE a file that is not what is asked for.
 G = ["generate", "--target", "@T", "--dtype", "float32"]
 CASES = [
+    ("warm-drafts-zero-limit", ["warm-drafts", "--target", "@T", "--limit", "0"], "--limit must be >= 1"),
     ("gen-ok", [*G, "--method", "ar", "--max-new-tokens", "3", "w1 w2"], OK),
     ("chat-zero-tokens", ["chat", "--target", "@T", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
     ("chat-bad-temperature", ["chat", "--target", "@T", "--temperature", "-1"], "temperature must be >= 0"),

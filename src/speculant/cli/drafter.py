@@ -105,8 +105,11 @@ def cmd_drafter_accuracy(args) -> int:
 
 def cmd_warm_drafts(args) -> int:
     from ..api import SpeculativeDecoder
+    from ..errors import ConfigError
     from ..training.warm_drafts import warm_table
 
+    if args.limit < 1 or args.max_len < 2:  # before the model loads
+        raise ConfigError(f"--limit must be >= 1 and --max-len >= 2, got {args.limit} and {args.max_len}")
     dec = SpeculativeDecoder(args.target, method="recycle", chat=True)
     print(json.dumps(warm_table(dec, args.corpus, args.limit, args.max_len), indent=1))
     return 0
