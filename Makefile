@@ -34,6 +34,10 @@ install-agents:
 	if claude --version 2>/dev/null | grep -q "^$(CLAUDE_CODE_VERSION) "; then echo "claude-code $(CLAUDE_CODE_VERSION) is installed"; \
 	else npm install -g @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION); fi
 
+# the real Codex CLI and Claude Code against speculant serve (tests/test_agent_clis.py, ~10 min)
+test-agents: install install-agents
+	SPECULANT_AGENT_CLIS=1 $(PY) -m pytest -q -ra tests/test_agent_clis.py
+
 demo: install
 	$(PY) -m speculant.cli demo
 
