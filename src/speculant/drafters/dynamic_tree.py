@@ -110,14 +110,8 @@ class DynamicTreeDrafter:
         toks = heads_tokens.tolist()
         cont, predicted = self.lookup.match(context) if self.lookup is not None else (context[:0], False)
         cont = cont.tolist()
-        walk = follow_heads(cont, paths, toks) if cont else []
-        if self.sizer is not None:
-            m, c = self.sizer.choose(scores, walk, len(cont), context=int(context.shape[0]))
-        else:
-            m, c = fixed_split(budget, len(paths), len(cont), walk)
-        tree, tokens, matched, chain_nodes = merge_chain(root, paths, toks, m, cont, walk, c)
-        if self.sizer is not None:
-            self.sizer.drafted(tokens, cont[:matched + c], scores[:m])
+        tree, tokens, chain_nodes, _ = sized_merge(self.sizer, root, paths, toks, scores, cont, budget,
+                                                   int(context.shape[0]))
         return Draft(tree, tokens, predicted=chain_nodes if predicted else None)
 
     def propose(self, context: torch.Tensor) -> Draft:
@@ -145,6 +139,23 @@ class DynamicTreeDrafter:
         self._drafted = None
         if self.sizer is not None:
             self.sizer.observe(path)
+
+
+def sized_merge(sizer, root: torch.Tensor, paths: list[tuple[int, ...]], toks: list[int], scores: list[float],
+                cont: list[int], budget: int, context: int):
+    """The best-first nodes (``paths``, their tokens ``toks`` and log-``scores``) and a chain ``cont``
+    merged into one tree, sized by ``sizer`` (None: :func:`fixed_split` of ``budget``) for a pass
+    attending to ``context`` tokens; the sizer is told what was drafted. Returns (tree, tokens,
+    chain_nodes, m): ``merge_chain``'s tree, tokens and chain nodes, and the nodes of ``paths`` kept."""
+    walk = follow_heads(cont, paths, toks) if cont else []
+    if sizer is not None:
+        m, c = sizer.choose(scores, walk, len(cont), context=context)
+    else:
+        m, c = fixed_split(budget, len(paths), len(cont), walk)
+    tree, tokens, matched, chain_nodes = merge_chain(root, paths, toks, m, cont, walk, c)
+    if sizer is not None:
+        sizer.drafted(tokens, cont[:matched + c], scores[:m])
+    return tree, tokens, chain_nodes, m
 
 
 def fixed_split(budget: int, n_nodes: int, n_chain: int, walk: list[int]) -> tuple[int, int]:

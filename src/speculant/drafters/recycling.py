@@ -25,8 +25,7 @@ from ..errors import ConfigError
 from ..trees.buffers import TreeBuffers, chain
 from ..trees.draft import Draft
 from .base import HiddenNeed, ProposesAlone
-from .dynamic_tree import fixed_split
-from .lookup_branch import follow_heads, merge_chain
+from .dynamic_tree import sized_merge
 from .suffix import AnswerStore, SuffixSource
 
 __all__ = ["RecycledTable", "RecyclingDrafter", "table_path"]
@@ -209,14 +208,7 @@ class RecyclingDrafter(ProposesAlone):
         if not paths and not cont:
             self._tree = None
             return Draft(chain(0), root.clone())
-        walk = follow_heads(cont, paths, toks) if cont else []
-        if self.sizer is not None:
-            m, c = self.sizer.choose(scores, walk, len(cont), context=int(context.shape[0]))
-        else:
-            m, c = fixed_split(budget, len(paths), len(cont), walk)
-        tree, tokens, matched, _ = merge_chain(root, paths, toks, m, cont, walk, c)
-        if self.sizer is not None:
-            self.sizer.drafted(tokens, cont[:matched + c], scores[:m])
+        tree, tokens, _, m = sized_merge(self.sizer, root, paths, toks, scores, cont, budget, int(context.shape[0]))
         self._tree = tree
         self._table_nodes = {p: (len(p) - 1, p[-1]) for p in paths[:m]}
         return Draft(tree, tokens)
